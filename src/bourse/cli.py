@@ -1,0 +1,83 @@
+"""The ``bourse`` command line: ``serve`` and ``sim-upstream``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from bourse.container import build
+    from bourse.settings import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"bourse: {exc}", file=sys.stderr)
+        return 2
+    server = config.server
+    host = args.host or server.host
+    port = server.port if args.port is None else args.port
+    data_dir = Path(args.data_dir or "./data")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    container = build(config)
+    print(f"bourse: serving {', '.join(config.products)} on http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    uvicorn.run(
+        container.app(),
+        host=host,
+        port=port,
+        log_level="warning" if server.log_level != "debug" else "debug",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+def _sim_upstream(args: argparse.Namespace) -> int:
+    from bourse.engines.sim import SimSettings
+    from bourse.engines.sim_server import serve_sim_upstream
+
+    try:
+        settings = SimSettings.from_mapping(
+            {k: v for k, v in (("ttft_ms", args.ttft_ms), ("tokens_per_s", args.tokens_per_s)) if v is not None}
+        )
+    except ValueError as exc:
+        print(f"bourse sim-upstream: {exc}", file=sys.stderr)
+        return 2
+    print(f"bourse sim-upstream: http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    serve_sim_upstream(args.host, args.port, settings)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bourse", description="An OpenAI-compatible inference exchange.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the gateway")
+    s.add_argument("--config", help="TOML config file (default: built-in simulated products)")
+    s.add_argument("--host", help="address to bind (default from config, 127.0.0.1)")
+    s.add_argument("--port", type=int, help="port (default from config, 8080)")
+    s.add_argument("--data-dir", help="folder for the ledger and state (default ./data)")
+    s.set_defaults(func=_serve)
+    u = sub.add_parser("sim-upstream", help="run a standalone OpenAI-compatible simulated engine")
+    u.add_argument("--host", default="127.0.0.1")
+    u.add_argument("--port", type=int, default=9100)
+    u.add_argument("--ttft-ms", type=float, help="delay before the first token")
+    u.add_argument("--tokens-per-s", type=float, help="token rate (0: as fast as possible)")
+    u.set_defaults(func=_sim_upstream)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

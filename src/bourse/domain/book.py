@@ -1,0 +1,207 @@
+"""The order book of one product: price priority, slots, clearing (SPEC section 10).
+
+Pure and synchronous: no I/O, no clock of its own (callers pass ``now`` in seconds).
+
+- Orders rank by bid (highest first), then by arrival sequence (earliest first). A
+  requeued order keeps its sequence number, so it keeps its place.
+- Each deployment has a ``floor`` and ``slots``; an order is eligible for a
+  deployment whose floor is at or below its bid and that is not cooling down.
+- :meth:`ProductBook.dispatch` gives free slots to the best eligible orders: the best
+  order goes to the cheapest eligible free deployment (ties: fewest busy slots), a
+  deployment the order failed on last is avoided while another is free.
+- The cleared price is ``max(floor, best bid still waiting)``, never above the bid
+  (a second-price rule). The level is the lowest free floor when a slot is free,
+  else the best bid waiting.
+
+Because eligibility depends only on the floor, if the best waiting order fits no free
+slot, no worse order does either: dispatch stops at the first order it cannot place,
+and no slot stays idle while an eligible order waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sortedcontainers import SortedKeyList
+
+from bourse.domain.breaker import CircuitBreaker
+
+
+@dataclass(slots=True, eq=False)
+class Order:
+    """One request waiting for, or holding, a slot."""
+
+    id: str
+    bid: float
+    """USD per million tokens."""
+    seq: int
+    """Arrival sequence number; kept on requeue."""
+    arrived_at: float
+    avoid: str | None = None
+    """A deployment this order just failed on; used only when nothing else is free."""
+    position_at_entry: int = 0
+    requeues: int = 0
+
+    def rank(self) -> tuple[float, int]:
+        return (-self.bid, self.seq)
+
+
+@dataclass(slots=True)
+class Deployment:
+    name: str
+    floor: float
+    slots: int
+    busy: int = 0
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+
+    @property
+    def free(self) -> int:
+        return self.slots - self.busy
+
+
+@dataclass(slots=True, frozen=True)
+class Admission:
+    """An order given a slot on ``deployment`` at ``price`` (USD per 1M tokens)."""
+
+    order: Order
+    deployment: str
+    price: float
+    level: float
+    """The product's level at the moment of the clear."""
+
+
+class BookFull(Exception):
+    """The book holds its maximum number of waiting orders."""
+
+
+class ProductBook:
+    """The waiting orders and the slots of one product."""
+
+    def __init__(self, product: str, deployments: Iterable[Deployment], *, max_waiting: int = 100_000) -> None:
+        self.product = product
+        self.deployments: list[Deployment] = list(deployments)
+        if not self.deployments:
+            raise ValueError(f"product {product!r} has no deployment")
+        self._by_name = {d.name: d for d in self.deployments}
+        self.max_waiting = max_waiting
+        self._orders: SortedKeyList[Order, tuple[float, int]] = SortedKeyList(key=Order.rank)
+        self._seq = 0
+        self.min_floor = min(d.floor for d in self.deployments)
+
+    # -- orders ---------------------------------------------------------------
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def add(self, order: Order) -> int:
+        """Put ``order`` in the book; returns the number of orders ahead of it."""
+        if len(self._orders) >= self.max_waiting:
+            raise BookFull(self.product)
+        self._orders.add(order)
+        return self._orders.index(order)
+
+    def remove(self, order: Order) -> bool:
+        """Take ``order`` out of the book; False if it was not waiting."""
+        try:
+            self._orders.remove(order)
+        except ValueError:
+            return False
+        return True
+
+    def position(self, order: Order) -> int:
+        """Orders ahead of ``order`` (0 = next); -1 if it is not waiting."""
+        try:
+            return self._orders.index(order)
+        except ValueError:
+            return -1
+
+    def __contains__(self, order: Order) -> bool:
+        return order in self._orders
+
+    @property
+    def waiting(self) -> int:
+        return len(self._orders)
+
+    def best_bid(self) -> float | None:
+        return self._orders[0].bid if self._orders else None
+
+    def waiting_orders(self) -> list[Order]:
+        return list(self._orders)
+
+    # -- slots ----------------------------------------------------------------
+
+    def deployment(self, name: str) -> Deployment:
+        return self._by_name[name]
+
+    def release(self, name: str) -> None:
+        d = self._by_name[name]
+        if d.busy <= 0:
+            raise AssertionError(f"release of an idle slot on {name}")
+        d.busy -= 1
+        d.breaker.trial_running = False
+
+    def report_failure(self, name: str, now: float) -> None:
+        self._by_name[name].breaker.record_failure(now)
+
+    def report_success(self, name: str) -> None:
+        self._by_name[name].breaker.record_success()
+
+    def healthy(self, now: float) -> bool:
+        return any(d.breaker.available(now) for d in self.deployments)
+
+    def next_recovery(self, now: float) -> float | None:
+        """When the next cooling deployment becomes available again (None if none cools)."""
+        ends = [d.breaker.open_until for d in self.deployments if not d.breaker.available(now)]
+        return min(ends) if ends else None
+
+    def _free_for(self, order: Order, now: float) -> Deployment | None:
+        best: Deployment | None = None
+        best_key: tuple[bool, float, int] | None = None
+        for d in self.deployments:
+            if d.busy >= d.slots or d.floor > order.bid or not d.breaker.available(now):
+                continue
+            key = (d.name == order.avoid, d.floor, d.busy)
+            if best_key is None or key < best_key:
+                best, best_key = d, key
+        return best
+
+    def dispatch(self, now: float) -> list[Admission]:
+        """Give free slots to the best eligible waiting orders."""
+        out: list[Admission] = []
+        orders = self._orders
+        while orders:
+            order = orders[0]
+            d = self._free_for(order, now)
+            if d is None:
+                break
+            orders.pop(0)
+            d.busy += 1
+            d.breaker.on_admit(now)
+            runner_up = orders[0].bid if orders else 0.0
+            price = min(order.bid, max(d.floor, runner_up))
+            out.append(Admission(order, d.name, price, self.level(now)))
+        return out
+
+    def level(self, now: float) -> float:
+        """The price that would be next: the lowest free floor, else the best bid waiting."""
+        free = [d.floor for d in self.deployments if d.busy < d.slots and d.breaker.available(now)]
+        if free and not self._orders:
+            return min(free)
+        if self._orders:
+            return max(self._orders[0].bid, self.min_floor)
+        return self.min_floor
+
+    def busy_slots(self) -> int:
+        return sum(d.busy for d in self.deployments)
+
+    def total_slots(self) -> int:
+        return sum(d.slots for d in self.deployments)
+
+    def check(self) -> None:
+        """Assert the book's invariants (used by tests and debug builds)."""
+        for d in self.deployments:
+            assert 0 <= d.busy <= d.slots, (d.name, d.busy, d.slots)
+        ranks = [o.rank() for o in self._orders]
+        assert ranks == sorted(ranks)

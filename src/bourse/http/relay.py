@@ -1,0 +1,211 @@
+"""The relay: one ASGI response that runs a :class:`~bourse.services.completion.Run`
+and writes it to the client, as SSE frames or as one JSON body.
+
+Three tasks per streamed request: the relay itself (reads the run, writes frames),
+a listener (waits for ``http.disconnect``) and a ticker (writes the quiet-interval
+frames of SPEC section 4: ``: queued level=… position=…`` while in the book,
+``: waiting`` once admitted, ``: keep-alive`` once output began). A disconnect
+cancels the relay, which stops the engine through the run; under the ``drain``
+policy an admitted run is read to its end instead, with nothing written.
+
+The per-chunk path is: rewrite (done by the run) -> ``orjson.dumps`` -> one
+``send``. Nothing is buffered beyond the chunk being written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from starlette.types import Message, Receive, Scope, Send
+
+from bourse.domain.errors import GatewayError
+from bourse.ports.engine import ChunkEvent
+from bourse.services.completion import ADMITTED, QUEUED, STREAMING, Finished, Queued, Requeued, Run
+from bourse.wire import sse
+from bourse.wire.chunks import Aggregator, error_frame, usage_chunk
+
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def _body(data: bytes) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": True}
+
+
+class RunResponse:
+    """ASGI response for one run (streamed or not)."""
+
+    __slots__ = ("_closing", "_gone", "_last", "_main", "_sending", "run", "_we_cancelled")
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self._gone = False
+        self._sending = False
+        self._closing = False
+        self._last = 0.0
+        self._main: asyncio.Task[Any] | None = None
+        self._we_cancelled = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._main = asyncio.current_task()
+        listener = asyncio.create_task(self._listen(receive))
+        try:
+            if self.run.stream:
+                await self._stream(send)
+            else:
+                await self._unary(send)
+        except asyncio.CancelledError:
+            if not self._we_cancelled:
+                raise
+            task = self._main
+            if task is not None:
+                task.uncancel()
+        finally:
+            listener.cancel()
+
+    # -- client ---------------------------------------------------------------
+
+    async def _listen(self, receive: Receive) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                break
+        run = self.run
+        self._gone = True
+        run.client_left = True
+        if run.phase >= ADMITTED and run.market.policy.on_disconnect == "drain":
+            return  # keep reading the engine to its end; nothing more is written
+        if self._main is not None and not self._closing:
+            self._we_cancelled = True
+            self._main.cancel()
+
+    async def _tick(self, send: Send) -> None:
+        run = self.run
+        loop = asyncio.get_running_loop()
+        interval = run.market.policy.quiet_interval_s
+        while True:
+            delay = self._last + interval - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            if self._sending or self._gone or self._closing:
+                self._last = loop.time()
+                continue
+            phase = run.phase
+            if phase == QUEUED and run.order is not None:
+                m = run.market
+                frame = sse.comment(f"queued level={sse.fmt_price(m.level())} position={max(m.position(run.order), 0)}")
+            elif phase == ADMITTED:
+                frame = sse.WAITING
+            elif phase == STREAMING:
+                frame = sse.KEEP_ALIVE
+            else:
+                return
+            self._sending = True
+            try:
+                await send(_body(frame))
+            finally:
+                self._sending = False
+                self._last = loop.time()
+
+    # -- streamed ---------------------------------------------------------------
+
+    async def _stream(self, send: Send) -> None:
+        run = self.run
+        loop = asyncio.get_running_loop()
+        headers = [*_SSE_HEADERS, (b"x-request-id", run.request_id.encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        self._last = loop.time()
+        ticker = asyncio.create_task(self._tick(send))
+        events = run.events()
+        dumps = orjson.dumps
+        try:
+            async for ev in events:
+                if type(ev) is ChunkEvent:
+                    if not self._gone:
+                        self._sending = True
+                        await send({"type": "http.response.body", "body": b"data: %b\n\n" % dumps(ev.chunk), "more_body": True})
+                        self._sending = False
+                        self._last = loop.time()
+                elif type(ev) is Finished:
+                    self._closing = True
+                    ticker.cancel()
+                    if not self._gone:
+                        await send({"type": "http.response.body", "body": self._tail(ev), "more_body": False})
+                elif type(ev) is Queued:
+                    if not self._gone:
+                        await send(_body(sse.comment(f"queued bid={sse.fmt_price(ev.bid)}")))
+                        self._last = loop.time()
+                elif type(ev) is Requeued and not self._gone:
+                    await send(_body(sse.REQUEUED))
+                    self._last = loop.time()
+        finally:
+            self._closing = True
+            ticker.cancel()
+            await events.aclose()
+
+    def _tail(self, fin: Finished) -> bytes:
+        run = self.run
+        policy = run.market.policy
+        out = b""
+        if fin.error is not None:
+            if run.include_usage and fin.text_tokens:
+                out += self._usage_frame(fin)
+            frame = error_frame(run.kind, run.request_id, run.product, run.created, fin.error, policy.error_finish_reason)
+            out += sse.data_frame(orjson.dumps(frame))
+            if policy.done_after_error:
+                out += sse.DONE
+            return out
+        if run.include_usage:
+            out += self._usage_frame(fin)
+        return out + sse.DONE
+
+    def _usage_frame(self, fin: Finished) -> bytes:
+        run = self.run
+        chunk = usage_chunk(
+            run.kind, run.request_id, run.product, run.created, fin.usage, run.market.policy.receipt_name, fin.receipt
+        )
+        return sse.data_frame(orjson.dumps(chunk))
+
+    # -- not streamed -------------------------------------------------------------
+
+    async def _unary(self, send: Send) -> None:
+        run = self.run
+        agg = Aggregator(run.kind, run.market.policy.reasoning_field)
+        fin: Finished | None = None
+        events = run.events()
+        try:
+            async for ev in events:
+                if type(ev) is ChunkEvent:
+                    agg.add(ev.chunk)
+                elif type(ev) is Finished:
+                    fin = ev
+        finally:
+            await events.aclose()
+        if fin is None or self._gone:
+            return
+        rid = run.request_id
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"x-request-id", rid.encode()),
+            (b"x-bourse-latency-ms", str(fin.receipt["latency_ms"]).encode()),
+        ]
+        if fin.error is not None:
+            err: GatewayError = fin.error
+            body = orjson.dumps({"error": err.envelope()})
+            headers.extend((k.encode(), v.encode()) for k, v in err.headers.items())
+            status = err.status
+        else:
+            usage = fin.usage
+            doc = agg.build(rid, run.product, run.created, usage)
+            doc[run.market.policy.receipt_name] = fin.receipt
+            body = orjson.dumps(doc)
+            status = 200
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})

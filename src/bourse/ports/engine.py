@@ -1,0 +1,100 @@
+"""The engine port: how the gateway asks a deployment for a generation.
+
+An engine turns a :class:`GenerationRequest` into an async iterator of
+:class:`EngineEvent` values. The iterator is the whole interface:
+
+- each :class:`ChunkEvent` carries one OpenAI-shaped stream chunk as a ``dict``
+  (``chat.completion.chunk`` or ``text_completion``) exactly as the engine made it;
+  the gateway rewrites ``id`` and ``model`` and relays it;
+- a :class:`UsageEvent` carries the engine's own token counts; it is consumed by the
+  gateway and never forwarded;
+- failures are raised as :class:`EngineFailure`; ``transient`` failures before any
+  output make the gateway requeue the order;
+- cancellation: the gateway calls ``aclose()`` on the iterator (or cancels the task
+  iterating it). An engine must stop generating at once when that happens: the sim
+  stops between tokens, the HTTP engine closes its upstream connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Kind = Literal["chat", "completion"]
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """One attempt at one generation, as handed to an engine.
+
+    ``body`` is the client's request body (already validated) with ``model`` set to
+    the deployment's internal model name, ``stream`` true and
+    ``stream_options.include_usage`` true; gateway-only fields (``max_price``,
+    ``timeout``, ``detached``) are removed. Fields the gateway does not own (sampling
+    parameters, the ``sim`` object) are left as the client sent them.
+    """
+
+    request_id: str
+    kind: Kind
+    body: dict[str, Any]
+    attempt: int = 0
+    """0 for the first attempt of this request, 1 after the first requeue, ..."""
+
+
+@dataclass(slots=True)
+class ChunkEvent:
+    """One OpenAI-shaped stream chunk; ``tokens`` is the engine's count of
+    completion tokens it carries (1 for one token; used when usage is missing)."""
+
+    chunk: dict[str, Any]
+    tokens: int = 1
+
+
+@dataclass(slots=True)
+class UsageEvent:
+    prompt_tokens: int
+    completion_tokens: int
+    details: Mapping[str, Any] = field(default_factory=dict)
+    """Extra usage keys from the engine, e.g. ``prompt_tokens_details``."""
+
+
+EngineEvent = ChunkEvent | UsageEvent
+
+
+class EngineFailure(Exception):
+    """An engine could not produce (the rest of) a generation.
+
+    ``transient`` is true for failures that another attempt may not meet: connect
+    errors, upstream 5xx and 429, a first-byte timeout. ``status`` is the HTTP status
+    the gateway reports when it gives up (400 for an engine's refusal such as a
+    context-length error, 502 otherwise); ``code`` the OpenAI error code.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool,
+        status: int = 502,
+        code: str = "upstream_error",
+        error_type: str = "upstream_error",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.transient = transient
+        self.status = status
+        self.code = code
+        self.error_type = error_type
+
+
+class Engine(Protocol):
+    """A deployment's engine. One instance per deployment."""
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+        """Start a generation; iterate the result; ``aclose()`` it to cancel."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release pooled resources at shutdown."""
+        ...

@@ -1,0 +1,232 @@
+"""Typed settings: the TOML config file and the environment, read in one place.
+
+This module is the only reader of the environment (``api_key_env`` of an upstream).
+:func:`load_config` turns a file into a :class:`Config` or raises
+:class:`ConfigError` with one message naming the file, the key and what was
+expected.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from bourse.domain.policy import KNOBS, Policy, resolve_policy
+
+EngineName = Literal["sim", "openai"]
+PositiveFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; the message is meant for the operator."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeploymentConfig(_Strict):
+    engine: EngineName
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+    slots: int = Field(default=4, ge=1, le=100_000)
+    floor: PositiveFloat = 0.0
+    breaker_threshold: int = Field(default=3, ge=1, le=1000)
+    cooldown_s: float = Field(default=5.0, ge=0, le=3600)
+    # engine = "openai"
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    api_key: SecretStr | None = Field(default=None, exclude=True)
+    connect_timeout_s: float = Field(default=5.0, gt=0, le=600)
+    first_byte_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    read_timeout_s: float = Field(default=300.0, gt=0, le=86_400)
+    max_connections: int = Field(default=4096, ge=1, le=100_000)
+    # engine = "sim"
+    ttft_ms: PositiveFloat = 0.0
+    tokens_per_s: PositiveFloat = 0.0
+    max_output_tokens: int = Field(default=256, ge=1, le=1_000_000)
+    fail_before_output: int = Field(default=0, ge=-1)
+    fail_after_tokens: int | None = Field(default=None, ge=0)
+    stall_after_tokens: int | None = Field(default=None, ge=0)
+    stall_s: PositiveFloat = 0.0
+    omit_usage: bool = False
+    tool_call: bool = False
+    reasoning: bool = False
+    output_tokens: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _engine_keys(self) -> DeploymentConfig:
+        if self.engine == "openai":
+            if not self.base_url:
+                raise ValueError("base_url: required for engine 'openai' (e.g. 'http://127.0.0.1:8000/v1')")
+            if not self.base_url.startswith(("http://", "https://")):
+                raise ValueError(f"base_url: expected an http:// or https:// URL, got {self.base_url!r}")
+            if not self.model:
+                raise ValueError("model: required for engine 'openai' (the upstream's own model name)")
+        return self
+
+    def sim_settings(self) -> dict[str, Any]:
+        keys = (
+            "ttft_ms", "tokens_per_s", "max_output_tokens", "fail_before_output", "fail_after_tokens",
+            "stall_after_tokens", "stall_s", "omit_usage", "tool_call", "reasoning", "output_tokens",
+        )  # fmt: skip
+        return {k: getattr(self, k) for k in keys}
+
+
+class ProductConfig(_Strict):
+    policy: str = "default"
+    description: str | None = None
+    default_bid: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    context_length: int = Field(default=8192, ge=16, le=10_000_000)
+    max_output_tokens: int = Field(default=4096, ge=1, le=10_000_000)
+    max_waiting: int = Field(default=100_000, ge=1, le=10_000_000)
+    supports_tools: bool = True
+    # policy knobs (SPEC 12); None = the preset's value
+    usage_chunk: str | None = None
+    done_after_error: bool | None = None
+    error_finish_reason: bool | None = None
+    on_disconnect: str | None = None
+    charge_on_disconnect: str | None = None
+    charge_on_error: str | None = None
+    missing_usage: str | None = None
+    quiet_interval_s: float | None = None
+    reasoning_field: str | None = None
+    max_requeues: int | None = None
+    deployments: list[DeploymentConfig] = Field(min_length=1)
+
+    def knobs(self) -> dict[str, Any]:
+        return {k: v for k in KNOBS if (v := getattr(self, k, None)) is not None}
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    quiet_interval_s: float = Field(default=2.0, ge=0.05, le=3600)
+    book_timeout_s: float = Field(default=300.0, gt=0, le=86_400)
+    """Default time an order may wait in the book."""
+    book_timeout_max_s: float = Field(default=3600.0, gt=0, le=86_400)
+    """Cap on a client's ``timeout``."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class Config(_Strict):
+    server: ServerConfig = ServerConfig()
+    products: dict[str, ProductConfig] = Field(min_length=1)
+    source: str = Field(default="<built-in defaults>", exclude=True)
+
+    def policy_for(self, product: str) -> Policy:
+        p = self.products[product]
+        knobs = p.knobs()
+        knobs.setdefault("quiet_interval_s", self.server.quiet_interval_s)
+        # a product's own quiet interval wins over the server's; a preset's default
+        # (2 s) yields to the server's setting.
+        return resolve_policy(p.policy, knobs)
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + part
+    return out or "(top level)"
+
+
+def _check_policies(cfg: Config) -> None:
+    for name in cfg.products:
+        try:
+            cfg.policy_for(name)
+        except ValueError as exc:
+            raise ConfigError(f"products.{name}.{exc}") from None
+
+
+def _resolve_secrets(data: dict[str, Any], env: Mapping[str, str]) -> None:
+    for pname, product in (data.get("products") or {}).items():
+        if not isinstance(product, dict):
+            continue
+        for i, dep in enumerate(product.get("deployments") or []):
+            if isinstance(dep, dict) and isinstance(dep.get("api_key_env"), str):
+                var = dep["api_key_env"]
+                if var not in env:
+                    raise ConfigError(
+                        f"products.{pname}.deployments[{i}].api_key_env: the environment variable {var} is not set"
+                    )
+                dep["api_key"] = env[var]
+
+
+def parse_config(data: dict[str, Any], source: str, env: Mapping[str, str] | None = None) -> Config:
+    """Validate a config mapping; ConfigError names ``source``, the key and the expectation."""
+    env = os.environ if env is None else env
+    data = {k: v for k, v in data.items()}
+    try:
+        _resolve_secrets(data, env)
+        cfg = Config.model_validate({**data, "source": source})
+        _check_policies(cfg)
+        _check_names(cfg)
+    except ConfigError as exc:
+        raise ConfigError(f"config error in {source}: {exc}") from None
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = _path(err["loc"])
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            inner = msg.removeprefix("Value error, ")
+            key, sep, rest = inner.partition(": ")
+            if sep and " " not in key:
+                where, msg = f"{where}.{key}" if where != "(top level)" else key, rest
+            else:
+                msg = inner
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif "input" in err and not isinstance(err["input"], dict | list):
+            msg = f"{msg} (got {err['input']!r})"
+        raise ConfigError(f"config error in {source}: {where}: {msg}") from None
+    return cfg
+
+
+def _check_names(cfg: Config) -> None:
+    seen: set[str] = set()
+    for pname, product in cfg.products.items():
+        for i, dep in enumerate(product.deployments):
+            name = deployment_name(pname, i, dep)
+            if name in seen:
+                raise ConfigError(f"products.{pname}.deployments[{i}].name: {name!r} is used twice")
+            seen.add(name)
+
+
+def deployment_name(product: str, index: int, dep: DeploymentConfig) -> str:
+    return dep.name or f"{product}/{index}"
+
+
+def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -> Config:
+    """The config at ``path``, or the built-in default config when ``path`` is None."""
+    if path is None:
+        text = resources.files("bourse").joinpath("default.toml").read_text()
+        source = "<built-in default.toml>"
+    else:
+        p = Path(path)
+        source = str(p)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise ConfigError(f"config error in {source}: cannot read the file ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config error in {source}: not valid TOML: {exc}") from None
+    return parse_config(data, source, env)
+
+
+def clamp_timeout(requested: float | None, server: ServerConfig) -> float:
+    if requested is None or not math.isfinite(requested):
+        return server.book_timeout_s
+    return min(requested, server.book_timeout_max_s)

@@ -1,0 +1,153 @@
+"""The order book, without an event loop: priority, eligibility, clearing, invariants."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bourse.domain.book import BookFull, Deployment, Order, ProductBook
+
+
+def book(*deps: tuple[str, float, int], max_waiting: int = 1000) -> ProductBook:
+    return ProductBook("p", [Deployment(n, f, s) for n, f, s in deps], max_waiting=max_waiting)
+
+
+def order(b: ProductBook, oid: str, bid: float) -> Order:
+    return Order(id=oid, bid=bid, seq=b.next_seq(), arrived_at=0.0)
+
+
+def test_free_slot_and_empty_book_admits_at_once_at_the_floor() -> None:
+    b = book(("d", 0.05, 1))
+    o = order(b, "a", 0.5)
+    assert b.add(o) == 0
+    [adm] = b.dispatch(0.0)
+    assert adm.order is o and adm.deployment == "d"
+    assert adm.price == 0.05  # nobody else waiting: pays the floor
+    assert b.level(0.0) == 0.05  # no free slot, empty book: the floor
+
+
+def test_admission_in_bid_order_then_arrival_and_second_price() -> None:
+    b = book(("d", 0.05, 1))
+    first = order(b, "busy", 1.0)
+    b.add(first)
+    b.dispatch(0.0)
+    bids = [0.3, 0.9, 0.1, 0.9, 0.6]
+    orders = [order(b, f"o{i}", bid) for i, bid in enumerate(bids)]
+    for o in orders:
+        b.add(o)
+    assert b.level(0.0) == 0.9
+    admitted = []
+    for _ in orders:
+        b.release("d")
+        [adm] = b.dispatch(0.0)
+        admitted.append(adm)
+    assert [a.order.id for a in admitted] == ["o1", "o3", "o4", "o0", "o2"]
+    # each pays max(floor, best bid still waiting), never above its bid
+    assert [a.price for a in admitted] == [0.9, 0.6, 0.3, 0.1, 0.05]
+
+
+def test_eligibility_by_floor_and_cheapest_deployment_first() -> None:
+    b = book(("cheap", 0.1, 1), ("dear", 1.0, 1))
+    low = order(b, "low", 0.2)
+    b.add(low)
+    [adm] = b.dispatch(0.0)
+    assert adm.deployment == "cheap"
+    low2 = order(b, "low2", 0.2)
+    b.add(low2)
+    assert b.dispatch(0.0) == []  # 'dear' is free but above its bid
+    high = order(b, "high", 2.0)
+    b.add(high)
+    [adm] = b.dispatch(0.0)
+    assert adm.order is high and adm.deployment == "dear"
+    assert adm.price == 1.0  # floor 1.0 beats the waiting 0.2
+
+
+def test_requeue_keeps_place_and_avoids_failed_deployment() -> None:
+    b = book(("a", 0.0, 1), ("b", 0.0, 1))
+    o = order(b, "o", 1.0)
+    b.add(o)
+    [adm] = b.dispatch(0.0)
+    assert adm.deployment == "a"
+    later = order(b, "later", 1.0)
+    b.release("a")
+    o.avoid = "a"
+    b.add(o)
+    b.add(later)
+    assert b.position(o) == 0  # kept its arrival
+    adms = b.dispatch(0.0)
+    assert [(x.order.id, x.deployment) for x in adms] == [("o", "b"), ("later", "a")]
+
+
+def test_breaker_cools_a_failing_deployment() -> None:
+    b = ProductBook("p", [Deployment("a", 0.0, 1), Deployment("b", 0.0, 1)])
+    b.deployment("a").breaker.threshold = 1
+    b.deployment("a").breaker.cooldown_s = 5
+    b.report_failure("a", 10.0)
+    assert b.next_recovery(10.0) == 15.0
+    o1, o2 = order(b, "1", 1), order(b, "2", 1)
+    b.add(o1)
+    b.add(o2)
+    adms = b.dispatch(11.0)
+    assert [a.deployment for a in adms] == ["b"]
+    adms = b.dispatch(15.0)  # half-open: one trial
+    assert [a.deployment for a in adms] == ["a"]
+
+
+def test_bounded_book() -> None:
+    b = book(("d", 0.0, 1), max_waiting=2)
+    b.add(order(b, "1", 1))
+    b.add(order(b, "2", 1))
+    with pytest.raises(BookFull):
+        b.add(order(b, "3", 1))
+
+
+def test_release_of_idle_slot_is_a_bug() -> None:
+    b = book(("d", 0.0, 1))
+    with pytest.raises(AssertionError):
+        b.release("d")
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("arrive"), st.sampled_from([0.05, 0.1, 0.2, 0.5, 1.0, 2.0])),
+        st.tuples(st.just("cancel"), st.integers(0, 50)),
+        st.tuples(st.just("release"), st.integers(0, 50)),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_random_sequences_keep_priority_and_no_idle_slot(seq: list[tuple[str, float | int]]) -> None:
+    b = book(("cheap", 0.1, 2), ("dear", 0.5, 1))
+    waiting: list[Order] = []
+    running: list[tuple[Order, str]] = []
+    for op, arg in seq:
+        if op == "arrive":
+            o = order(b, str(len(waiting)), float(arg))
+            b.add(o)
+            waiting.append(o)
+        elif op == "cancel" and waiting:
+            o = waiting.pop(int(arg) % len(waiting))
+            assert b.remove(o)
+        elif op == "release" and running:
+            _, dep = running.pop(int(arg) % len(running))
+            b.release(dep)
+        for adm in b.dispatch(0.0):
+            # no priority inversion: nobody still waiting and eligible for this
+            # deployment ranks ahead of the admitted order
+            floor = b.deployment(adm.deployment).floor
+            for w in b.waiting_orders():
+                if w.bid >= floor:
+                    assert w.rank() > adm.order.rank()
+            assert adm.price <= adm.order.bid
+            assert adm.price >= floor
+            waiting.remove(adm.order)
+            running.append((adm.order, adm.deployment))
+        b.check()
+        # no slot idle while an eligible order waits
+        for d in b.deployments:
+            if d.busy < d.slots:
+                assert all(w.bid < d.floor for w in b.waiting_orders())
