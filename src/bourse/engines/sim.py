@@ -1,0 +1,296 @@
+"""The ``sim`` engine: a deterministic, configurable fake LLM behind the engine port.
+
+Owns :class:`SimSettings` (the deployment's knobs, overridable per request by the
+body's ``sim`` object) and :class:`SimEngine`, which streams OpenAI-shaped chunks
+made from :mod:`bourse.engines.simtext`: one token per chunk, the same text for the
+same seed, optional reasoning and tool calls, and scripted failures, stalls and
+missing usage so that every failure path of the gateway can be driven exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from bourse.engines.simtext import (
+    VOCABULARY,
+    count_prompt_tokens,
+    natural_length,
+    reasoning_seed,
+    seed_of,
+    sim_tokens,
+)
+from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, UsageEvent
+
+__all__ = ["REASONING_TOKENS", "SimEngine", "SimSettings"]
+
+REASONING_TOKENS = 6
+"""How many ``reasoning_content`` tokens precede the answer when ``reasoning`` is on."""
+
+_TOOL_SALT = 0x7001
+_COOPERATE_EVERY = 64
+
+
+@dataclass(slots=True, frozen=True)
+class SimSettings:
+    """How a sim deployment behaves. Every field can be overridden per request."""
+
+    ttft_ms: float = 0
+    """Delay before the first chunk (and before a ``fail_before_output`` failure)."""
+    tokens_per_s: float = 0
+    """Pace after the first chunk; 0 means no delay between chunks."""
+    max_output_tokens: int = 256
+    """The engine's own output limit; an answer cut by it ends with ``length``."""
+    fail_before_output: int = 0
+    """K: attempts numbered below K fail (transient) before any output; -1: always."""
+    fail_after_tokens: int | None = None
+    """Raise a final failure after this many chunks were yielded."""
+    stall_after_tokens: int | None = None
+    """Sleep ``stall_s`` once after this many chunks were yielded."""
+    stall_s: float = 0
+    omit_usage: bool = False
+    """End without a :class:`UsageEvent`."""
+    tool_call: bool = False
+    """Answer with a call to the first of the body's ``tools`` (chat only)."""
+    reasoning: bool = False
+    """Emit ``reasoning_content`` tokens before the answer (chat only)."""
+    output_tokens: int | None = None
+    """Force the answer's natural length (content tokens) instead of the seeded one."""
+
+    @classmethod
+    def from_mapping(cls, mapping: object) -> SimSettings:
+        """Settings from a config or request mapping; ``ValueError`` names the bad key."""
+        return cls().merged(mapping)
+
+    def merged(self, overrides: object) -> SimSettings:
+        """These settings with ``overrides`` (a mapping, e.g. the body's ``sim``) applied."""
+        return replace(self, **_parse(overrides))
+
+
+# key -> (kind, minimum); kinds: number, int, int?, bool
+_FIELD_RULES: dict[str, tuple[str, float]] = {
+    "ttft_ms": ("number", 0),
+    "tokens_per_s": ("number", 0),
+    "max_output_tokens": ("int", 1),
+    "fail_before_output": ("int", -1),
+    "fail_after_tokens": ("int?", 0),
+    "stall_after_tokens": ("int?", 0),
+    "stall_s": ("number", 0),
+    "omit_usage": ("bool", 0),
+    "tool_call": ("bool", 0),
+    "reasoning": ("bool", 0),
+    "output_tokens": ("int?", 1),
+}
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _parse(overrides: object) -> dict[str, Any]:
+    if not isinstance(overrides, Mapping):
+        raise ValueError(f"sim: expected an object, got {type(overrides).__name__}")
+    parsed: dict[str, Any] = {}
+    for key, value in overrides.items():
+        rule = _FIELD_RULES.get(key) if isinstance(key, str) else None
+        if rule is None:
+            known = ", ".join(_FIELD_RULES)
+            raise ValueError(f"sim.{key}: expected one of the settings ({known}), got an unknown key")
+        kind, minimum = rule
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise ValueError(f"sim.{key}: expected true or false, got {_show(value)}")
+        elif kind == "number":
+            if not (is_int or isinstance(value, float)) or not math.isfinite(value) or value < minimum:
+                raise ValueError(f"sim.{key}: expected a number >= {minimum:g}, got {_show(value)}")
+            value = float(value)
+        elif value is None and kind == "int?":
+            pass
+        elif not is_int or value < minimum:
+            nullable = " or null" if kind == "int?" else ""
+            raise ValueError(f"sim.{key}: expected an integer >= {minimum:g}{nullable}, got {_show(value)}")
+        parsed[key] = value
+    return parsed
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _body_limit(body: Mapping[str, Any]) -> int | None:
+    """The smaller of the body's ``max_tokens`` and ``max_completion_tokens``."""
+    limits = [
+        v
+        for v in (_int_or_none(body.get("max_tokens")), _int_or_none(body.get("max_completion_tokens")))
+        if v is not None
+    ]
+    return min(limits) if limits else None
+
+
+def _first_tool_name(body: Mapping[str, Any]) -> str | None:
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools or not isinstance(tools[0], Mapping):
+        return None
+    function = tools[0].get("function")
+    if not isinstance(function, Mapping):
+        return None
+    name = function.get("name")
+    return name if isinstance(name, str) and name else None
+
+
+def _tool_call(seed: int, name: str) -> tuple[str, list[str]]:
+    """The call id and the arguments JSON split into fragments of 3 to 6 characters."""
+    rng = random.Random(seed ^ _TOOL_SALT)
+    call_id = f"call_{rng.getrandbits(96):024x}"
+    arguments = f'{{"city": "{rng.choice(VOCABULARY)}", "days": {rng.randint(1, 14)}}}'
+    fragments: list[str] = []
+    at = 0
+    while at < len(arguments):
+        step = rng.randint(3, 6)
+        fragments.append(arguments[at : at + step])
+        at += step
+    return call_id, fragments
+
+
+def _chat_deltas(settings: SimSettings, body: Mapping[str, Any], seed: int) -> list[dict[str, Any]]:
+    """Every chat delta of the natural (uncut) answer, one token each."""
+    deltas: list[dict[str, Any]] = []
+    if settings.reasoning:
+        deltas.extend({"reasoning_content": t} for t in sim_tokens(reasoning_seed(seed), REASONING_TOKENS))
+    tool_name = _first_tool_name(body) if settings.tool_call else None
+    if tool_name is not None:
+        call_id, fragments = _tool_call(seed, tool_name)
+        header = {
+            "index": 0,
+            "id": call_id,
+            "type": "function",
+            "function": {"name": tool_name, "arguments": ""},
+        }
+        deltas.append({"tool_calls": [header]})
+        deltas.extend({"tool_calls": [{"index": 0, "function": {"arguments": f}}]} for f in fragments)
+    else:
+        natural = settings.output_tokens if settings.output_tokens is not None else natural_length(seed)
+        # Draw at most what the engine limit lets out; the body limit cuts later.
+        count = min(natural, settings.max_output_tokens - len(deltas) + 1)
+        deltas.extend({"content": t} for t in sim_tokens(seed, max(count, 0)))
+    deltas[0] = {"role": "assistant", **deltas[0]}
+    return deltas
+
+
+class SimEngine:
+    """The simulated engine. ``stats`` counts generations started, completed (the
+    last chunk was handed out) and cancelled (closed before that); failures count
+    as neither completed nor cancelled."""
+
+    def __init__(self, settings: SimSettings, model_name: str = "sim") -> None:
+        self.settings = settings
+        self.model_name = model_name
+        self.stats: dict[str, int] = {"started": 0, "completed": 0, "cancelled": 0}
+
+    def reset_stats(self) -> None:
+        for key in self.stats:
+            self.stats[key] = 0
+
+    async def aclose(self) -> None:
+        return None
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        stats = self.stats
+        stats["started"] += 1
+        finished = False
+        try:
+            body = request.body
+            settings = self.settings
+            overrides = body.get("sim")
+            if overrides is not None:
+                try:
+                    settings = settings.merged(overrides)
+                except ValueError as exc:
+                    raise EngineFailure(
+                        str(exc),
+                        transient=False,
+                        status=400,
+                        code="invalid_request",
+                        error_type="invalid_request_error",
+                    ) from None
+            seed = seed_of(body)
+            chat = request.kind == "chat"
+            pieces: list[Any]
+            if chat:
+                pieces = _chat_deltas(settings, body, seed)
+                natural_finish = "tool_calls" if "tool_calls" in pieces[-1] else "stop"
+            else:
+                natural = (
+                    settings.output_tokens if settings.output_tokens is not None else natural_length(seed)
+                )
+                pieces = sim_tokens(seed, min(natural, settings.max_output_tokens + 1))
+                natural_finish = "stop"
+            limit = settings.max_output_tokens
+            body_limit = _body_limit(body)
+            if body_limit is not None and body_limit < limit:
+                limit = max(body_limit, 1)
+            finish_reason = natural_finish
+            if len(pieces) > limit:
+                del pieces[limit:]
+                finish_reason = "length"
+
+            if settings.ttft_ms > 0:
+                await asyncio.sleep(settings.ttft_ms / 1000)
+            k = settings.fail_before_output
+            if k == -1 or request.attempt < k:
+                raise EngineFailure("simulated failure before output", transient=True, status=502)
+
+            request_id = request.request_id
+            model = self.model_name
+            created = int(time.time())
+            delay = 1 / settings.tokens_per_s if settings.tokens_per_s > 0 else 0.0
+            fail_at = settings.fail_after_tokens
+            stall_at = settings.stall_after_tokens if settings.stall_s > 0 else None
+            last = len(pieces) - 1
+            for i, piece in enumerate(pieces):
+                if i == fail_at:
+                    raise EngineFailure(f"simulated failure after {i} tokens", transient=False, status=502)
+                if i == stall_at:
+                    await asyncio.sleep(settings.stall_s)
+                if i:
+                    if delay:
+                        await asyncio.sleep(delay)
+                    elif not i % _COOPERATE_EVERY:
+                        await asyncio.sleep(0)
+                finish = None
+                if i == last:
+                    finish = finish_reason
+                    finished = True
+                if chat:
+                    chunk: dict[str, Any] = {
+                        "id": request_id,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": model,
+                        "choices": [{"index": 0, "delta": piece, "logprobs": None, "finish_reason": finish}],
+                    }
+                else:
+                    chunk = {
+                        "id": request_id,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}],
+                    }
+                yield ChunkEvent(chunk, 1)
+            if not settings.omit_usage:
+                yield UsageEvent(count_prompt_tokens(request.kind, body), len(pieces))
+        except (GeneratorExit, asyncio.CancelledError):
+            if not finished:
+                stats["cancelled"] += 1
+            raise
+        finally:
+            if finished:
+                stats["completed"] += 1

@@ -1,0 +1,235 @@
+"""Test helpers for the external services: PostgreSQL and Redis.
+
+- :func:`postgres_url` / :func:`redis_url`: where the services are (env
+  ``BOURSE_TEST_POSTGRES_URL`` / ``BOURSE_TEST_REDIS_URL``, local defaults).
+- :func:`require_postgres` / :func:`require_redis`: the availability rule. A service
+  is probed once per session (2 s connect timeout). When it cannot be reached the
+  test is skipped with a reason naming the URL, unless ``BOURSE_REQUIRE_SERVICES=1``
+  (CI), where it fails.
+- :func:`fresh_postgres_database` (sync) / :func:`afresh_postgres_database` (async):
+  a new database ``bourse_t_<hex>`` for one test, dropped ``WITH (FORCE)`` after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+T = TypeVar("T")
+
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+CONNECT_TIMEOUT_S = 2.0
+
+MISSING_SERVICE_MARK = "CI runs these with BOURSE_REQUIRE_SERVICES=1"
+"""Every skip for a missing service carries this text (the terminal summary counts them)."""
+
+
+def postgres_url() -> str:
+    return os.environ.get("BOURSE_TEST_POSTGRES_URL") or DEFAULT_POSTGRES_URL
+
+
+def redis_url() -> str:
+    return os.environ.get("BOURSE_TEST_REDIS_URL") or DEFAULT_REDIS_URL
+
+
+def services_required() -> bool:
+    return os.environ.get("BOURSE_REQUIRE_SERVICES", "").strip() == "1"
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from sync code, even when this thread already
+    runs an event loop (then in a short-lived worker thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=work, name="run_sync", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    value: T = box["value"]
+    return value
+
+
+# -- reachability ------------------------------------------------------------------
+
+_probes: dict[str, str | None] = {}
+"""url -> None when reachable, else why not (one probe per URL per session)."""
+
+
+async def _probe_postgres(url: str) -> str | None:
+    import asyncpg
+
+    try:
+        conn = await asyncio.wait_for(asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S), CONNECT_TIMEOUT_S + 1)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        await conn.fetchval("SELECT 1")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        await conn.close()
+    return None
+
+
+def _probe_redis(url: str) -> str | None:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 6379
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as sock:
+            sock.settimeout(CONNECT_TIMEOUT_S)
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+            reply = sock.recv(64)
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if not reply[:1] in (b"+", b"-"):  # "+PONG", or an error such as "-NOAUTH": a Redis answered
+        return f"unexpected reply {reply!r}"
+    return None
+
+
+def postgres_problem(url: str | None = None) -> str | None:
+    """None when PostgreSQL answers at ``url``; else the reason (cached per session)."""
+    url = url or postgres_url()
+    key = "postgres:" + url
+    if key not in _probes:
+        _probes[key] = run_sync(_probe_postgres(url))
+    return _probes[key]
+
+
+def redis_problem(url: str | None = None) -> str | None:
+    url = url or redis_url()
+    key = "redis:" + url
+    if key not in _probes:
+        _probes[key] = _probe_redis(url)
+    return _probes[key]
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(":" + parts.password + "@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def _unavailable(service: str, env: str, url: str, problem: str) -> None:
+    shown = _redact(url)
+    if services_required():
+        pytest.fail(
+            f"{service} not reachable at {shown} ({problem}); BOURSE_REQUIRE_SERVICES=1 makes this a failure: "
+            f"start {service} or point {env} at a running one",
+            pytrace=False,
+        )
+    pytest.skip(
+        f"{service} not reachable at {shown}; start it (see README) or set {env}; {MISSING_SERVICE_MARK}"
+    )
+
+
+def require_postgres() -> str:
+    """The PostgreSQL admin URL; skips (or fails under BOURSE_REQUIRE_SERVICES=1) when unreachable."""
+    url = postgres_url()
+    problem = postgres_problem(url)
+    if problem is not None:
+        _unavailable("PostgreSQL", "BOURSE_TEST_POSTGRES_URL", url, problem)
+    return url
+
+
+def require_redis() -> str:
+    """The Redis URL; skips (or fails under BOURSE_REQUIRE_SERVICES=1) when unreachable."""
+    url = redis_url()
+    problem = redis_problem(url)
+    if problem is not None:
+        _unavailable("Redis", "BOURSE_TEST_REDIS_URL", url, problem)
+    return url
+
+
+# -- fresh PostgreSQL databases ----------------------------------------------------------
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` pointing at database ``name`` (same host, user, options)."""
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def acreate_database(admin_url: str | None = None) -> str:
+    """Create ``bourse_t_<hex>``; its DSN."""
+    import asyncpg
+
+    admin_url = admin_url or postgres_url()
+    name = "bourse_t_" + secrets.token_hex(8)
+    conn = await asyncpg.connect(admin_url, timeout=CONNECT_TIMEOUT_S)
+    try:
+        await conn.execute(f"CREATE DATABASE {_quote_ident(name)}")
+    finally:
+        await conn.close()
+    return with_database(admin_url, name)
+
+
+async def adrop_database(dsn: str, admin_url: str | None = None) -> None:
+    """Drop the database of ``dsn``, closing whatever is still connected to it."""
+    import asyncpg
+
+    admin_url = admin_url or postgres_url()
+    name = urlsplit(dsn).path.lstrip("/")
+    if not name.startswith("bourse_t_"):
+        raise ValueError(f"refusing to drop {name!r}: not a test database")
+    conn = await asyncpg.connect(admin_url, timeout=CONNECT_TIMEOUT_S)
+    try:
+        await conn.execute(f"DROP DATABASE IF EXISTS {_quote_ident(name)} WITH (FORCE)")
+    finally:
+        await conn.close()
+
+
+def create_database(admin_url: str | None = None) -> str:
+    return run_sync(acreate_database(admin_url))
+
+
+def drop_database(dsn: str, admin_url: str | None = None) -> None:
+    run_sync(adrop_database(dsn, admin_url))
+
+
+@contextmanager
+def fresh_postgres_database() -> Iterator[str]:
+    """A new PostgreSQL database for one test (sync); yields its DSN, drops it after.
+    Skips or fails per the availability rule when PostgreSQL is not reachable."""
+    admin = require_postgres()
+    dsn = create_database(admin)
+    try:
+        yield dsn
+    finally:
+        drop_database(dsn, admin)
+
+
+@asynccontextmanager
+async def afresh_postgres_database() -> AsyncIterator[str]:
+    """The async form of :func:`fresh_postgres_database`."""
+    admin = require_postgres()
+    dsn = await acreate_database(admin)
+    try:
+        yield dsn
+    finally:
+        await adrop_database(dsn, admin)
