@@ -13,7 +13,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from bourse.container import build
-    from bourse.settings import ConfigError, load_config
+    from bourse.settings import ConfigError, load_config, read_environment
 
     try:
         config = load_config(args.config)
@@ -25,9 +25,19 @@ def _serve(args: argparse.Namespace) -> int:
     port = server.port if args.port is None else args.port
     data_dir = Path(args.data_dir or "./data")
     data_dir.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    container = build(config)
-    print(f"bourse: serving {', '.join(config.products)} on http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    logging.basicConfig(
+        level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        container = build(config, data_dir=data_dir, env=read_environment(), database=args.database)
+    except ValueError as exc:
+        print(f"bourse: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"bourse: serving {', '.join(config.products)} on http://{host}:{port}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(
         container.app(),
         host=host,
@@ -45,7 +55,11 @@ def _sim_upstream(args: argparse.Namespace) -> int:
 
     try:
         settings = SimSettings.from_mapping(
-            {k: v for k, v in (("ttft_ms", args.ttft_ms), ("tokens_per_s", args.tokens_per_s)) if v is not None}
+            {
+                k: v
+                for k, v in (("ttft_ms", args.ttft_ms), ("tokens_per_s", args.tokens_per_s))
+                if v is not None
+            }
         )
     except ValueError as exc:
         print(f"bourse sim-upstream: {exc}", file=sys.stderr)
@@ -63,6 +77,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--host", help="address to bind (default from config, 127.0.0.1)")
     s.add_argument("--port", type=int, help="port (default from config, 8080)")
     s.add_argument("--data-dir", help="folder for the ledger and state (default ./data)")
+    s.add_argument(
+        "--database",
+        help="postgresql://… to share a database between replicas (default: SQLite in the data folder)",
+    )
     s.set_defaults(func=_serve)
     u = sub.add_parser("sim-upstream", help="run a standalone OpenAI-compatible simulated engine")
     u.add_argument("--host", default="127.0.0.1")

@@ -1,13 +1,18 @@
-"""The composition root: builds engines, markets and services from a :class:`Config`.
+"""The composition root: builds engines, stores, markets and services from a
+:class:`Config`.
 
-The only module that imports adapters (``bourse.engines``, ``bourse.storage``).
+The only module that imports adapters (``bourse.engines``, ``bourse.storage``), and
+it imports them lazily, so an optional dependency is needed only when configured.
 Nothing is built at import time; :func:`build` is called by the CLI and the tests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from starlette.applications import Starlette
 
@@ -15,9 +20,14 @@ from bourse.domain.book import Deployment, ProductBook
 from bourse.domain.breaker import CircuitBreaker
 from bourse.http.app import create_app
 from bourse.ports.engine import Engine
+from bourse.services.accounts import AdminService, admin_key_hash, bootstrap_demo
+from bourse.services.auth import Authenticator
+from bourse.services.billing import Billing
 from bourse.services.completion import CompletionService, Limits
+from bourse.services.limits import MemoryRateLimiter
 from bourse.services.market import Market
-from bourse.settings import Config, DeploymentConfig, deployment_name
+from bourse.settings import Config, DeploymentConfig, Environment, deployment_name
+from bourse.storage.sql import SqlStore
 
 log = logging.getLogger("bourse")
 
@@ -43,30 +53,76 @@ def build_engine(product: str, dep: DeploymentConfig) -> tuple[Engine, str]:
     return engine, dep.model
 
 
+def build_store(database: str | None, data_dir: Path) -> SqlStore:
+    if database and database.startswith(("postgresql://", "postgres://")):
+        from bourse.storage.postgres import PostgresStore
+
+        return PostgresStore(database)
+    from bourse.storage.sqlite import SqliteStore
+
+    if database and database.startswith("sqlite:///"):
+        return SqliteStore(database.removeprefix("sqlite:///"))
+    if database:
+        raise ValueError(
+            f"database: expected postgresql://… or sqlite:///path, got {database.split(':', 1)[0]}:…"
+        )
+    return SqliteStore(data_dir / "bourse.db")
+
+
 @dataclass
 class Container:
     config: Config
     completions: CompletionService
+    auth: Authenticator
+    admin: AdminService
+    store: SqlStore
+    billing: Billing
     engines: dict[str, Engine] = field(default_factory=dict)
+    generated_admin_key: str | None = None
+    demo_key: str | None = None
+    announce: bool = True
 
     @property
     def max_body_bytes(self) -> int:
         return self.config.server.max_body_bytes
 
+    @property
+    def idempotency_ttl_s(self) -> float:
+        return self.config.storage.idempotency_ttl_s
+
     async def start(self) -> None:
+        await self.store.open()
+        await self.billing.start()
+        self.demo_key = await bootstrap_demo(self.admin)
+        if self.announce:
+            if self.generated_admin_key:
+                print(f"bourse: admin key (shown once, kept in the data folder): {self.generated_admin_key}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            if self.demo_key:
+                print(f"bourse: demo account 'demo' with $5.00 of credit; its API key (shown once): {self.demo_key}",
+                      file=sys.stderr, flush=True)  # fmt: skip
         log.info("bourse serving %d products from %s", len(self.completions.markets), self.config.source)
 
     async def stop(self) -> None:
         for m in self.completions.markets.values():
             m.close()
+        pending = list(self.completions.background)
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+        await self.billing.stop()
         for engine in self.engines.values():
             await engine.aclose()
+        await self.store.close()
 
     def app(self) -> Starlette:
         return create_app(self)
 
 
-def build(config: Config) -> Container:
+def build(
+    config: Config, *, data_dir: str | Path, env: Environment | None = None, database: str | None = None
+) -> Container:
+    env = env or Environment()
+    data = Path(data_dir)
     markets: dict[str, Market] = {}
     engines: dict[str, Engine] = {}
     models: dict[str, str] = {}
@@ -98,6 +154,13 @@ def build(config: Config) -> Container:
             supports_tools=pconf.supports_tools,
             description=pconf.description,
         )
+    store = build_store(database or env.database or config.storage.database, data)
+    admin_hash, generated = admin_key_hash(data, env.admin_key)
+    auth = Authenticator(store, admin_hash)
+    billing = Billing(store)
     limits = Limits(config.server.book_timeout_s, config.server.book_timeout_max_s)
-    service = CompletionService(markets, limits, models)
-    return Container(config, service, engines)
+    service = CompletionService(
+        markets, limits, models, billing=billing, limiter=MemoryRateLimiter(), auth=auth
+    )
+    admin = AdminService(store, auth)
+    return Container(config, service, auth, admin, store, billing, engines, generated_admin_key=generated)

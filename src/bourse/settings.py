@@ -12,6 +12,7 @@ import math
 import os
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -117,8 +118,15 @@ class ServerConfig(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+class StorageConfig(_Strict):
+    database: str | None = None
+    """``postgresql://…`` for a shared database; default: SQLite in the data folder."""
+    idempotency_ttl_s: float = Field(default=86_400.0, ge=60, le=30 * 86_400)
+
+
 class Config(_Strict):
     server: ServerConfig = ServerConfig()
+    storage: StorageConfig = StorageConfig()
     products: dict[str, ProductConfig] = Field(min_length=1)
     source: str = Field(default="<built-in defaults>", exclude=True)
 
@@ -230,3 +238,18 @@ def clamp_timeout(requested: float | None, server: ServerConfig) -> float:
     if requested is None or not math.isfinite(requested):
         return server.book_timeout_s
     return min(requested, server.book_timeout_max_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """What bourse reads from the process environment."""
+
+    admin_key: str | None = None
+    database: str | None = None
+
+
+def read_environment(env: Mapping[str, str] | None = None) -> Environment:
+    env = os.environ if env is None else env
+    return Environment(
+        admin_key=env.get("BOURSE_ADMIN_KEY") or None, database=env.get("BOURSE_DATABASE") or None
+    )

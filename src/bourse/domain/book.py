@@ -78,7 +78,9 @@ class BookFull(Exception):
 class ProductBook:
     """The waiting orders and the slots of one product."""
 
-    def __init__(self, product: str, deployments: Iterable[Deployment], *, max_waiting: int = 100_000) -> None:
+    def __init__(
+        self, product: str, deployments: Iterable[Deployment], *, max_waiting: int = 100_000
+    ) -> None:
         self.product = product
         self.deployments: list[Deployment] = list(deployments)
         if not self.deployments:

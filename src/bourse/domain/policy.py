@@ -42,6 +42,8 @@ class Policy:
     max_requeues: int = 3
     receipt_name: str = "receipt"
     """Name of the top-level receipt object in the usage chunk (``hips`` for preset hips)."""
+    header_prefix: str = "x-bourse-"
+    """Prefix of the receipt headers (``x-hips-`` for preset hips)."""
 
 
 PRESETS: dict[str, Policy] = {
@@ -49,7 +51,11 @@ PRESETS: dict[str, Policy] = {
     # 000: no [DONE] after an error frame, the error frame is the bare envelope,
     # the receipt object is named `hips`.
     "hips": Policy(
-        name="hips", done_after_error=False, error_finish_reason=False, receipt_name="hips"
+        name="hips",
+        done_after_error=False,
+        error_finish_reason=False,
+        receipt_name="hips",
+        header_prefix="x-hips-",
     ),
     # 001: a disconnect while running drains the engine and is charged; a failure
     # after start is never charged.
@@ -70,7 +76,7 @@ PRESETS: dict[str, Policy] = {
     ),
 }
 
-KNOBS: frozenset[str] = frozenset(f.name for f in fields(Policy)) - {"name"}
+KNOBS: frozenset[str] = frozenset(f.name for f in fields(Policy)) - {"name", "receipt_name", "header_prefix"}
 
 
 def resolve_policy(preset: str, overrides: Mapping[str, Any]) -> Policy:
@@ -92,7 +98,9 @@ def resolve_policy(preset: str, overrides: Mapping[str, Any]) -> Policy:
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0.05 <= value <= 3600:
                 raise ValueError(f"{key}: expected a number of seconds from 0.05 to 3600, got {value!r}")
             value = float(value)
-        elif key == "max_requeues" and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20):
+        elif key == "max_requeues" and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20
+        ):
             raise ValueError(f"{key}: expected an integer from 0 to 20, got {value!r}")
         changes[key] = value
     return replace(base, **changes)

@@ -15,6 +15,8 @@ The per-chunk path is: rewrite (done by the run) -> ``orjson.dumps`` -> one
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -33,6 +35,12 @@ _SSE_HEADERS = [
 ]
 
 
+log = logging.getLogger("bourse.relay")
+
+OnDone = Callable[[int, dict[str, str], bytes | None], Awaitable[None]]
+"""Called once with the final status, headers and body (None: no answer to keep)."""
+
+
 def _body(data: bytes) -> Message:
     return {"type": "http.response.body", "body": data, "more_body": True}
 
@@ -40,10 +48,11 @@ def _body(data: bytes) -> Message:
 class RunResponse:
     """ASGI response for one run (streamed or not)."""
 
-    __slots__ = ("_closing", "_gone", "_last", "_main", "_sending", "run", "_we_cancelled")
+    __slots__ = ("_closing", "_gone", "_last", "_main", "_sending", "_we_cancelled", "on_done", "run")
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, on_done: OnDone | None = None) -> None:
         self.run = run
+        self.on_done = on_done
         self._gone = False
         self._sending = False
         self._closing = False
@@ -67,6 +76,48 @@ class RunResponse:
                 task.uncancel()
         finally:
             listener.cancel()
+            if self.run.finished is None:
+                # the run never reached its end (client gone before the first
+                # frame, or a relay failure): give back its slot and money
+                await self.run.abandon()
+            if self.on_done is not None:
+                # streamed: the key now points at the receipt; not streamed and no
+                # answer (client gone): forget the key so a retry can run
+                await self._keep(409, self._stream_replay() if self.run.stream else None)
+
+    async def _keep(self, status: int, payload: tuple[dict[str, str], bytes] | None) -> None:
+        assert self.on_done is not None
+        try:
+            if payload is None:
+                await self.on_done(status, {}, None)
+            else:
+                await self.on_done(status, payload[0], payload[1])
+        except Exception:
+            log.exception("could not store the idempotent answer of %s", self.run.request_id)
+        self.on_done = None
+
+    def _stream_replay(self) -> tuple[dict[str, str], bytes]:
+        rid = self.run.request_id
+        err = GatewayError(
+            409,
+            "idempotency_conflict",
+            f"This Idempotency-Key was used for a streamed request ({rid}); a stream cannot be replayed. "
+            f"Its receipt is at GET /v1/usage/{rid}.",
+        )
+        return {"content-type": "application/json", "x-request-id": rid}, orjson.dumps(
+            {"error": err.envelope()}
+        )
+
+    def _money_headers(self, fin: Finished | None) -> list[tuple[bytes, bytes]]:
+        run = self.run
+        prefix = run.market.policy.header_prefix
+        out = [(f"{prefix}quote-micros".encode(), str(run.quote_micros).encode())]
+        if fin is not None:
+            out.append((f"{prefix}cost-micros".encode(), str(fin.cost_micros).encode()))
+            out.append((f"{prefix}latency-ms".encode(), str(fin.receipt["latency_ms"]).encode()))
+        if run.ratelimit_headers:
+            out.extend((k.encode(), v.encode()) for k, v in run.ratelimit_headers.items())
+        return out
 
     # -- client ---------------------------------------------------------------
 
@@ -99,7 +150,9 @@ class RunResponse:
             phase = run.phase
             if phase == QUEUED and run.order is not None:
                 m = run.market
-                frame = sse.comment(f"queued level={sse.fmt_price(m.level())} position={max(m.position(run.order), 0)}")
+                frame = sse.comment(
+                    f"queued level={sse.fmt_price(m.level())} position={max(m.position(run.order), 0)}"
+                )
             elif phase == ADMITTED:
                 frame = sse.WAITING
             elif phase == STREAMING:
@@ -118,7 +171,7 @@ class RunResponse:
     async def _stream(self, send: Send) -> None:
         run = self.run
         loop = asyncio.get_running_loop()
-        headers = [*_SSE_HEADERS, (b"x-request-id", run.request_id.encode())]
+        headers = [*_SSE_HEADERS, (b"x-request-id", run.request_id.encode()), *self._money_headers(None)]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         self._last = loop.time()
         ticker = asyncio.create_task(self._tick(send))
@@ -129,7 +182,13 @@ class RunResponse:
                 if type(ev) is ChunkEvent:
                     if not self._gone:
                         self._sending = True
-                        await send({"type": "http.response.body", "body": b"data: %b\n\n" % dumps(ev.chunk), "more_body": True})
+                        await send(
+                            {
+                                "type": "http.response.body",
+                                "body": b"data: %b\n\n" % dumps(ev.chunk),
+                                "more_body": True,
+                            }
+                        )
                         self._sending = False
                         self._last = loop.time()
                 elif type(ev) is Finished:
@@ -156,7 +215,9 @@ class RunResponse:
         if fin.error is not None:
             if run.include_usage and fin.text_tokens:
                 out += self._usage_frame(fin)
-            frame = error_frame(run.kind, run.request_id, run.product, run.created, fin.error, policy.error_finish_reason)
+            frame = error_frame(
+                run.kind, run.request_id, run.product, run.created, fin.error, policy.error_finish_reason
+            )
             out += sse.data_frame(orjson.dumps(frame))
             if policy.done_after_error:
                 out += sse.DONE
@@ -168,7 +229,13 @@ class RunResponse:
     def _usage_frame(self, fin: Finished) -> bytes:
         run = self.run
         chunk = usage_chunk(
-            run.kind, run.request_id, run.product, run.created, fin.usage, run.market.policy.receipt_name, fin.receipt
+            run.kind,
+            run.request_id,
+            run.product,
+            run.created,
+            fin.usage,
+            run.market.policy.receipt_name,
+            fin.receipt,
         )
         return sse.data_frame(orjson.dumps(chunk))
 
@@ -187,13 +254,13 @@ class RunResponse:
                     fin = ev
         finally:
             await events.aclose()
-        if fin is None or self._gone:
+        if fin is None:
             return
         rid = run.request_id
         headers = [
             (b"content-type", b"application/json"),
             (b"x-request-id", rid.encode()),
-            (b"x-bourse-latency-ms", str(fin.receipt["latency_ms"]).encode()),
+            *self._money_headers(fin),
         ]
         if fin.error is not None:
             err: GatewayError = fin.error
@@ -206,6 +273,13 @@ class RunResponse:
             doc[run.market.policy.receipt_name] = fin.receipt
             body = orjson.dumps(doc)
             status = 200
+        if self.on_done is not None:
+            if fin.error is None or (fin.error.status < 500 and fin.error.status not in (408, 429)):
+                await self._keep(status, ({k.decode(): v.decode() for k, v in headers}, body))
+            else:
+                await self._keep(status, None)
+        if self._gone:
+            return
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from bourse.domain.book import Admission, Order
 from bourse.domain.errors import GatewayError, invalid_request, model_not_found
-from bourse.ports.engine import ChunkEvent, EngineFailure, EngineEvent, GenerationRequest, Kind, UsageEvent
+from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
+from bourse.ports.limits import KeyLimits, RateLimiter
+from bourse.services.auth import Authenticator, Principal
+from bourse.services.billing import Billing
 from bourse.services.ids import new_request_id
+from bourse.services.limits import retry_after_header
 from bourse.services.market import Market
 from bourse.wire.requests import GATEWAY_FIELDS, ChatCompletionRequest, CompletionRequest
 
@@ -49,6 +53,7 @@ class Finished:
     usage: dict[str, Any]
     receipt: dict[str, Any]
     text_tokens: int = 0
+    cost_micros: int = 0
 
 
 RunEvent = ChunkEvent | Queued | Requeued | Finished
@@ -62,15 +67,83 @@ class Limits:
 
 
 class CompletionService:
-    """Prepares runs against the products' markets."""
+    """Opens runs: product checks, rate limits, the hold, the book."""
 
-    def __init__(self, markets: Mapping[str, Market], limits: Limits, models: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        markets: Mapping[str, Market],
+        limits: Limits,
+        models: Mapping[str, str],
+        *,
+        billing: Billing,
+        limiter: RateLimiter,
+        auth: Authenticator,
+    ) -> None:
         self.markets = markets
         self.limits = limits
         self.models = models
         """deployment name -> the engine's internal model name"""
+        self.billing = billing
+        self.limiter = limiter
+        self.auth = auth
         self.on_finish: list[FinishHook] = []
         self.running: set[Run] = set()
+        self.background: set[asyncio.Task[None]] = set()
+
+    async def open(
+        self,
+        kind: Kind,
+        body: dict[str, Any],
+        req: ChatCompletionRequest | CompletionRequest,
+        principal: Principal,
+        *,
+        request_id: str,
+        max_price_header: str | None = None,
+        timeout_header: str | None = None,
+        t0: float | None = None,
+    ) -> Run:
+        """validate -> (authenticated) -> rate-limit -> quote -> hold -> book."""
+        run = self.prepare(
+            kind, body, req, max_price_header=max_price_header, timeout_header=timeout_header, t0=t0
+        )
+        run.request_id = request_id
+        self.auth.check_product(principal, run.product)
+        run.key_id = principal.key.id
+        run.limits = principal.limits
+        tokens, _ = self.billing.quote(run)
+        decision = await self.limiter.acquire(principal.key.id, principal.limits, tokens)
+        if not decision.allowed:
+            raise GatewayError(
+                429,
+                "rate_limited",
+                f"Rate limited: {decision.reason}; retry in {decision.retry_after_s:.1f} s.",
+                headers={"retry-after": retry_after_header(decision.retry_after_s), **decision.headers},
+            )
+        run.limit_tokens = tokens
+        run.ratelimit_headers = decision.headers
+        try:
+            await self.billing.hold(run, principal.account_id)
+            run.submit()
+        except BaseException:
+            await self.billing.release_unbooked(run)
+            await self.limiter.finish(principal.key.id, principal.limits, tokens, 0)
+            raise
+        return run
+
+    def spawn(self, coro: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task
+
+    async def after_finish(self, run: Run, fin: Finished) -> None:
+        """Settlement and limiter bookkeeping, detached from the client's connection."""
+        try:
+            await self.billing.settle(run, fin)
+        finally:
+            if run.key_id is not None and run.limits is not None:
+                used = int(fin.usage.get("total_tokens") or 0)
+                await self.limiter.finish(run.key_id, run.limits, run.limit_tokens, used)
 
     def market(self, model: str) -> Market:
         m = self.markets.get(model)
@@ -100,9 +173,13 @@ class CompletionService:
                 param="max_price",
             )
         timeout = _header_number(timeout_header, "X-Book-Timeout") if req.timeout is None else req.timeout
-        timeout = self.limits.book_timeout_s if timeout is None else min(timeout, self.limits.book_timeout_max_s)
+        timeout = (
+            self.limits.book_timeout_s if timeout is None else min(timeout, self.limits.book_timeout_max_s)
+        )
         if isinstance(req, ChatCompletionRequest) and req.tools and not market.supports_tools:
-            raise invalid_request(f"tools: the product '{req.model}' does not support tool calling.", param="tools")
+            raise invalid_request(
+                f"tools: the product '{req.model}' does not support tool calling.", param="tools"
+            )
         max_out = None
         if isinstance(req, ChatCompletionRequest):
             max_out = req.max_completion_tokens or req.max_tokens
@@ -116,7 +193,9 @@ class CompletionService:
         engine_body = {k: v for k, v in body.items() if k not in GATEWAY_FIELDS}
         engine_body["stream"] = True
         so = engine_body.get("stream_options")
-        engine_body["stream_options"] = {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
+        engine_body["stream_options"] = (
+            {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
+        )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return Run(
             self,
@@ -128,6 +207,7 @@ class CompletionService:
             stream=req.stream,
             include_usage=include_usage or market.policy.usage_chunk == "always",
             t0=time.perf_counter() if t0 is None else t0,
+            max_output_tokens=max_out or market.max_output_tokens,
         )
 
 
@@ -156,6 +236,7 @@ class Run:
     stream: bool
     include_usage: bool
     t0: float
+    max_output_tokens: int = 0
     request_id: str = field(default_factory=lambda: new_request_id("chat"))
     created: int = field(default_factory=lambda: int(time.time()))
     phase: int = 0
@@ -174,6 +255,16 @@ class Run:
     cleared_price: float | None = None
     level_at_clear: float | None = None
     deployment: str | None = None
+    # money and limits
+    account_id: str | None = None
+    key_id: str | None = None
+    limits: KeyLimits | None = None
+    limit_tokens: int = 0
+    ratelimit_headers: dict[str, str] | None = None
+    quote_tokens: int = 0
+    quote_micros: int = 0
+    hold_id: str | None = None
+    settle_task: asyncio.Task[None] | None = None
 
     @property
     def product(self) -> str:
@@ -196,7 +287,7 @@ class Run:
 
     # -- the run -------------------------------------------------------------------
 
-    async def events(self) -> AsyncIterator[RunEvent]:
+    async def events(self) -> AsyncGenerator[RunEvent, None]:
         m = self.market
         order = self.order
         fut = self._fut
@@ -214,7 +305,11 @@ class Run:
                 adm = await m.wait(order, fut, self._deadline)
                 self.admission = adm
                 self.phase = ADMITTED
-                self.cleared_price, self.level_at_clear, self.deployment = adm.price, adm.level, adm.deployment
+                self.cleared_price, self.level_at_clear, self.deployment = (
+                    adm.price,
+                    adm.level,
+                    adm.deployment,
+                )
                 if self.queued_ms is None:
                     self.queued_ms = (m.now() - order.arrived_at) * 1000.0
                 self.body["model"] = self.service.models[adm.deployment]
@@ -250,21 +345,32 @@ class Run:
                             yield Requeued(adm.deployment)
                             continue
                         m.report_failure(adm.deployment)
-                        yield self._finish("error", m.failure_after_requeues(failure.message))
+                        yield await self._settled("error", m.failure_after_requeues(failure.message))
                         return
                     err = GatewayError(
                         failure.status, failure.code, failure.message, error_type=failure.error_type
                     )
-                    yield self._finish("error", err)
+                    yield await self._settled("error", err)
                     return
                 self._engine_iter = None
-                yield self._finish("disconnected" if self.client_left else "completed", None)
+                yield await self._settled("disconnected" if self.client_left else "completed", None)
                 return
         except GatewayError as exc:
-            yield self._finish("timeout" if exc.status == 408 else "error", exc)
+            yield await self._settled("timeout" if exc.status == 408 else "error", exc)
         except (asyncio.CancelledError, GeneratorExit):
             await self._abandon()
             raise
+
+    async def _settled(self, outcome: str, error: GatewayError | None) -> Finished:
+        fin = self._finish(outcome, error)
+        if self.settle_task is not None:
+            await asyncio.shield(self.settle_task)
+        return fin
+
+    async def abandon(self) -> None:
+        """The relay ends without the run having finished (client gone, head not sent)."""
+        if self.finished is None:
+            await self._abandon()
 
     async def _abandon(self) -> None:
         """The client left (cancel policy) or the relay stopped: stop the engine,
@@ -280,7 +386,12 @@ class Run:
                     await aclose()
                 except Exception:  # the engine is being cancelled; its error is moot
                     pass
-        if self.phase == QUEUED and self.order is not None and self._fut is not None and self.admission is None:
+        if (
+            self.phase == QUEUED
+            and self.order is not None
+            and self._fut is not None
+            and self.admission is None
+        ):
             self.market.withdraw(self.order, self._fut)
         self._finish("canceled" if not self.client_left else "disconnected", None, notify=True)
 
@@ -304,6 +415,7 @@ class Run:
                 "outcome": outcome,
             }
         self.finished = fin = Finished(outcome, error, usage, receipt, self.tokens)
+        self.settle_task = self.service.spawn(self.service.after_finish(self, fin))
         if notify:
             for hook in self.service.on_finish:
                 hook(self, fin)

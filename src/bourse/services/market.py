@@ -173,7 +173,9 @@ class Market:
                 f"No healthy deployment of '{self.product}' is available (last error: {last}); retry later."
             )
         return GatewayError(
-            502, "upstream_error", f"The engine failed before producing output on every attempt (last error: {last})."
+            502,
+            "upstream_error",
+            f"The engine failed before producing output on every attempt (last error: {last}).",
         )
 
     def close(self) -> None:

@@ -20,7 +20,17 @@ TEXT = "text_completion"
 class Aggregator:
     """Folds stream chunks of one choice into a complete response object."""
 
-    __slots__ = ("_content", "_finish", "_kind", "_logprobs", "_reasoning", "_reasoning_key", "_refusal", "_tools", "fingerprint")
+    __slots__ = (
+        "_content",
+        "_finish",
+        "_kind",
+        "_logprobs",
+        "_reasoning",
+        "_reasoning_key",
+        "_refusal",
+        "_tools",
+        "fingerprint",
+    )
 
     def __init__(self, kind: str, reasoning_key: str = "reasoning_content") -> None:
         self._kind = kind
@@ -60,7 +70,8 @@ class Aggregator:
                 self._refusal.append(ref)
             for tc in delta.get("tool_calls") or ():
                 slot = self._tools.setdefault(
-                    tc.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                    tc.get("index", 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
                 )
                 if tc.get("id"):
                     slot["id"] = tc["id"]
@@ -82,7 +93,9 @@ class Aggregator:
     def text(self) -> str:
         return "".join(self._content)
 
-    def build(self, request_id: str, model: str, created: int, usage: dict[str, Any] | None) -> dict[str, Any]:
+    def build(
+        self, request_id: str, model: str, created: int, usage: dict[str, Any] | None
+    ) -> dict[str, Any]:
         if self._kind == "completion":
             choice: dict[str, Any] = {
                 "index": 0,
@@ -92,7 +105,10 @@ class Aggregator:
             }
             obj = TEXT
         else:
-            message: dict[str, Any] = {"role": "assistant", "content": self.text if self._content or not self._tools else None}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": self.text if self._content or not self._tools else None,
+            }
             if self._reasoning:
                 message[self._reasoning_key] = "".join(self._reasoning)
             if self._refusal:
@@ -121,7 +137,13 @@ class Aggregator:
 
 
 def usage_chunk(
-    kind: str, request_id: str, model: str, created: int, usage: dict[str, Any], receipt_name: str, receipt: dict[str, Any]
+    kind: str,
+    request_id: str,
+    model: str,
+    created: int,
+    usage: dict[str, Any],
+    receipt_name: str,
+    receipt: dict[str, Any],
 ) -> dict[str, Any]:
     return {
         "id": request_id,

@@ -94,7 +94,11 @@ class CompletionRequest(_Common):
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith(("function-", "list[", "str", "literal"))))
+    return ".".join(
+        str(p)
+        for p in loc
+        if not (isinstance(p, str) and p.startswith(("function-", "list[", "str", "literal")))
+    )
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -124,8 +128,15 @@ def validate(kind: Kind, body: dict[str, Any]) -> ChatCompletionRequest | Comple
     if req.n is not None and req.n != 1:
         raise invalid_request("n: only n=1 is supported; send one request per choice.", param="n")
     if isinstance(req, CompletionRequest):
-        if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], str) and len(req.prompt) != 1:
-            raise invalid_request("prompt: send one prompt per request (a list of several is not supported).", "prompt")
+        if (
+            isinstance(req.prompt, list)
+            and req.prompt
+            and isinstance(req.prompt[0], str)
+            and len(req.prompt) != 1
+        ):
+            raise invalid_request(
+                "prompt: send one prompt per request (a list of several is not supported).", "prompt"
+            )
         if req.best_of not in (None, 1):
             raise invalid_request("best_of: only best_of=1 is supported.", param="best_of")
     return req

@@ -1,0 +1,98 @@
+"""Routes for a key's own records: GET /v1/account, /v1/usage, /v1/usage/{request_id}."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from bourse.domain.errors import GatewayError, invalid_request
+from bourse.domain.money import micros_to_usd
+from bourse.http.deps import Services
+from bourse.http.responses import JSON
+
+
+def _float(request: Request, name: str) -> float | None:
+    v = request.query_params.get(name)
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise invalid_request(f"{name}: expected a unix time in seconds, got {v!r}", param=name) from None
+
+
+def routes(services: Services) -> list[Route]:
+    auth = services.auth
+    store = services.store
+    admin = services.admin
+
+    async def account(request: Request) -> Response:
+        p = await auth.user(request.headers.get("authorization"))
+        acc = await admin.store.account(p.account_id)
+        if acc is None:
+            raise GatewayError(404, "not_found", "This key's account no longer exists.")
+        holds = await admin.store.holds("reconciling", p.account_id, 100)
+        return JSON(
+            {
+                "object": "bourse.account",
+                "id": acc.id,
+                "balance_micros": acc.balance_micros,
+                "balance_usd": micros_to_usd(acc.balance_micros),
+                "open_holds_micros": acc.open_holds_micros,
+                "reconciling_micros": acc.reconciling_micros,
+                "spent_micros": acc.spent_micros,
+                "credited_micros": acc.credited_micros,
+                "reconciling_holds": [
+                    {"id": h.id, "request_id": h.request_id, "amount_micros": h.amount_micros, "note": h.note}
+                    for h in holds
+                ],
+                "key": {
+                    "id": p.key.id,
+                    "products": p.key.products,
+                    "rpm": p.key.rpm,
+                    "tpm": p.key.tpm,
+                    "max_streams": p.key.max_streams,
+                },
+            }
+        )
+
+    async def usage_list(request: Request) -> Response:
+        p = await auth.user(request.headers.get("authorization"))
+        try:
+            limit = int(request.query_params.get("limit", "20"))
+        except ValueError:
+            raise invalid_request("limit: expected an integer", param="limit") from None
+        if not 1 <= limit <= 100:
+            raise invalid_request("limit: expected 1 to 100", param="limit")
+        before = _float(request, "before")
+        rows = await store.usage_page(
+            p.account_id,
+            limit=limit + 1,
+            before=before,
+            since=_float(request, "since"),
+            until=_float(request, "until"),
+        )
+        page = rows[:limit]
+        return JSON(
+            {
+                "object": "list",
+                "data": [dict(r.record) for r in page],
+                "has_more": len(rows) > limit,
+                "next_before": page[-1].created_at if len(rows) > limit and page else None,
+            }
+        )
+
+    async def usage_one(request: Request) -> Response:
+        p = await auth.user(request.headers.get("authorization"))
+        rid = request.path_params["request_id"]
+        rec = await store.usage(p.account_id, rid)
+        if rec is None:
+            raise GatewayError(404, "not_found", f"No usage record '{rid}' for this account.")
+        return JSON(dict(rec.record))
+
+    return [
+        Route("/v1/account", account, methods=["GET"]),
+        Route("/v1/usage", usage_list, methods=["GET"]),
+        Route("/v1/usage/{request_id}", usage_one, methods=["GET"]),
+    ]

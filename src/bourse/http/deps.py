@@ -1,0 +1,67 @@
+"""What the edge needs from the composition root, and small request helpers."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from bourse.domain.errors import invalid_request
+from bourse.ports.stores import IdempotencyStore, UsageStore
+from bourse.services.accounts import AdminService
+from bourse.services.auth import Authenticator
+from bourse.services.completion import CompletionService
+from bourse.wire.requests import check_size, parse_body
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ServiceStore(UsageStore, IdempotencyStore, Protocol):
+    pass
+
+
+class Services(Protocol):
+    @property
+    def completions(self) -> CompletionService: ...
+    @property
+    def auth(self) -> Authenticator: ...
+    @property
+    def admin(self) -> AdminService: ...
+    @property
+    def store(self) -> ServiceStore: ...
+    @property
+    def max_body_bytes(self) -> int: ...
+    @property
+    def idempotency_ttl_s(self) -> float: ...
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            n = int(declared)
+        except ValueError:
+            raise invalid_request("content-length: not a number") from None
+        check_size(n, limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        check_size(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def json_model(request: Request, model: type[M], limit: int = 64 * 1024) -> M:
+    raw = await read_body(request, limit)
+    body: dict[str, Any] = parse_body(raw) if raw else {}
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        raise invalid_request(f"{where}: {err['msg']}", param=where) from None
