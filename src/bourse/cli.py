@@ -45,6 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_level="warning" if server.log_level != "debug" else "debug",
         access_log=False,
         timeout_graceful_shutdown=5,
+        server_header=False,
     )
     return 0
 
@@ -88,6 +89,9 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--ttft-ms", type=float, help="delay before the first token")
     u.add_argument("--tokens-per-s", type=float, help="token rate (0: as fast as possible)")
     u.set_defaults(func=_sim_upstream)
+    from bourse.admin_cli import add_parser
+
+    add_parser(sub)
     return p
 
 

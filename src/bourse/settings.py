@@ -246,6 +246,7 @@ class Environment:
 
     admin_key: str | None = None
     database: str | None = None
+    url: str | None = None
 
 
 def read_environment(env: Mapping[str, str] | None = None) -> Environment:

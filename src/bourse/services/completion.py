@@ -190,6 +190,15 @@ class CompletionService:
                 f"max_tokens: {max_out} is over the output limit of '{req.model}' ({market.max_output_tokens}).",
                 param="max_tokens",
             )
+        prompt_estimate = estimate_prompt_tokens(body)
+        if prompt_estimate > market.context_length:
+            raise GatewayError(
+                400,
+                "context_length_exceeded",
+                f"The prompt is about {prompt_estimate} tokens; '{req.model}' has a context of "
+                f"{market.context_length} tokens. Shorten the prompt.",
+                param="messages" if kind == "chat" else "prompt",
+            )
         engine_body = {k: v for k, v in body.items() if k not in GATEWAY_FIELDS}
         engine_body["stream"] = True
         so = engine_body.get("stream_options")

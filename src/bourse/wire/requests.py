@@ -93,12 +93,12 @@ class CompletionRequest(_Common):
     suffix: str | None = None
 
 
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "json-or-python"})
+
+
 def _loc(loc: tuple[int | str, ...]) -> str:
-    return ".".join(
-        str(p)
-        for p in loc
-        if not (isinstance(p, str) and p.startswith(("function-", "list[", "str", "literal")))
-    )
+    """A field path without pydantic's union-member tags (``str``, ``list[Part]``...)."""
+    return ".".join(str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS)))
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

@@ -13,7 +13,12 @@ def diff(name: str) -> dict[str, object]:
 
 
 def test_presets() -> None:
-    assert diff("hips") == {"done_after_error": False, "error_finish_reason": False, "receipt_name": "hips"}
+    assert diff("hips") == {
+        "done_after_error": False,
+        "error_finish_reason": False,
+        "receipt_name": "hips",
+        "header_prefix": "x-hips-",
+    }
     assert diff("openfill") == {"on_disconnect": "drain"}
     assert diff("aigrid") == {"usage_chunk": "always", "on_disconnect": "drain", "missing_usage": "reconcile"}
     assert diff("gopuram") == {"usage_chunk": "always", "charge_on_error": "generated", "reasoning_field": "reasoning"}

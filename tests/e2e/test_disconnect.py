@@ -1,0 +1,123 @@
+"""Disconnect and cancellation (SPEC section 7) through the served gateway: a client
+that leaves mid-stream cancels the engine within a second (the sim upstream counts a
+cancellation), and one that leaves while queued never reaches the engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.e2e.conftest import ENGINE_KINDS, USER, Dep, Env, Product, collect_sse, open_sse, start_env
+
+SLOW = {"tokens_per_s": 20, "output_tokens": 60}  # about 3 s of generation
+
+
+@pytest.fixture(scope="module", params=ENGINE_KINDS)
+def env(request: pytest.FixtureRequest) -> Iterator[Env]:
+    products = [
+        Product("p", [Dep("p-a", slots=4)]),
+        Product("one", [Dep("one-a", slots=1)]),
+    ]
+    with start_env(request.param, products, server={"quiet_interval_s": 0.1}) as e:
+        yield e
+
+
+def _cancelled_within_one_second(env: Env, dep: str, before: dict[str, int]) -> dict[str, int]:
+    stats, waited = env.wait_stats(dep, lambda s: s["cancelled"] > before["cancelled"], timeout=1.0)
+    assert stats["cancelled"] == before["cancelled"] + 1, (
+        f"no cancellation within 1 s ({waited:.3f}s): {stats}"
+    )
+    assert stats["completed"] == before["completed"], stats
+    return stats
+
+
+def test_sdk_disconnect_mid_stream_cancels_the_engine(env: Env) -> None:
+    before = env.stats("p-a")
+    client = env.client()
+    stream = client.chat.completions.create(
+        model="p", messages=USER, seed=3, stream=True, extra_body={"sim": SLOW}
+    )
+    got = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            got += 1
+        if got == 2:
+            break
+    stream.close()
+    client.close()
+    _cancelled_within_one_second(env, "p-a", before)
+    # and it stays cancelled: the generation does not complete later
+    time.sleep(0.3)
+    after = env.stats("p-a")
+    assert after["completed"] == before["completed"]
+    assert after["started"] == before["started"] + 1
+
+
+def test_raw_disconnect_mid_stream_cancels_the_engine(env: Env) -> None:
+    before = env.stats("p-a")
+    with open_sse(env, {"model": "p", "seed": 4, "sim": SLOW}) as s:
+        n = 0
+        for f in s.frames():
+            if f.data is not None and f.json.get("choices"):
+                n += 1
+            if n == 2:
+                break
+    _cancelled_within_one_second(env, "p-a", before)
+
+
+def test_disconnect_frees_the_slot_for_the_next_order(env: Env) -> None:
+    before = env.stats("one-a")
+    with open_sse(env, {"model": "one", "seed": 4, "sim": SLOW}) as s:
+        for f in s.frames():
+            if f.data is not None:
+                break
+    t0 = time.monotonic()
+    res = collect_sse(env, {"model": "one", "seed": 5, "sim": {"output_tokens": 5}})
+    took = time.monotonic() - t0
+    assert res.status == 200 and res.frames[-1].is_done
+    assert len(res.content_chunks) == 5
+    # the slow one would have held the only slot for ~3 s
+    assert took < 1.5, took
+    stats = env.stats("one-a")
+    assert stats["cancelled"] == before["cancelled"] + 1
+
+
+def test_disconnect_while_queued_never_reaches_the_engine(env: Env) -> None:
+    before = env.stats("one-a")
+    client = env.client()
+    with ThreadPoolExecutor(1) as pool:
+        # A holds the only slot for ~1 s
+        holder = pool.submit(
+            client.chat.completions.create,
+            model="one",
+            messages=USER,
+            seed=1,
+            extra_body={"sim": {"tokens_per_s": 20, "output_tokens": 20}},
+        )
+        env.wait_stats("one-a", lambda s: s["started"] > before["started"], timeout=5)
+        # B waits in the book, then leaves
+        with open_sse(env, {"model": "one", "seed": 2}) as s:
+            comments = []
+            for f in s.frames():
+                assert f.data is None, "B must not be admitted while A holds the slot"
+                if f.comment is not None:
+                    comments.append(f.comment)
+                if f.comment and f.comment.startswith("queued bid="):
+                    break
+            assert s.status == 200
+        a = holder.result(timeout=10)
+    assert a.choices[0].finish_reason in ("stop", "length")
+    time.sleep(0.3)
+    after_a = env.stats("one-a")
+    assert after_a["started"] == before["started"] + 1, "B left while queued yet reached the engine"
+    # C gets the freed slot at once, with nobody ahead of it in the book
+    c = client.chat.completions.create(model="one", messages=USER, seed=3)
+    assert c.choices[0].message.content
+    after_c = env.stats("one-a")
+    assert after_c["started"] == before["started"] + 2
+    assert c.usage is not None and c.usage.model_extra is not None
+    assert c.usage.model_extra["x_market"]["position_at_entry"] == 0
+    assert after_c["cancelled"] == before["cancelled"]

@@ -1,0 +1,199 @@
+"""HTTP errors before the 200 (SPEC section 11) and the service endpoints, through the
+served gateway: the OpenAI envelope, an ``x-request-id`` on every response, no trace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import USER, Dep, Env, Product, assert_error_envelope, collect_sse, start_env
+
+MAX_BODY = 2048
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[Env]:
+    products = [
+        Product("alpha", [Dep("alpha-a", floor=0.05), Dep("alpha-b", floor=0.07)]),
+        Product("beta", [Dep("beta-secret-deployment", floor=0.1)], {"policy": "gopuram"}),
+    ]
+    with start_env("openai", products, server={"max_body_bytes": MAX_BODY}) as e:
+        yield e
+
+
+def _post(
+    env: Env, body: object = None, *, path: str = "/v1/chat/completions", content: bytes | None = None
+) -> httpx.Response:
+    return env.post(path, body, content=content)
+
+
+# -- 12. errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_unknown_product_is_404_model_not_found(env: Env, stream: bool) -> None:
+    r = _post(env, {"model": "no-such-model", "messages": USER, "stream": stream})
+    err = assert_error_envelope(r, 404, "model_not_found")
+    assert "no-such-model" in err["message"]
+
+
+def test_unknown_product_legacy_completions_is_404(env: Env) -> None:
+    r = _post(env, {"model": "no-such-model", "prompt": "hi"}, path="/v1/completions")
+    assert_error_envelope(r, 404, "model_not_found")
+
+
+def test_unknown_product_sdk_raises_not_found(env: Env) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        env.client().chat.completions.create(model="no-such-model", messages=USER)
+    assert info.value.status_code == 404
+    assert info.value.code == "model_not_found"
+
+
+def test_deployment_or_internal_name_is_not_a_product(env: Env) -> None:
+    for name in ("alpha-a", "alpha/0", "internal-name"):
+        assert_error_envelope(_post(env, {"model": name, "messages": USER}), 404, "model_not_found")
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{not json", b"", b"[1, 2]", b'"a string"', b'{"model": "alpha", "messages": [']
+)
+def test_malformed_json_is_400(env: Env, raw: bytes) -> None:
+    assert_error_envelope(_post(env, content=raw), 400, "invalid_request")
+
+
+def test_wrong_type_is_400_naming_the_field(env: Env) -> None:
+    r = _post(env, {"model": "alpha", "messages": USER, "max_tokens": "x"})
+    err = assert_error_envelope(r, 400, "invalid_request")
+    assert "max_tokens" in err["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"model": "alpha", "messages": "hello"}, "messages"),
+        ({"model": "alpha", "messages": USER, "stream": "yes please"}, "stream"),
+        ({"model": "alpha", "messages": [{"role": "robot", "content": "hi"}]}, "role"),
+        ({"model": 42, "messages": USER}, "model"),
+        ({"messages": USER}, "model"),
+        ({"model": "alpha", "messages": USER, "temperature": 0.5, "max_tokens": -3}, "max_tokens"),
+    ],
+    ids=[
+        "messages-string",
+        "stream-string",
+        "role-unknown",
+        "model-int",
+        "model-missing",
+        "max_tokens-negative",
+    ],
+)
+def test_other_bad_fields_are_400_naming_the_field(env: Env, body: dict[str, object], field: str) -> None:
+    err = assert_error_envelope(_post(env, body), 400, "invalid_request")
+    assert field in err["message"], err
+
+
+def test_wrong_type_with_sdk_raises_bad_request(env: Env) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        env.client().chat.completions.create(model="alpha", messages=USER, extra_body={"max_tokens": "x"})
+    assert "max_tokens" in info.value.message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_other_than_one_is_400(env: Env, stream: bool) -> None:
+    r = _post(env, {"model": "alpha", "messages": USER, "n": 2, "stream": stream})
+    err = assert_error_envelope(r, 400, "invalid_request")
+    assert "n" in err["message"].split(":")[0] or "n=" in err["message"], err
+
+
+def test_body_over_the_limit_is_413(env: Env) -> None:
+    big = [{"role": "user", "content": "x" * (MAX_BODY * 2)}]
+    assert_error_envelope(_post(env, {"model": "alpha", "messages": big}), 413, "request_too_large")
+
+
+def test_body_over_the_limit_without_content_length_is_413(env: Env) -> None:
+    def gen() -> Iterator[bytes]:
+        yield b'{"model": "alpha", "messages": [{"role": "user", "content": "'
+        for _ in range(8):
+            yield b"y" * 512
+        yield b'"}]}'
+
+    r = env.post("/v1/chat/completions", content=gen())
+    assert_error_envelope(r, 413, "request_too_large")
+
+
+def test_unknown_route_is_404_envelope(env: Env) -> None:
+    r = env.get("/v1/nothing-here")
+    assert_error_envelope(r, 404)
+    r = env.post("/v2/chat/completions", {})
+    assert_error_envelope(r, 404)
+
+
+def test_wrong_method_is_an_envelope(env: Env) -> None:
+    r = env.get("/v1/chat/completions")
+    assert r.status_code in (404, 405)
+    assert_error_envelope(r, r.status_code)
+
+
+def test_bad_headers_are_400(env: Env) -> None:
+    r = env.post(
+        "/v1/chat/completions", {"model": "alpha", "messages": USER}, headers={"X-Max-Price": "cheap"}
+    )
+    err = assert_error_envelope(r, 400)
+    assert "X-Max-Price" in err["message"]
+    r = env.post(
+        "/v1/chat/completions", {"model": "alpha", "messages": USER}, headers={"X-Book-Timeout": "soon"}
+    )
+    err = assert_error_envelope(r, 400)
+    assert "X-Book-Timeout" in err["message"]
+
+
+def test_stream_error_before_the_book_is_http_not_sse(env: Env) -> None:
+    res = collect_sse(env, {"model": "alpha", "max_tokens": "x"})
+    assert res.status == 400
+    assert res.frames == []
+    assert res.body_json["error"]["code"] == "invalid_request"
+    assert res.headers.get("x-request-id")
+
+
+# -- 14. models and health -------------------------------------------------------------------------
+
+
+def test_models_lists_products_only(env: Env) -> None:
+    r = env.get("/v1/models")
+    assert r.status_code == 200
+    ids = [m["id"] for m in r.json()["data"]]
+    assert sorted(ids) == ["alpha", "beta"]
+    text = r.text
+    for hidden in ("alpha-a", "alpha-b", "beta-secret-deployment", "internal-name", "127.0.0.1"):
+        assert hidden not in text, hidden
+
+
+def test_models_with_sdk(env: Env) -> None:
+    models = {m.id: m for m in env.client().models.list()}
+    assert set(models) == {"alpha", "beta"}
+    extra = models["alpha"].model_extra or {}
+    assert extra.get("context_length")
+    assert extra.get("pricing", {}).get("floor") == 0.05
+
+
+def test_healthz_and_readyz(env: Env) -> None:
+    for path in ("/healthz", "/readyz"):
+        r = env.get(path)
+        assert r.status_code == 200, (path, r.text)
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/healthz", "/readyz"])
+def test_service_endpoints_carry_x_request_id(env: Env, path: str) -> None:
+    # SPEC section 2: every response carries x-request-id
+    r = env.get(path)
+    assert r.status_code == 200
+    assert r.headers.get("x-request-id"), dict(r.headers)
+
+
+def test_every_success_carries_x_request_id(env: Env) -> None:
+    raw = env.client().chat.completions.with_raw_response.create(model="alpha", messages=USER)
+    assert raw.headers.get("x-request-id") == raw.parse().id
+    res = collect_sse(env, {"model": "beta"})
+    assert res.status == 200 and res.headers.get("x-request-id")

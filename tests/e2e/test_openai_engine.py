@@ -1,0 +1,164 @@
+"""The ``openai`` engine seen from the upstream's side, through the served gateway and a
+sim upstream on a real port: what the upstream receives, and an unreachable upstream
+handled as a transient failure."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from starlette.types import Message, Receive, Scope, Send
+
+from bourse.engines.sim import SimSettings
+from bourse.engines.sim_server import create_sim_app
+from tests.e2e.conftest import INTERNAL_MODEL, UPSTREAM_MODEL, USER, collect_sse
+from tests.support.gateway import Gateway, running_gateway
+from tests.support.servers import serve_app_in_thread
+
+
+@dataclass
+class Recorder:
+    """An ASGI wrapper around the sim upstream that keeps every request body it gets."""
+
+    app: Any
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            msg = await receive()
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body"):
+                break
+        raw = b"".join(chunks)
+        self.bodies.append(json.loads(raw))
+        self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+@pytest.fixture(scope="module")
+def dead_port() -> Iterator[int]:
+    """A port that refuses connections: bound (so nobody else gets it) but not listening."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        yield port
+
+
+@pytest.fixture(scope="module")
+def setup(dead_port: int) -> Iterator[tuple[Gateway, Recorder]]:
+    rec = Recorder(create_sim_app(SimSettings()))
+    dead = f"http://127.0.0.1:{dead_port}/v1"
+    with serve_app_in_thread(rec) as up:
+        config = f"""
+[products.remote]
+[[products.remote.deployments]]
+engine = "openai"
+name = "remote-main"
+base_url = "{up}/v1"
+model = "{INTERNAL_MODEL}"
+api_key_env = "UPSTREAM_KEY"
+
+[products.fallback]
+[[products.fallback.deployments]]
+engine = "openai"
+name = "fallback-dead"
+base_url = "{dead}"
+model = "{INTERNAL_MODEL}"
+floor = 0.01
+connect_timeout_s = 2
+breaker_threshold = 1000
+[[products.fallback.deployments]]
+engine = "openai"
+name = "fallback-alive"
+base_url = "{up}/v1"
+model = "{INTERNAL_MODEL}"
+floor = 0.02
+"""
+        with running_gateway(config, env={"UPSTREAM_KEY": "sk-upstream-secret"}) as gw:
+            yield gw, rec
+
+
+def test_upstream_gets_internal_name_streaming_and_usage(setup: tuple[Gateway, Recorder]) -> None:
+    gw, rec = setup
+    n = len(rec.bodies)
+    whole = gw.client().chat.completions.create(model="remote", messages=USER, seed=3)
+    assert whole.model == "remote"
+    sent = rec.bodies[n]
+    assert sent["model"] == INTERNAL_MODEL
+    assert sent["stream"] is True  # always streamed upstream, even for a non-streamed client
+    assert sent["stream_options"]["include_usage"] is True
+    assert rec.headers[n].get("authorization") == "Bearer sk-upstream-secret"
+
+
+def test_upstream_gets_usage_request_but_client_gets_no_usage_chunk(setup: tuple[Gateway, Recorder]) -> None:
+    gw, rec = setup
+    n = len(rec.bodies)
+    res = collect_sse(gw, {"model": "remote", "seed": 3})
+    assert rec.bodies[n]["stream_options"]["include_usage"] is True
+    assert [c for c in res.chunks if c.get("choices") == []] == []
+    for hidden in (INTERNAL_MODEL, UPSTREAM_MODEL, "sk-upstream-secret"):
+        assert hidden.encode() not in res.raw
+
+
+def test_fields_the_gateway_does_not_own_are_forwarded_unchanged(setup: tuple[Gateway, Recorder]) -> None:
+    gw, rec = setup
+    n = len(rec.bodies)
+    gw.client().chat.completions.create(
+        model="remote",
+        messages=USER,
+        seed=3,
+        temperature=0.25,
+        extra_body={
+            "top_k": 7,
+            "repetition_penalty": 1.1,
+            "chat_template_kwargs": {"enable_thinking": False},
+            "sim": {"output_tokens": 4},
+            "max_price": 1.0,
+            "timeout": 30,
+        },
+    )
+    sent = rec.bodies[n]
+    assert sent["top_k"] == 7
+    assert sent["repetition_penalty"] == 1.1
+    assert sent["chat_template_kwargs"] == {"enable_thinking": False}
+    assert sent["sim"] == {"output_tokens": 4}
+    assert sent["temperature"] == 0.25
+    assert sent["seed"] == 3
+    assert sent["messages"] == USER
+    # the gateway's own extensions stay at the gateway
+    assert "max_price" not in sent and "timeout" not in sent
+
+
+def test_unreachable_upstream_is_transient_and_requeued(setup: tuple[Gateway, Recorder]) -> None:
+    gw, _ = setup
+    res = collect_sse(
+        gw, {"model": "fallback", "seed": 3, "max_price": 1.0, "stream_options": {"include_usage": True}}
+    )
+    assert res.status == 200
+    kinds = res.kinds()
+    assert "c:requeued (transient backend failure), waiting" in kinds, kinds
+    assert "error" not in kinds
+    assert kinds[-2:] == ["usage", "DONE"]
+    x_market = res.chunks[-1]["usage"]["x_market"]
+    assert x_market["deployment"] == "fallback-alive"
+    assert x_market["requeues"] == 1
+    # the upstream's address never reaches the client
+    assert b"127.0.0.1" not in res.raw
