@@ -1,0 +1,1 @@
+"""The benchmark harness (not part of the test suite)."""

@@ -1,0 +1,89 @@
+"""Shared helpers for the benchmarks: free ports, processes, waiting for health."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+ADMIN_KEY = "bk_admin_bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not become healthy")
+
+
+@contextlib.contextmanager
+def process(args: list[str], health: str, env: dict[str, str] | None = None, cpu: int | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    if cpu is not None and os.cpu_count() and os.cpu_count() >= 2 and _has("taskset"):
+        args = ["taskset", "-c", str(cpu), *args]
+    proc = subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_healthy(health)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _has(cmd: str) -> bool:
+    return any((Path(p) / cmd).exists() for p in os.environ.get("PATH", "").split(":"))
+
+
+@contextlib.contextmanager
+def sim_upstream(cpu: int | None = None) -> Iterator[str]:
+    port = free_port()
+    with process([sys.executable, "-m", "bourse", "sim-upstream", "--port", str(port)], f"http://127.0.0.1:{port}/healthz", cpu=cpu):
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+@contextlib.contextmanager
+def gateway(config: str, cpu: int | None = None, database: str | None = None) -> Iterator[tuple[str, str]]:
+    """A ``bourse serve`` process with ``config``; yields (base URL, a funded API key)."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="bourse-bench-") as d:
+        cfg = Path(d) / "bench.toml"
+        cfg.write_text(config)
+        args = [sys.executable, "-m", "bourse", "serve", "--config", str(cfg), "--port", str(port), "--data-dir", d]
+        if database:
+            args += ["--database", database]
+        with process(args, f"http://127.0.0.1:{port}/healthz", env={"BOURSE_ADMIN_KEY": ADMIN_KEY}, cpu=cpu):
+            base = f"http://127.0.0.1:{port}"
+            h = {"authorization": f"Bearer {ADMIN_KEY}"}
+            httpx.post(base + "/admin/accounts", json={"id": "bench", "credit_usd": 1e6}, headers=h).raise_for_status()
+            key = httpx.post(base + "/admin/keys", json={"account": "bench"}, headers=h).json()["key"]
+            yield base + "/v1", key
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))
+    return s[k]

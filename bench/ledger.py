@@ -1,0 +1,98 @@
+"""The ledger alone: hold + settle throughput and latency on SQLite and PostgreSQL.
+
+    .venv/bin/python -m bench.ledger [--n 2000] [--concurrency 1,32] [--postgres URL]
+
+Each operation is one request's money: place a hold, then settle it with a usage
+record (two transactions), exactly as the gateway does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+
+import asyncpg
+
+from bench.common import pct
+from bourse.ports.stores import Hold, UsageRecord
+from bourse.storage.postgres import PostgresStore
+from bourse.storage.sql import SqlStore
+from bourse.storage.sqlite import SqliteStore
+
+
+async def run(store: SqlStore, n: int, concurrency: int) -> dict[str, float]:
+    await store.open()
+    now = time.time()
+    account = "bench" + os.urandom(4).hex()
+    await store.create_account(account, 10**12, now)
+    hold_ms: list[float] = []
+    settle_ms: list[float] = []
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with sem:
+            rid = f"r{i}-{account}"
+            t0 = time.perf_counter()
+            await store.place_hold(Hold(f"h{i}-{account}", account, rid, 5000, "open", owner="bench", created_at=now))
+            t1 = time.perf_counter()
+            rec = UsageRecord(rid, account, "p", now, "completed", 1234, {"usage": {"prompt_tokens": 10}})
+            await store.settle(f"h{i}-{account}", 1234, rec, now)
+            t2 = time.perf_counter()
+            hold_ms.append((t1 - t0) * 1000)
+            settle_ms.append((t2 - t1) * 1000)
+
+    t = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    dt = time.perf_counter() - t
+    totals = await store.totals()
+    assert totals.balanced, totals
+    await store.close()
+    return {
+        "settled_per_s": n / dt,
+        "hold_p50_ms": pct(hold_ms, 50),
+        "settle_p50_ms": pct(settle_ms, 50),
+        "hold_p99_ms": pct(hold_ms, 99),
+        "settle_p99_ms": pct(settle_ms, 99),
+    }
+
+
+async def fresh_pg(url: str) -> str:
+    name = "bourse_bench_" + os.urandom(4).hex()
+    conn = await asyncpg.connect(url)
+    await conn.execute(f"CREATE DATABASE {name}")
+    await conn.close()
+    return url.rsplit("/", 1)[0] + "/" + name
+
+
+async def drop_pg(url: str, dsn: str) -> None:
+    conn = await asyncpg.connect(url)
+    await conn.execute(f"DROP DATABASE IF EXISTS {dsn.rsplit('/', 1)[1]} WITH (FORCE)")
+    await conn.close()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--concurrency", default="1,32")
+    ap.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
+    args = ap.parse_args()
+    print(f"{'store':10} {'conc':>5} {'settled/s':>10} {'hold p50':>9} {'settle p50':>11} {'hold p99':>9} {'settle p99':>11}  (ms)")
+    for c in (int(x) for x in args.concurrency.split(",")):
+        with tempfile.TemporaryDirectory() as d:
+            r = await run(SqliteStore(os.path.join(d, "b.db")), args.n, c)
+        print(f"{'sqlite':10} {c:5} {r['settled_per_s']:10.0f} {r['hold_p50_ms']:9.2f} {r['settle_p50_ms']:11.2f} "
+              f"{r['hold_p99_ms']:9.2f} {r['settle_p99_ms']:11.2f}")
+        dsn = await fresh_pg(args.postgres)
+        try:
+            r = await run(PostgresStore(dsn, max_size=max(2, min(c, 20))), args.n, c)
+        finally:
+            await drop_pg(args.postgres, dsn)
+        print(f"{'postgres':10} {c:5} {r['settled_per_s']:10.0f} {r['hold_p50_ms']:9.2f} {r['settle_p50_ms']:11.2f} "
+              f"{r['hold_p99_ms']:9.2f} {r['settle_p99_ms']:11.2f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
