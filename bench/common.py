@@ -37,10 +37,14 @@ def wait_healthy(url: str, timeout_s: float = 20.0) -> None:
 
 
 @contextlib.contextmanager
-def process(args: list[str], health: str, env: dict[str, str] | None = None, cpu: int | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def process(
+    args: list[str], health: str, env: dict[str, str] | None = None, cpu: int | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     if cpu is not None and os.cpu_count() and os.cpu_count() >= 2 and _has("taskset"):
         args = ["taskset", "-c", str(cpu), *args]
-    proc = subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        args, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         wait_healthy(health)
         yield proc
@@ -59,7 +63,11 @@ def _has(cmd: str) -> bool:
 @contextlib.contextmanager
 def sim_upstream(cpu: int | None = None) -> Iterator[str]:
     port = free_port()
-    with process([sys.executable, "-m", "bourse", "sim-upstream", "--port", str(port)], f"http://127.0.0.1:{port}/healthz", cpu=cpu):
+    with process(
+        [sys.executable, "-m", "bourse", "sim-upstream", "--port", str(port)],
+        f"http://127.0.0.1:{port}/healthz",
+        cpu=cpu,
+    ):
         yield f"http://127.0.0.1:{port}/v1"
 
 
@@ -70,13 +78,26 @@ def gateway(config: str, cpu: int | None = None, database: str | None = None) ->
     with tempfile.TemporaryDirectory(prefix="bourse-bench-") as d:
         cfg = Path(d) / "bench.toml"
         cfg.write_text(config)
-        args = [sys.executable, "-m", "bourse", "serve", "--config", str(cfg), "--port", str(port), "--data-dir", d]
+        args = [
+            sys.executable,
+            "-m",
+            "bourse",
+            "serve",
+            "--config",
+            str(cfg),
+            "--port",
+            str(port),
+            "--data-dir",
+            d,
+        ]
         if database:
             args += ["--database", database]
         with process(args, f"http://127.0.0.1:{port}/healthz", env={"BOURSE_ADMIN_KEY": ADMIN_KEY}, cpu=cpu):
             base = f"http://127.0.0.1:{port}"
             h = {"authorization": f"Bearer {ADMIN_KEY}"}
-            httpx.post(base + "/admin/accounts", json={"id": "bench", "credit_usd": 1e6}, headers=h).raise_for_status()
+            httpx.post(
+                base + "/admin/accounts", json={"id": "bench", "credit_usd": 1e6}, headers=h
+            ).raise_for_status()
             key = httpx.post(base + "/admin/keys", json={"account": "bench"}, headers=h).json()["key"]
             yield base + "/v1", key
 

@@ -36,7 +36,9 @@ async def run(store: SqlStore, n: int, concurrency: int) -> dict[str, float]:
         async with sem:
             rid = f"r{i}-{account}"
             t0 = time.perf_counter()
-            await store.place_hold(Hold(f"h{i}-{account}", account, rid, 5000, "open", owner="bench", created_at=now))
+            await store.place_hold(
+                Hold(f"h{i}-{account}", account, rid, 5000, "open", owner="bench", created_at=now)
+            )
             t1 = time.perf_counter()
             rec = UsageRecord(rid, account, "p", now, "completed", 1234, {"usage": {"prompt_tokens": 10}})
             await store.settle(f"h{i}-{account}", 1234, rec, now)
@@ -79,19 +81,25 @@ async def main() -> None:
     ap.add_argument("--concurrency", default="1,32")
     ap.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
     args = ap.parse_args()
-    print(f"{'store':10} {'conc':>5} {'settled/s':>10} {'hold p50':>9} {'settle p50':>11} {'hold p99':>9} {'settle p99':>11}  (ms)")
+    print(
+        f"{'store':10} {'conc':>5} {'settled/s':>10} {'hold p50':>9} {'settle p50':>11} {'hold p99':>9} {'settle p99':>11}  (ms)"
+    )
     for c in (int(x) for x in args.concurrency.split(",")):
         with tempfile.TemporaryDirectory() as d:
             r = await run(SqliteStore(os.path.join(d, "b.db")), args.n, c)
-        print(f"{'sqlite':10} {c:5} {r['settled_per_s']:10.0f} {r['hold_p50_ms']:9.2f} {r['settle_p50_ms']:11.2f} "
-              f"{r['hold_p99_ms']:9.2f} {r['settle_p99_ms']:11.2f}")
+        print(
+            f"{'sqlite':10} {c:5} {r['settled_per_s']:10.0f} {r['hold_p50_ms']:9.2f} {r['settle_p50_ms']:11.2f} "
+            f"{r['hold_p99_ms']:9.2f} {r['settle_p99_ms']:11.2f}"
+        )
         dsn = await fresh_pg(args.postgres)
         try:
             r = await run(PostgresStore(dsn, max_size=max(2, min(c, 20))), args.n, c)
         finally:
             await drop_pg(args.postgres, dsn)
-        print(f"{'postgres':10} {c:5} {r['settled_per_s']:10.0f} {r['hold_p50_ms']:9.2f} {r['settle_p50_ms']:11.2f} "
-              f"{r['hold_p99_ms']:9.2f} {r['settle_p99_ms']:11.2f}")
+        print(
+            f"{'postgres':10} {c:5} {r['settled_per_s']:10.0f} {r['hold_p50_ms']:9.2f} {r['settle_p50_ms']:11.2f} "
+            f"{r['hold_p99_ms']:9.2f} {r['settle_p99_ms']:11.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ max_output_tokens = 100000
 """
 
 
-def one_stream(client: httpx.Client, url: str, key: str | None, model: str, tokens: int) -> tuple[float, float, int]:
+def one_stream(
+    client: httpx.Client, url: str, key: str | None, model: str, tokens: int
+) -> tuple[float, float, int]:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": "benchmark"}],
@@ -65,7 +67,11 @@ def measure(url: str, key: str | None, model: str, tokens: int, runs: int) -> di
             ttfb, total, chunks = one_stream(c, url, key, model, tokens)
             ttfbs.append(ttfb * 1000)
             rates.append(chunks / total)
-    return {"ttfb_p50_ms": pct(ttfbs, 50), "ttfb_p99_ms": pct(ttfbs, 99), "chunks_per_s": statistics.median(rates)}
+    return {
+        "ttfb_p50_ms": pct(ttfbs, 50),
+        "ttfb_p99_ms": pct(ttfbs, 99),
+        "chunks_per_s": statistics.median(rates),
+    }
 
 
 def main() -> None:
@@ -85,8 +91,10 @@ def main() -> None:
         ("gateway, in-process sim engine", inproc),
     ):
         print(f"{name:38} {r['ttfb_p50_ms']:12.2f} {r['ttfb_p99_ms']:12.2f} {r['chunks_per_s']:10.0f}")
-    print(f"ratio gateway/direct chunks/s: {via['chunks_per_s'] / direct['chunks_per_s']:.2f}; "
-          f"added TTFB p50: {via['ttfb_p50_ms'] - direct['ttfb_p50_ms']:.2f} ms")
+    print(
+        f"ratio gateway/direct chunks/s: {via['chunks_per_s'] / direct['chunks_per_s']:.2f}; "
+        f"added TTFB p50: {via['ttfb_p50_ms'] - direct['ttfb_p50_ms']:.2f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@
   (CI), where it fails.
 - :func:`fresh_postgres_database` (sync) / :func:`afresh_postgres_database` (async):
   a new database ``bourse_t_<hex>`` for one test, dropped ``WITH (FORCE)`` after.
+  Admin statements use psycopg when installed (the project's driver), else asyncpg
+  (run with ``asyncio.run``, in a worker thread if a loop is already running).
+- :class:`StoreFactory`: opens stores of one adapter on one test's database.
 """
 
 from __future__ import annotations
@@ -76,19 +79,35 @@ _probes: dict[str, str | None] = {}
 """url -> None when reachable, else why not (one probe per URL per session)."""
 
 
-async def _probe_postgres(url: str) -> str | None:
+def _admin_execute(url: str, *statements: str) -> None:
+    """Run statements outside a transaction on ``url`` (CREATE/DROP DATABASE), with
+    whichever PostgreSQL driver is installed: psycopg (the project's), else asyncpg."""
+    try:
+        import psycopg
+    except ImportError:
+        run_sync(_admin_execute_asyncpg(url, statements))
+        return
+    with psycopg.connect(url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S)) as conn:
+        for sql in statements:
+            conn.execute(sql)  # type: ignore[arg-type]
+
+
+async def _admin_execute_asyncpg(url: str, statements: tuple[str, ...]) -> None:
     import asyncpg
 
+    conn = await asyncio.wait_for(asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S), CONNECT_TIMEOUT_S + 1)
     try:
-        conn = await asyncio.wait_for(asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S), CONNECT_TIMEOUT_S + 1)
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    try:
-        await conn.fetchval("SELECT 1")
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
+        for sql in statements:
+            await conn.execute(sql)
     finally:
         await conn.close()
+
+
+def _probe_postgres(url: str) -> str | None:
+    try:
+        _admin_execute(url, "SELECT 1")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}".strip()
     return None
 
 
@@ -102,7 +121,7 @@ def _probe_redis(url: str) -> str | None:
             reply = sock.recv(64)
     except OSError as exc:
         return f"{type(exc).__name__}: {exc}"
-    if not reply[:1] in (b"+", b"-"):  # "+PONG", or an error such as "-NOAUTH": a Redis answered
+    if reply[:1] not in (b"+", b"-"):  # "+PONG", or an error such as "-NOAUTH": a Redis answered
         return f"unexpected reply {reply!r}"
     return None
 
@@ -112,7 +131,7 @@ def postgres_problem(url: str | None = None) -> str | None:
     url = url or postgres_url()
     key = "postgres:" + url
     if key not in _probes:
-        _probes[key] = run_sync(_probe_postgres(url))
+        _probes[key] = _probe_postgres(url)
     return _probes[key]
 
 
@@ -124,7 +143,7 @@ def redis_problem(url: str | None = None) -> str | None:
     return _probes[key]
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     parts = urlsplit(url)
     if parts.password:
         netloc = parts.netloc.replace(":" + parts.password + "@", ":***@")
@@ -133,7 +152,7 @@ def _redact(url: str) -> str:
 
 
 def _unavailable(service: str, env: str, url: str, problem: str) -> None:
-    shown = _redact(url)
+    shown = redact(url)
     if services_required():
         pytest.fail(
             f"{service} not reachable at {shown} ({problem}); BOURSE_REQUIRE_SERVICES=1 makes this a failure: "
@@ -175,41 +194,29 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-async def acreate_database(admin_url: str | None = None) -> str:
+def create_database(admin_url: str | None = None) -> str:
     """Create ``bourse_t_<hex>``; its DSN."""
-    import asyncpg
-
     admin_url = admin_url or postgres_url()
     name = "bourse_t_" + secrets.token_hex(8)
-    conn = await asyncpg.connect(admin_url, timeout=CONNECT_TIMEOUT_S)
-    try:
-        await conn.execute(f"CREATE DATABASE {_quote_ident(name)}")
-    finally:
-        await conn.close()
+    _admin_execute(admin_url, f"CREATE DATABASE {_quote_ident(name)}")
     return with_database(admin_url, name)
 
 
-async def adrop_database(dsn: str, admin_url: str | None = None) -> None:
+def drop_database(dsn: str, admin_url: str | None = None) -> None:
     """Drop the database of ``dsn``, closing whatever is still connected to it."""
-    import asyncpg
-
     admin_url = admin_url or postgres_url()
     name = urlsplit(dsn).path.lstrip("/")
     if not name.startswith("bourse_t_"):
         raise ValueError(f"refusing to drop {name!r}: not a test database")
-    conn = await asyncpg.connect(admin_url, timeout=CONNECT_TIMEOUT_S)
-    try:
-        await conn.execute(f"DROP DATABASE IF EXISTS {_quote_ident(name)} WITH (FORCE)")
-    finally:
-        await conn.close()
+    _admin_execute(admin_url, f"DROP DATABASE IF EXISTS {_quote_ident(name)} WITH (FORCE)")
 
 
-def create_database(admin_url: str | None = None) -> str:
-    return run_sync(acreate_database(admin_url))
+async def acreate_database(admin_url: str | None = None) -> str:
+    return await asyncio.to_thread(create_database, admin_url)
 
 
-def drop_database(dsn: str, admin_url: str | None = None) -> None:
-    run_sync(adrop_database(dsn, admin_url))
+async def adrop_database(dsn: str, admin_url: str | None = None) -> None:
+    await asyncio.to_thread(drop_database, dsn, admin_url)
 
 
 @contextmanager
@@ -233,3 +240,39 @@ async def afresh_postgres_database() -> AsyncIterator[str]:
         yield dsn
     finally:
         await adrop_database(dsn, admin)
+
+
+# -- stores over each adapter ----------------------------------------------------------
+
+
+class StoreFactory:
+    """Opens stores of one kind on this test's database.
+
+    ``async with store_factory() as store:`` opens (and migrates) a store, closing it
+    on exit; every call opens a new store on the *same* database (SQLite file or
+    PostgreSQL database), so a test can reopen it.
+    """
+
+    def __init__(self, kind: str, target: str) -> None:
+        self.kind = kind
+        self.target = target
+        """the SQLite file path, or the PostgreSQL DSN"""
+
+    def new(self) -> Any:
+        """An unopened store (the caller opens and closes it)."""
+        if self.kind == "sqlite":
+            from bourse.storage.sqlite import SqliteStore
+
+            return SqliteStore(self.target)
+        from bourse.storage.postgres import PostgresStore
+
+        return PostgresStore(self.target)
+
+    @asynccontextmanager
+    async def __call__(self) -> AsyncIterator[Any]:
+        store = self.new()
+        await store.open()
+        try:
+            yield store
+        finally:
+            await store.close()

@@ -65,21 +65,22 @@ def routes(services: Services) -> list[Route]:
             raise invalid_request("limit: expected an integer", param="limit") from None
         if not 1 <= limit <= 100:
             raise invalid_request("limit: expected 1 to 100", param="limit")
-        before = _float(request, "before")
         rows = await store.usage_page(
             p.account_id,
             limit=limit + 1,
-            before=before,
+            before=_float(request, "before"),
             since=_float(request, "since"),
             until=_float(request, "until"),
+            after=request.query_params.get("after"),
         )
         page = rows[:limit]
+        more = len(rows) > limit
         return JSON(
             {
                 "object": "list",
                 "data": [dict(r.record) for r in page],
-                "has_more": len(rows) > limit,
-                "next_before": page[-1].created_at if len(rows) > limit and page else None,
+                "has_more": more,
+                "next_after": page[-1].request_id if more and page else None,
             }
         )
 

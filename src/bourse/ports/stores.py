@@ -140,8 +140,17 @@ class UsageStore(Protocol):
     async def put_usage(self, usage: UsageRecord) -> None: ...
     async def usage(self, account_id: str, request_id: str) -> UsageRecord | None: ...
     async def usage_page(
-        self, account_id: str, *, limit: int, before: float | None, since: float | None, until: float | None
-    ) -> Sequence[UsageRecord]: ...
+        self,
+        account_id: str,
+        *,
+        limit: int,
+        before: float | None,
+        since: float | None,
+        until: float | None,
+        after: str | None = None,
+    ) -> Sequence[UsageRecord]:
+        """Newest first; ``after`` is a keyset cursor (the last request id of the previous page)."""
+        ...
 
 
 @dataclass(slots=True, frozen=True)

@@ -161,7 +161,7 @@ class Billing:
             request_id=run.request_id,
             account_id=run.account_id or "",
             product=run.product,
-            created_at=float(run.created),
+            created_at=run.created_at,
             outcome=fin.outcome,
             cost_micros=cost,
             record=usage_document(run, fin),

@@ -247,7 +247,8 @@ class Run:
     t0: float
     max_output_tokens: int = 0
     request_id: str = field(default_factory=lambda: new_request_id("chat"))
-    created: int = field(default_factory=lambda: int(time.time()))
+    created_at: float = field(default_factory=time.time)
+    created: int = 0
     phase: int = 0
     order: Order | None = None
     admission: Admission | None = None
@@ -282,6 +283,9 @@ class Run:
     @property
     def policy(self) -> Any:
         return self.market.policy
+
+    def __post_init__(self) -> None:
+        self.created = int(self.created_at)
 
     def submit(self) -> None:
         """Rest the order in the book (may admit at once); 503 if the book is full."""

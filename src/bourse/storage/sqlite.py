@@ -1,8 +1,10 @@
 """The SQLite adapter (the embedded default): one database file in the data folder.
 
-One connection, WAL journal, transactions serialized by an asyncio lock and opened
-with ``BEGIN IMMEDIATE`` so a write never fails half-way on a lock. Statements use
-the shared ``$n`` parameters of :mod:`bourse.storage.sql`, rewritten to ``?n``.
+One connection on one dedicated thread: every transaction is one function run
+there (``BEGIN IMMEDIATE`` … ``COMMIT``), so a ledger change costs one hop off the
+event loop and transactions are serialized without locks. WAL journal,
+``synchronous=NORMAL``. Statements use the shared ``$n`` parameters of
+:mod:`bourse.storage.sql`, rewritten to ``?n`` once per statement text.
 """
 
 from __future__ import annotations
@@ -10,22 +12,22 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import aiosqlite
+from bourse.storage.sql import IntegrityError, Row, SqlStore
 
-from bourse.storage.sql import Executor, IntegrityError, Row, SqlStore
-
+T = TypeVar("T")
 _PARAM = re.compile(r"\$(\d+)")
 
 
 class _SqliteExecutor:
     __slots__ = ("_cache", "_conn")
 
-    def __init__(self, conn: aiosqlite.Connection, cache: dict[str, str]) -> None:
+    def __init__(self, conn: sqlite3.Connection, cache: dict[str, str]) -> None:
         self._conn = conn
         self._cache = cache
 
@@ -35,25 +37,22 @@ class _SqliteExecutor:
             out = self._cache[sql] = _PARAM.sub(r"?\1", sql)
         return out
 
-    async def fetch(self, sql: str, *args: Any) -> list[Row]:
+    def fetch(self, sql: str, *args: Any) -> list[Row]:
         try:
-            async with self._conn.execute(self._sql(sql), args) as cur:
-                return list(await cur.fetchall())  # type: ignore[arg-type]
+            return self._conn.execute(self._sql(sql), args).fetchall()
         except sqlite3.IntegrityError as exc:
             raise IntegrityError(str(exc)) from None
 
-    async def fetchrow(self, sql: str, *args: Any) -> Row | None:
+    def fetchrow(self, sql: str, *args: Any) -> Row | None:
         try:
-            async with self._conn.execute(self._sql(sql), args) as cur:
-                row = await cur.fetchone()
+            row: Row | None = self._conn.execute(self._sql(sql), args).fetchone()
         except sqlite3.IntegrityError as exc:
             raise IntegrityError(str(exc)) from None
-        return row  # type: ignore[return-value]
+        return row
 
-    async def execute(self, sql: str, *args: Any) -> int:
+    def execute(self, sql: str, *args: Any) -> int:
         try:
-            async with self._conn.execute(self._sql(sql), args) as cur:
-                return cur.rowcount
+            return self._conn.execute(self._sql(sql), args).rowcount
         except sqlite3.IntegrityError as exc:
             raise IntegrityError(str(exc)) from None
 
@@ -65,47 +64,72 @@ class SqliteStore(SqlStore):
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self._conn: aiosqlite.Connection | None = None
-        self._lock = asyncio.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._exec: _SqliteExecutor | None = None
         self._cache: dict[str, str] = {}
 
-    async def open(self) -> None:
+    def _connect(self) -> None:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        conn = await aiosqlite.connect(self.path, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        await conn.execute("PRAGMA journal_mode=WAL")
-        await conn.execute("PRAGMA synchronous=NORMAL")
-        await conn.execute("PRAGMA foreign_keys=ON")
-        await conn.execute("PRAGMA busy_timeout=5000")
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA busy_timeout=5000")
+            # switching a new file to WAL answers "locked" at once (no busy wait)
+            # while another connection writes it: retry until a deadline
+            deadline = time.monotonic() + 10.0
+            while True:
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+        except BaseException:
+            conn.close()
+            raise
         self._conn = conn
+        self._exec = _SqliteExecutor(conn, self._cache)
+
+    async def open(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bourse-sqlite")
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._connect)
         await self.migrate()
 
     async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        pool, conn = self._pool, self._conn
+        self._pool = self._conn = self._exec = None
+        if pool is not None:
+            if conn is not None:
+                await asyncio.get_running_loop().run_in_executor(pool, conn.close)
+            pool.shutdown(wait=True)
 
-    def _db(self) -> aiosqlite.Connection:
-        if self._conn is None:
+    def _tx(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        conn, ex = self._conn, self._exec
+        assert conn is not None and ex is not None
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            out = fn(ex, *args)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return out
+
+    def _plain(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        assert self._exec is not None
+        return fn(self._exec, *args)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._pool is None:
             raise RuntimeError("the SQLite store is not open")
-        return self._conn
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._tx, fn, args)
 
-    @asynccontextmanager
-    async def tx(self) -> AsyncIterator[Executor]:
-        conn = self._db()
-        async with self._lock:
-            await conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield _SqliteExecutor(conn, self._cache)
-            except BaseException:
-                await conn.execute("ROLLBACK")
-                raise
-            else:
-                await conn.execute("COMMIT")
-
-    @asynccontextmanager
-    async def read(self) -> AsyncIterator[Executor]:
-        conn = self._db()
-        async with self._lock:
-            yield _SqliteExecutor(conn, self._cache)
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._pool is None:
+            raise RuntimeError("the SQLite store is not open")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._plain, fn, args)

@@ -9,7 +9,9 @@ from bourse.domain.policy import PRESETS, resolve_policy
 
 def diff(name: str) -> dict[str, object]:
     base, p = PRESETS["default"], PRESETS[name]
-    return {f: getattr(p, f) for f in p.__dataclass_fields__ if f != "name" and getattr(p, f) != getattr(base, f)}
+    return {
+        f: getattr(p, f) for f in p.__dataclass_fields__ if f != "name" and getattr(p, f) != getattr(base, f)
+    }
 
 
 def test_presets() -> None:
@@ -21,7 +23,11 @@ def test_presets() -> None:
     }
     assert diff("openfill") == {"on_disconnect": "drain"}
     assert diff("aigrid") == {"usage_chunk": "always", "on_disconnect": "drain", "missing_usage": "reconcile"}
-    assert diff("gopuram") == {"usage_chunk": "always", "charge_on_error": "generated", "reasoning_field": "reasoning"}
+    assert diff("gopuram") == {
+        "usage_chunk": "always",
+        "charge_on_error": "generated",
+        "reasoning_field": "reasoning",
+    }
 
 
 def test_overrides_and_errors() -> None:

@@ -59,16 +59,33 @@ def test_builtin_default_config_has_a_sim_product() -> None:
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        (("slots = 4", 'slots = "four"'), r"products\.sim-fast\.deployments\[0\]\.slots: Input should be a valid integer"),
-        (("slots = 4", "slots = 0"), r"products\.sim-fast\.deployments\[0\]\.slots: Input should be greater than or equal to 1"),
-        (('engine = "sim"', 'engine = "gpu"'), r"products\.sim-fast\.deployments\[0\]\.engine: Input should be 'sim' or 'openai'"),
-        (("ttft_ms = 20", "ttft_ms = 20\ncolour = 1"), r"products\.sim-fast\.deployments\[0\]\.colour: unknown key"),
+        (
+            ("slots = 4", 'slots = "four"'),
+            r"products\.sim-fast\.deployments\[0\]\.slots: Input should be a valid integer",
+        ),
+        (
+            ("slots = 4", "slots = 0"),
+            r"products\.sim-fast\.deployments\[0\]\.slots: Input should be greater than or equal to 1",
+        ),
+        (
+            ('engine = "sim"', 'engine = "gpu"'),
+            r"products\.sim-fast\.deployments\[0\]\.engine: Input should be 'sim' or 'openai'",
+        ),
+        (
+            ("ttft_ms = 20", "ttft_ms = 20\ncolour = 1"),
+            r"products\.sim-fast\.deployments\[0\]\.colour: unknown key",
+        ),
         (('policy = "default"', 'policy = "fastest"'), r"products\.sim-fast\.policy: expected one of"),
-        (('base_url = "http://127.0.0.1:9100/v1"', 'base_url = "ftp://x"'), r"products\.remote\.deployments\[0\]\.base_url: expected an http"),
+        (
+            ('base_url = "http://127.0.0.1:9100/v1"', 'base_url = "ftp://x"'),
+            r"products\.remote\.deployments\[0\]\.base_url: expected an http",
+        ),
         (("[server]", "[server\n"), r"not valid TOML"),
     ],
 )
-def test_bad_config_names_file_key_and_expectation(tmp_path: Path, edit: tuple[str, str], expected: str) -> None:
+def test_bad_config_names_file_key_and_expectation(
+    tmp_path: Path, edit: tuple[str, str], expected: str
+) -> None:
     path = write(tmp_path, GOOD.replace(*edit, 1))
     with pytest.raises(ConfigError, match=expected) as info:
         load_config(path, env={"UPSTREAM_KEY": "k"})

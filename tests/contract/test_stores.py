@@ -1,0 +1,832 @@
+"""The storage contract, run over every adapter (``sqlite`` and ``postgres``).
+
+Every ledger test ends each step by checking the invariant
+``credits = balances + open/reconciling holds + revenue`` (``totals().balanced``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bourse.ports.stores import (
+    AccountExists,
+    ApiKey,
+    Hold,
+    HoldNotOpen,
+    InsufficientFunds,
+    StoredResponse,
+    UnknownAccount,
+    UsageRecord,
+)
+from bourse.storage.schema import MIGRATIONS
+from tests.support.databases import StoreFactory, with_database
+
+NOW = 1_700_000_000.0
+LATEST = max(v for v, _ in MIGRATIONS)
+
+
+def _id(prefix: str) -> str:
+    return prefix + secrets.token_hex(6)
+
+
+def mk_hold(
+    account_id: str, amount: int, *, owner: str = "gw-me", product: str = "prod", hold_id: str | None = None
+) -> Hold:
+    return Hold(
+        id=hold_id or _id("h_"),
+        account_id=account_id,
+        request_id=_id("req_"),
+        amount_micros=amount,
+        state="open",
+        owner=owner,
+        product=product,
+        created_at=NOW,
+    )
+
+
+def mk_usage(
+    account_id: str,
+    request_id: str,
+    *,
+    cost: int = 0,
+    at: float = NOW,
+    outcome: str = "ok",
+    record: dict[str, Any] | None = None,
+) -> UsageRecord:
+    return UsageRecord(
+        request_id=request_id,
+        account_id=account_id,
+        product="prod",
+        created_at=at,
+        outcome=outcome,
+        cost_micros=cost,
+        record=record if record is not None else {"id": request_id, "cost": cost},
+    )
+
+
+async def balanced(store: Any) -> None:
+    t = await store.totals()
+    assert t.balanced, t
+
+
+async def acct(store: Any, account_id: str) -> Any:
+    a = await store.account(account_id)
+    assert a is not None, account_id
+    return a
+
+
+# -- migrations ------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_migrations_are_idempotent(store_factory: StoreFactory) -> None:
+    async with store_factory() as s1:
+        assert await s1.migrate() == LATEST
+        await s1.create_account("a", 5, NOW)
+    async with store_factory() as s2:  # open() migrates again on the same database
+        assert await s2.migrate() == LATEST
+        assert (await acct(s2, "a")).balance_micros == 5
+        assert await s2.migrate() == LATEST
+        await balanced(s2)
+
+
+# -- accounts and credits --------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_create_account_and_credit(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        a = await s.create_account("alice", 1_000, NOW)
+        assert (a.id, a.balance_micros, a.credited_micros, a.open_holds_micros) == ("alice", 1_000, 1_000, 0)
+        assert a.created_at == NOW
+        await balanced(s)
+
+        with pytest.raises(AccountExists):
+            await s.create_account("alice", 50, NOW)
+        assert (await acct(s, "alice")).balance_micros == 1_000
+        await balanced(s)
+
+        z = await s.create_account("zero", 0, NOW)
+        assert (z.balance_micros, z.credited_micros) == (0, 0)
+        await balanced(s)
+
+        a = await s.credit("alice", 500, NOW + 1, memo="top-up")
+        assert (a.balance_micros, a.credited_micros) == (1_500, 1_500)
+        await balanced(s)
+
+        with pytest.raises(UnknownAccount):
+            await s.credit("nobody", 10, NOW)
+        assert await s.account("nobody") is None
+        for bad in (0, -1):
+            with pytest.raises(ValueError):
+                await s.credit("alice", bad, NOW)
+        with pytest.raises(ValueError):
+            await s.create_account("neg", -1, NOW)
+        assert await s.account("neg") is None
+        assert (await acct(s, "alice")).balance_micros == 1_500
+        await balanced(s)
+
+
+# -- holds ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_place_hold(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 1_000, NOW)
+        h = mk_hold("a", 300)
+        await s.place_hold(h)
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.open_holds_micros) == (700, 300)
+        got = await s.hold(h.id)
+        assert got is not None
+        assert (got.state, got.amount_micros, got.charged_micros, got.account_id) == ("open", 300, 0, "a")
+        assert (got.request_id, got.owner, got.product) == (h.request_id, h.owner, h.product)
+        await balanced(s)
+
+        with pytest.raises(InsufficientFunds) as exc:
+            await s.place_hold(mk_hold("a", 701))
+        assert exc.value.balance_micros == 700
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.open_holds_micros) == (700, 300)
+        await balanced(s)
+
+        with pytest.raises(UnknownAccount):
+            await s.place_hold(mk_hold("ghost", 1))
+        with pytest.raises(ValueError):
+            await s.place_hold(mk_hold("a", -1))
+        await balanced(s)
+
+        await s.place_hold(mk_hold("a", 700))  # exactly the balance
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.open_holds_micros) == (0, 1_000)
+        assert len(await s.holds("open", account_id="a")) == 2
+        await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_settle_charges_at_most_the_hold_and_writes_usage(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 1_000, NOW)
+        h = mk_hold("a", 400)
+        await s.place_hold(h)
+        u = mk_usage("a", h.request_id, cost=150, record={"usage": {"total_tokens": 7}, "id": h.request_id})
+        out = await s.settle(h.id, 150, u, NOW + 1)
+        assert (out.id, out.state, out.charged_micros, out.amount_micros) == (h.id, "settled", 150, 400)
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.open_holds_micros, a.spent_micros) == (850, 0, 150)
+        assert await s.usage("a", h.request_id) == u  # written by the same call
+        await balanced(s)
+
+        for again in (
+            lambda: s.settle(h.id, 10, None, NOW + 2),
+            lambda: s.release(h.id, None, NOW + 2),
+            lambda: s.to_reconciling(h.id, None, "late", NOW + 2),
+        ):
+            with pytest.raises(HoldNotOpen):
+                await again()
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.spent_micros) == (850, 150)
+        await balanced(s)
+
+        big = mk_hold("a", 200)
+        await s.place_hold(big)
+        out = await s.settle(big.id, 999_999, None, NOW + 3)  # charge above the hold: min(charge, amount)
+        assert out.charged_micros == 200
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.spent_micros) == (650, 350)
+        await balanced(s)
+
+        zero = mk_hold("a", 100)
+        await s.place_hold(zero)
+        assert (await s.settle(zero.id, 0, None, NOW + 4)).charged_micros == 0
+        neg = mk_hold("a", 100)
+        await s.place_hold(neg)
+        assert (await s.settle(neg.id, -50, None, NOW + 4)).charged_micros == 0  # never pays the account
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.spent_micros, a.open_holds_micros) == (650, 350, 0)
+        await balanced(s)
+
+        with pytest.raises(HoldNotOpen):
+            await s.settle("h_missing", 1, None, NOW)
+        await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_release_returns_everything(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 1_000, NOW)
+        h = mk_hold("a", 300)
+        await s.place_hold(h)
+        u = mk_usage("a", h.request_id, outcome="upstream_error")
+        out = await s.release(h.id, u, NOW + 1)
+        assert (out.state, out.charged_micros) == ("released", 0)
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.open_holds_micros, a.spent_micros) == (1_000, 0, 0)
+        assert await s.usage("a", h.request_id) == u
+        await balanced(s)
+        with pytest.raises(HoldNotOpen):
+            await s.release(h.id, None, NOW + 2)
+        with pytest.raises(HoldNotOpen):
+            await s.settle(h.id, 100, None, NOW + 2)
+        with pytest.raises(HoldNotOpen):
+            await s.release("h_missing", None, NOW)
+        assert (await acct(s, "a")).balance_micros == 1_000
+        await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_to_reconciling_keeps_the_money_held_until_an_operator_decides(
+    store_factory: StoreFactory,
+) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 1_000, NOW)
+        h1, h2 = mk_hold("a", 300), mk_hold("a", 200)
+        await s.place_hold(h1)
+        await s.place_hold(h2)
+
+        out = await s.to_reconciling(h1.id, None, "gateway crashed", NOW + 1)
+        assert (out.state, out.note, out.charged_micros) == ("reconciling", "gateway crashed", 0)
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.open_holds_micros, a.reconciling_micros) == (500, 200, 300)
+        assert [x.id for x in await s.holds("reconciling", account_id="a")] == [h1.id]
+        await balanced(s)
+
+        with pytest.raises(HoldNotOpen):  # already reconciling
+            await s.to_reconciling(h1.id, None, "again", NOW + 2)
+        assert (await s.hold(h1.id)).note == "gateway crashed"  # type: ignore[union-attr]
+
+        u = mk_usage("a", h2.request_id, outcome="no_usage")
+        await s.to_reconciling(h2.id, u, "missing usage block", NOW + 1)
+        assert await s.usage("a", h2.request_id) == u
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.open_holds_micros, a.reconciling_micros) == (500, 0, 500)
+        await balanced(s)
+
+        # the operator settles one and releases the other
+        settled = await s.settle(h1.id, 120, None, NOW + 10)
+        assert (settled.state, settled.charged_micros) == ("settled", 120)
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.reconciling_micros, a.spent_micros) == (680, 200, 120)
+        await balanced(s)
+        released = await s.release(h2.id, None, NOW + 10)
+        assert released.state == "released"
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.reconciling_micros, a.open_holds_micros, a.spent_micros) == (
+            880,
+            0,
+            0,
+            120,
+        )
+        await balanced(s)
+        with pytest.raises(HoldNotOpen):
+            await s.settle(h1.id, 1, None, NOW + 11)
+        assert await s.holds("reconciling") == []
+        await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_reconcile_orphans_all_others(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 10_000, NOW)
+        mine = [mk_hold("a", 100, owner="me") for _ in range(2)]
+        others = [mk_hold("a", 100, owner="other1"), mk_hold("a", 100, owner="other2")]
+        done = mk_hold("a", 100, owner="other1")
+        for h in [*mine, *others, done]:
+            await s.place_hold(h)
+        await s.settle(done.id, 40, None, NOW)
+        await balanced(s)
+
+        assert await s.reconcile_orphans("me", NOW + 1, all_others=True) == 2
+        for h in mine:
+            assert (await s.hold(h.id)).state == "open"  # type: ignore[union-attr]
+        for h in others:
+            got = await s.hold(h.id)
+            assert got is not None and got.state == "reconciling" and got.note
+        assert (await s.hold(done.id)).state == "settled"  # type: ignore[union-attr]
+        a = await acct(s, "a")
+        assert (a.open_holds_micros, a.reconciling_micros, a.balance_micros) == (200, 200, 10_000 - 400 - 40)
+        await balanced(s)
+        assert await s.reconcile_orphans("me", NOW + 2, all_others=True) == 0
+        await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_reconcile_orphans_by_lapsed_lease(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 10_000, NOW)
+        await s.heartbeat("me", NOW + 30, NOW)
+        await s.heartbeat("alive", NOW + 30, NOW)
+        await s.heartbeat("dead", NOW + 5, NOW - 25)  # its lease lapsed at NOW + 5
+        await s.heartbeat("dead", NOW - 1, NOW - 31)  # a renewal that moved the lease back (last write wins)
+        hm, ha, hd = (
+            mk_hold("a", 100, owner="me"),
+            mk_hold("a", 100, owner="alive"),
+            mk_hold("a", 100, owner="dead"),
+        )
+        for h in (hm, ha, hd):
+            await s.place_hold(h)
+
+        assert await s.reconcile_orphans("me", NOW, all_others=False) == 1
+        states = {h.owner: (await s.hold(h.id)).state for h in (hm, ha, hd)}  # type: ignore[union-attr]
+        assert states == {"me": "open", "alive": "open", "dead": "reconciling"}
+        await balanced(s)
+
+        # "alive" renews; later, it stops renewing and its lease lapses
+        await s.heartbeat("alive", NOW + 60, NOW + 29)
+        assert await s.reconcile_orphans("me", NOW + 50, all_others=False) == 0
+        assert await s.reconcile_orphans("me", NOW + 61, all_others=False) == 1
+        states = {h.owner: (await s.hold(h.id)).state for h in (hm, ha, hd)}  # type: ignore[union-attr]
+        assert states == {"me": "open", "alive": "reconciling", "dead": "reconciling"}
+        a = await acct(s, "a")
+        assert (a.open_holds_micros, a.reconciling_micros, a.balance_micros) == (100, 200, 9_700)
+        await balanced(s)
+
+
+# -- keys ---------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_keys_round_trip(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 0, NOW)
+        full = ApiKey(
+            id="k1",
+            account_id="a",
+            products=("chat-small", "chat-large"),
+            rpm=60,
+            tpm=10_000,
+            max_streams=3,
+            created_at=NOW,
+        )
+        bare = ApiKey(id="k2", account_id="a", created_at=NOW + 1)
+        empty = ApiKey(id="k3", account_id="a", products=(), created_at=NOW + 2)
+        await s.create_key(full, "hash-1")
+        await s.create_key(bare, "hash-2")
+        await s.create_key(empty, "hash-3")
+        assert await s.key_by_hash("hash-1") == full
+        assert await s.key_by_hash("hash-2") == bare
+        assert await s.key_by_hash("hash-3") == empty
+        assert await s.key_by_hash("hash-unknown") is None
+        with pytest.raises(UnknownAccount):
+            await s.create_key(ApiKey(id="k4", account_id="ghost"), "hash-4")
+        assert await s.key_by_hash("hash-4") is None
+
+
+# -- usage --------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_usage_paging(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        recs = [
+            mk_usage("a", f"req_{i}", cost=i, at=NOW + i, record={"i": i, "nested": {"x": [i]}})
+            for i in range(1, 6)
+        ]
+        for r in random.sample(recs, len(recs)):
+            await s.put_usage(r)
+        other = mk_usage("b", "req_b", at=NOW + 3)
+        await s.put_usage(other)
+
+        def ids(page: Any) -> list[str]:
+            return [r.request_id for r in page]
+
+        page = await s.usage_page("a", limit=10, before=None, since=None, until=None)
+        assert list(page) == sorted(
+            recs, key=lambda r: r.created_at, reverse=True
+        )  # newest first, full records
+        first = await s.usage_page("a", limit=2, before=None, since=None, until=None)
+        assert ids(first) == ["req_5", "req_4"]
+        second = await s.usage_page("a", limit=2, before=first[-1].created_at, since=None, until=None)
+        assert ids(second) == ["req_3", "req_2"]
+        third = await s.usage_page("a", limit=2, before=second[-1].created_at, since=None, until=None)
+        assert ids(third) == ["req_1"]
+        window = await s.usage_page("a", limit=10, before=None, since=NOW + 2, until=NOW + 4)
+        assert ids(window) == ["req_4", "req_3", "req_2"]
+        both = await s.usage_page("a", limit=10, before=NOW + 4, since=NOW + 2, until=None)
+        assert ids(both) == ["req_3", "req_2"]
+
+        # another account's record is invisible
+        assert "req_b" not in ids(page)
+        assert await s.usage("a", "req_b") is None
+        assert await s.usage("b", "req_1") is None
+        assert ids(await s.usage_page("b", limit=10, before=None, since=None, until=None)) == ["req_b"]
+        assert await s.usage("b", "req_b") == other
+
+        # put_usage of the same request replaces its outcome
+        updated = mk_usage("a", "req_3", cost=33, at=NOW + 3, outcome="client_cancelled", record={"v": 2})
+        await s.put_usage(updated)
+        assert await s.usage("a", "req_3") == updated
+
+
+# -- idempotency ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_idempotency(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        ttl = 60.0
+        assert (await s.idem_begin("a", "k", "h1", NOW, ttl)).state == "new"
+        assert (await s.idem_begin("a", "k", "h1", NOW + 1, ttl)).state == "in_flight"
+        assert (await s.idem_begin("a", "k", "h2", NOW + 1, ttl)).state == "conflict"
+        assert (await s.idem_begin("b", "k", "h2", NOW + 1, ttl)).state == "new"  # keys are per account
+
+        resp = StoredResponse(
+            201, {"content-type": "application/json", "x-request-id": "req_1"}, b'{"ok":true}\x00\xff'
+        )
+        await s.idem_complete("a", "k", resp)
+        done = await s.idem_begin("a", "k", "h1", NOW + 2, ttl)
+        assert done.state == "done"
+        assert done.response is not None
+        assert (done.response.status, dict(done.response.headers), done.response.body) == (
+            resp.status,
+            dict(resp.headers),
+            resp.body,
+        )
+        assert (await s.idem_begin("a", "k", "h2", NOW + 2, ttl)).state == "conflict"
+
+        # an empty body survives too
+        assert (await s.idem_begin("a", "empty", "h", NOW, ttl)).state == "new"
+        await s.idem_complete("a", "empty", StoredResponse(204, {}, b""))
+        e = await s.idem_begin("a", "empty", "h", NOW + 1, ttl)
+        assert e.state == "done" and e.response == StoredResponse(204, {}, b"")
+
+        # None forgets the key: a retry starts fresh
+        assert (await s.idem_begin("a", "k2", "h1", NOW, ttl)).state == "new"
+        await s.idem_complete("a", "k2", None)
+        assert (await s.idem_begin("a", "k2", "h1", NOW + 1, ttl)).state == "new"
+
+        # expired keys start fresh, whether in flight or done
+        assert (await s.idem_begin("a", "k3", "h1", NOW, 10)).state == "new"
+        assert (await s.idem_begin("a", "k3", "h1", NOW + 5, 10)).state == "in_flight"
+        assert (await s.idem_begin("a", "k3", "h9", NOW + 11, 10)).state == "new"
+        assert (await s.idem_begin("a", "k3", "h9", NOW + 12, 10)).state == "in_flight"
+        assert (await s.idem_begin("a", "k", "h2", NOW + ttl + 1, ttl)).state == "new"
+
+
+# -- concurrency ------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_concurrent_holds_never_overdraw(store_factory: StoreFactory) -> None:
+    amount, affordable, attempts = 1_000, 30, 100
+    credit = amount * affordable + amount - 1  # affords exactly 30 holds
+    async with store_factory() as s:
+        await s.create_account("a", credit, NOW)
+        holds = [mk_hold("a", amount, owner=f"gw-{i % 3}") for i in range(attempts)]
+        results = await asyncio.gather(*(s.place_hold(h) for h in holds), return_exceptions=True)
+        ok = [h for h, r in zip(holds, results, strict=True) if r is None]
+        refused = [r for r in results if isinstance(r, InsufficientFunds)]
+        unexpected = [r for r in results if r is not None and not isinstance(r, InsufficientFunds)]
+        assert unexpected == []
+        assert (len(ok), len(refused)) == (affordable, attempts - affordable)
+        assert all(0 <= r.balance_micros < amount for r in refused)
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.open_holds_micros) == (amount - 1, amount * affordable)
+        await balanced(s)
+
+        rng = random.Random(1234)
+        charges = {h.id: rng.randint(0, 2 * amount) for h in ok}
+        settled = await asyncio.gather(*(s.settle(h.id, charges[h.id], None, NOW + 1) for h in ok))
+        for out in settled:
+            assert out.state == "settled"
+            assert out.charged_micros == min(charges[out.id], amount)
+        total = sum(out.charged_micros for out in settled)
+        assert total <= credit
+        a = await acct(s, "a")
+        assert (a.balance_micros, a.open_holds_micros, a.spent_micros) == (credit - total, 0, total)
+        assert await s.holds("open", account_id="a") == []
+        await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_concurrent_closes_of_one_hold_exactly_one_wins(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 1_000, NOW)
+        h = mk_hold("a", 500)
+        await s.place_hold(h)
+        calls = [s.settle(h.id, 100 + i, None, NOW) for i in range(10)]
+        calls += [s.release(h.id, None, NOW) for _ in range(5)]
+        calls += [s.to_reconciling(h.id, None, "x", NOW) for _ in range(5)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        wins = [r for r in results if isinstance(r, Hold)]
+        others = [r for r in results if not isinstance(r, Hold)]
+        assert all(isinstance(r, HoldNotOpen) for r in others), others
+        # one close wins; a move to reconciling may precede it (the hold is then still closable)
+        final = await s.hold(h.id)
+        assert final is not None
+        closes = [w for w in wins if w.state in ("settled", "released")]
+        assert len(closes) <= 1 and len(wins) - len(closes) <= 1
+        a = await acct(s, "a")
+        if final.state == "settled":
+            assert a.balance_micros == 1_000 - final.charged_micros
+        elif final.state == "released":
+            assert a.balance_micros == 1_000
+        else:
+            assert final.state == "reconciling" and a.balance_micros == 500
+        await balanced(s)
+
+
+# -- property: random operation sequences ---------------------------------------------------------
+
+
+@dataclass
+class ModelHold:
+    id: str
+    account: str
+    amount: int
+    state: str = "open"
+    charged: int = 0
+
+
+@dataclass
+class Model:
+    balances: dict[str, int] = field(default_factory=dict)
+    credited: dict[str, int] = field(default_factory=dict)
+    holds: list[ModelHold] = field(default_factory=list)
+
+
+N_ACCOUNTS = 3
+_acct_idx = st.integers(0, N_ACCOUNTS - 1)
+_hold_idx = st.integers(0, 1_000)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("create"), _acct_idx, st.integers(0, 3_000)),
+        st.tuples(st.just("credit"), _acct_idx, st.integers(1, 3_000)),
+        st.tuples(st.just("hold"), _acct_idx, st.integers(0, 2_500)),
+        st.tuples(st.just("settle"), _hold_idx, st.integers(0, 3_000)),
+        st.tuples(st.just("release"), _hold_idx, st.just(0)),
+        st.tuples(st.just("reconcile"), _hold_idx, st.just(0)),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+async def _check(s: Any, m: Model, names: list[str]) -> None:
+    t = await s.totals()
+    assert t.balanced, t
+    for name in names:
+        a = await s.account(name)
+        if name not in m.balances:
+            assert a is None
+            continue
+        assert a is not None
+        assert a.balance_micros >= 0
+        mine = [h for h in m.holds if h.account == name]
+        expect = (
+            m.balances[name],
+            m.credited[name],
+            sum(h.amount for h in mine if h.state == "open"),
+            sum(h.amount for h in mine if h.state == "reconciling"),
+            sum(h.charged for h in mine if h.state == "settled"),
+        )
+        got = (a.balance_micros, a.credited_micros, a.open_holds_micros, a.reconciling_micros, a.spent_micros)
+        assert got == expect, (name, got, expect)
+
+
+async def _run_ops(factory: StoreFactory, ops: list[tuple[str, int, int]]) -> None:
+    prefix = _id("p")
+    names = [f"{prefix}_{i}" for i in range(N_ACCOUNTS)]
+    m = Model()
+    async with factory() as s:
+        for op, idx, value in ops:
+            if op in ("create", "credit", "hold"):
+                name = names[idx]
+                known = name in m.balances
+                if op == "create":
+                    if known:
+                        with pytest.raises(AccountExists):
+                            await s.create_account(name, value, NOW)
+                    else:
+                        await s.create_account(name, value, NOW)
+                        m.balances[name] = m.credited[name] = value
+                elif op == "credit":
+                    if not known:
+                        with pytest.raises(UnknownAccount):
+                            await s.credit(name, value, NOW)
+                    else:
+                        await s.credit(name, value, NOW)
+                        m.balances[name] += value
+                        m.credited[name] += value
+                else:
+                    h = mk_hold(name, value)
+                    if not known:
+                        with pytest.raises(UnknownAccount):
+                            await s.place_hold(h)
+                    elif value > m.balances[name]:
+                        with pytest.raises(InsufficientFunds) as exc:
+                            await s.place_hold(h)
+                        assert exc.value.balance_micros == m.balances[name]
+                    else:
+                        await s.place_hold(h)
+                        m.balances[name] -= value
+                        m.holds.append(ModelHold(h.id, name, value))
+            elif m.holds:
+                mh = m.holds[idx % len(m.holds)]
+                closable = mh.state in ("open", "reconciling")
+                if op == "reconcile":
+                    if mh.state != "open":
+                        with pytest.raises(HoldNotOpen):
+                            await s.to_reconciling(mh.id, None, "unknown outcome", NOW)
+                    else:
+                        out = await s.to_reconciling(mh.id, None, "unknown outcome", NOW)
+                        assert out.state == "reconciling"
+                        mh.state = "reconciling"
+                elif not closable:  # a second settle or release
+                    with pytest.raises(HoldNotOpen):
+                        if op == "settle":
+                            await s.settle(mh.id, value, None, NOW)
+                        else:
+                            await s.release(mh.id, None, NOW)
+                elif op == "settle":
+                    out = await s.settle(mh.id, value, None, NOW)
+                    charged = min(value, mh.amount)
+                    assert (out.state, out.charged_micros) == ("settled", charged)
+                    mh.state, mh.charged = "settled", charged
+                    m.balances[mh.account] += mh.amount - charged
+                else:
+                    out = await s.release(mh.id, None, NOW)
+                    assert (out.state, out.charged_micros) == ("released", 0)
+                    mh.state = "released"
+                    m.balances[mh.account] += mh.amount
+            await _check(s, m, names)
+
+        # close every remaining hold (settle the even ones, release the others)
+        for i, mh in enumerate(m.holds):
+            if mh.state in ("open", "reconciling"):
+                if i % 2 == 0:
+                    out = await s.settle(mh.id, mh.amount // 2, None, NOW)
+                    mh.state, mh.charged = "settled", out.charged_micros
+                    m.balances[mh.account] += mh.amount - out.charged_micros
+                else:
+                    await s.release(mh.id, None, NOW)
+                    mh.state = "released"
+                    m.balances[mh.account] += mh.amount
+        await _check(s, m, names)
+        for name in names:
+            assert await s.holds("open", account_id=name) == []
+            assert await s.holds("reconciling", account_id=name) == []
+
+
+def test_random_operation_sequences_keep_the_ledger_balanced(store_factory: StoreFactory) -> None:
+    # One database per test (fresh databases per example are too slow on PostgreSQL);
+    # each example uses its own account ids.
+    examples = 40
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(ops=OPS)
+    def run(ops: list[tuple[str, int, int]]) -> None:
+        asyncio.run(_run_ops(store_factory, ops))
+
+    run()
+
+
+@pytest.mark.anyio
+async def test_concurrent_first_use_of_an_idempotency_key(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        results = await asyncio.gather(*(s.idem_begin("a", "k", "h1", NOW, 60) for _ in range(20)))
+        states = sorted(r.state for r in results)
+        assert states == ["in_flight"] * 19 + ["new"]
+
+
+@pytest.mark.anyio
+async def test_totals_stay_balanced_while_holds_move(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 100_000, NOW)
+        holds = [mk_hold("a", 700) for _ in range(40)]
+
+        async def life(i: int, h: Hold) -> None:
+            await s.place_hold(h)
+            if i % 3 == 0:
+                await s.settle(h.id, 300, None, NOW)
+            elif i % 3 == 1:
+                await s.release(h.id, None, NOW)
+            else:
+                await s.to_reconciling(h.id, None, "x", NOW)
+
+        async def watch() -> list[bool]:
+            seen = []
+            for _ in range(30):
+                seen.append((await s.totals()).balanced)
+                await asyncio.sleep(0)
+            return seen
+
+        *_, seen = await asyncio.gather(*(life(i, h) for i, h in enumerate(holds)), watch())
+        assert all(seen)
+        await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_holds_listing(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 10_000, NOW)
+        await s.create_account("b", 10_000, NOW)
+        ha = [mk_hold("a", 10) for _ in range(5)]
+        for h in ha:
+            await s.place_hold(h)
+        hb = mk_hold("b", 10)
+        await s.place_hold(hb)
+        await s.settle(ha[0].id, 5, None, NOW)
+        await s.release(ha[1].id, None, NOW)
+        assert {h.id for h in await s.holds("open", account_id="a")} == {h.id for h in ha[2:]}
+        assert {h.id for h in await s.holds(None, account_id="a")} == {h.id for h in ha}
+        assert {h.id for h in await s.holds("open")} == {h.id for h in [*ha[2:], hb]}
+        assert [h.id for h in await s.holds("settled")] == [ha[0].id]
+        assert len(await s.holds(None, limit=2)) == 2
+        assert await s.hold("h_missing") is None
+
+
+@pytest.mark.anyio
+async def test_concurrent_first_open_of_one_database(store_factory: StoreFactory) -> None:
+    """Several gateways (replicas) starting at once on a new database all migrate it:
+    no "table already exists", no "database is locked"."""
+    stores = [store_factory.new() for _ in range(6)]
+    try:
+        results = await asyncio.gather(*(st_.open() for st_ in stores), return_exceptions=True)
+        assert [repr(r) for r in results if r is not None] == []
+        for st_ in stores:
+            assert await st_.migrate() == LATEST
+        await stores[0].create_account("a", 1, NOW)
+        assert (await acct(stores[-1], "a")).balance_micros == 1
+    finally:
+        for st_ in stores:
+            await st_.close()
+
+
+@pytest.mark.anyio
+async def test_sqlite_open_waits_for_a_briefly_busy_new_database(tmp_path: Path) -> None:
+    """SQLite only: a new database file that another connection is writing (another
+    process starting on the same file, still in rollback-journal mode) makes ``open()``
+    wait (busy timeout), not fail with "database is locked"."""
+    from bourse.storage.sqlite import SqliteStore
+
+    path = tmp_path / "busy.db"
+    locked, done = threading.Event(), threading.Event()
+
+    def other_process() -> None:
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("CREATE TABLE other_tool (x INTEGER)")
+            locked.set()
+            time.sleep(0.3)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+            done.set()
+
+    threading.Thread(target=other_process, name="other-process", daemon=True).start()
+    assert locked.wait(5)
+    store = SqliteStore(path)
+    try:
+        await store.open()
+        assert await store.migrate() == LATEST
+        await store.create_account("a", 1, NOW)
+    finally:
+        await store.close()
+        done.wait(5)
+
+
+def _live_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.is_alive()}
+
+
+@pytest.mark.anyio
+async def test_failed_open_raises_and_leaves_no_thread_behind(
+    store_factory: StoreFactory, tmp_path: Path
+) -> None:
+    """``open()`` on a database it cannot use raises; ``close()`` after it is safe and
+    no worker thread is left running (a leaked non-daemon thread keeps the gateway
+    process from exiting after a failed start)."""
+    if store_factory.kind == "sqlite":
+        bad = tmp_path / "not-a-database.db"
+        bad.write_bytes(b"this is not an SQLite database file\n" * 200)
+        store = StoreFactory("sqlite", str(bad)).new()
+    else:
+        store = StoreFactory(
+            "postgres", with_database(store_factory.target, "bourse_t_missing_" + secrets.token_hex(4))
+        ).new()
+    before = _live_threads()
+    with pytest.raises(Exception):  # noqa: B017 - the driver's own error
+        await store.open()
+    await store.close()
+    await store.close()  # closing twice is harmless
+    for _ in range(50):  # let finished workers wind down
+        leaked = _live_threads() - before
+        if not leaked:
+            break
+        await asyncio.sleep(0.02)
+    assert leaked == set(), f"threads left running after a failed open(): {sorted(t.name for t in leaked)}"
