@@ -89,9 +89,11 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--ttft-ms", type=float, help="delay before the first token")
     u.add_argument("--tokens-per-s", type=float, help="token rate (0: as fast as possible)")
     u.set_defaults(func=_sim_upstream)
-    from bourse.admin_cli import add_parser
+    from bourse.admin_cli import add_parser as add_admin
+    from bourse.jobs_cli import add_parser as add_jobs
 
-    add_parser(sub)
+    add_admin(sub)
+    add_jobs(sub)
     return p
 
 

@@ -24,6 +24,7 @@ from bourse.services.accounts import AdminService, admin_key_hash, bootstrap_dem
 from bourse.services.auth import Authenticator
 from bourse.services.billing import Billing
 from bourse.services.completion import CompletionService, Limits
+from bourse.services.jobs import JobLimits, JobService
 from bourse.services.limits import MemoryRateLimiter
 from bourse.services.market import Market
 from bourse.settings import Config, DeploymentConfig, Environment, deployment_name
@@ -77,6 +78,7 @@ class Container:
     admin: AdminService
     store: SqlStore
     billing: Billing
+    jobs: JobService
     engines: dict[str, Engine] = field(default_factory=dict)
     generated_admin_key: str | None = None
     demo_key: str | None = None
@@ -93,6 +95,9 @@ class Container:
     async def start(self) -> None:
         await self.store.open()
         await self.billing.start()
+        resumed = await self.jobs.start()
+        if resumed:
+            log.info("resumed %d jobs left queued or running by the previous run", resumed)
         self.demo_key = await bootstrap_demo(self.admin)
         if self.announce:
             if self.generated_admin_key:
@@ -104,12 +109,14 @@ class Container:
         log.info("bourse serving %d products from %s", len(self.completions.markets), self.config.source)
 
     async def stop(self) -> None:
+        await self.jobs.stop()
         for m in self.completions.markets.values():
             m.close()
         pending = list(self.completions.background)
         if pending:
             await asyncio.wait(pending, timeout=10)
         await self.billing.stop()
+        await self.jobs.sender.aclose()
         for engine in self.engines.values():
             await engine.aclose()
         await self.store.close()
@@ -163,4 +170,24 @@ def build(
         markets, limits, models, billing=billing, limiter=MemoryRateLimiter(), auth=auth
     )
     admin = AdminService(store, auth)
-    return Container(config, service, auth, admin, store, billing, engines, generated_admin_key=generated)
+    from bourse.outbound.webhook_http import HttpWebhookSender
+
+    j = config.jobs
+    jobs = JobService(
+        store,
+        service,
+        HttpWebhookSender(),
+        JobLimits(
+            ttl_s=j.ttl_s,
+            max_ttl_s=j.max_ttl_s,
+            allow_private_webhooks=j.allow_private_webhooks,
+            allow_loopback_webhooks=j.allow_loopback_webhooks,
+            webhook_attempts=j.webhook_attempts,
+            webhook_backoff_s=j.webhook_backoff_s,
+            sweep_interval_s=j.sweep_interval_s,
+            max_active=j.max_active,
+        ),
+    )
+    return Container(
+        config, service, auth, admin, store, billing, jobs, engines, generated_admin_key=generated
+    )

@@ -124,9 +124,24 @@ class StorageConfig(_Strict):
     idempotency_ttl_s: float = Field(default=86_400.0, ge=60, le=30 * 86_400)
 
 
+class JobsConfig(_Strict):
+    ttl_s: float = Field(default=86_400.0, ge=1, le=30 * 86_400)
+    """How long a finished job's result is kept (default 24 h)."""
+    max_ttl_s: float = Field(default=7 * 86_400.0, ge=1, le=365 * 86_400)
+    allow_private_webhooks: bool = False
+    """Allow webhook targets in private, loopback and link-local ranges (intranets)."""
+    allow_loopback_webhooks: bool = False
+    """Allow webhook targets on this machine only (127.0.0.0/8, ::1): for tests and local receivers."""
+    webhook_attempts: int = Field(default=6, ge=1, le=50)
+    webhook_backoff_s: float = Field(default=1.0, gt=0, le=3600)
+    sweep_interval_s: float = Field(default=30.0, ge=0.05, le=86_400)
+    max_active: int = Field(default=100_000, ge=1, le=10_000_000)
+
+
 class Config(_Strict):
     server: ServerConfig = ServerConfig()
     storage: StorageConfig = StorageConfig()
+    jobs: JobsConfig = JobsConfig()
     products: dict[str, ProductConfig] = Field(min_length=1)
     source: str = Field(default="<built-in defaults>", exclude=True)
 
@@ -247,6 +262,7 @@ class Environment:
     admin_key: str | None = None
     database: str | None = None
     url: str | None = None
+    api_key: str | None = None
 
 
 def read_environment(env: Mapping[str, str] | None = None) -> Environment:

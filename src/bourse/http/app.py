@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bourse.domain.errors import GatewayError, internal_error
-from bourse.http import account, admin, completions, market
+from bourse.http import account, admin, completions, jobs, market
 from bourse.http.deps import Services
 from bourse.http.responses import JSON, error_response
 from bourse.services.ids import new_request_id
@@ -87,6 +87,7 @@ def create_app(services: Services) -> Starlette:
         *completions.routes(services),
         *market.routes(services),
         *account.routes(services),
+        *jobs.routes(services),
         *admin.routes(services),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),

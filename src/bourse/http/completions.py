@@ -13,6 +13,7 @@ from starlette.routing import Route
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.http.deps import Services, read_body
 from bourse.http.relay import RunResponse
+from bourse.http.responses import JSON
 from bourse.ports.engine import Kind
 from bourse.ports.stores import StoredResponse
 from bourse.services.ids import new_request_id
@@ -36,6 +37,12 @@ def routes(services: Services) -> list[Route]:
         raw = await read_body(request, limit)
         body = parse_body(raw)
         req = validate(kind, body)
+        if req.detached:
+            job = await services.jobs.submit(
+                principal, "/v1/chat/completions" if kind == "chat" else "/v1/completions", body,
+                max_price_header=headers.get("x-max-price"), timeout_header=headers.get("x-book-timeout"),
+            )  # fmt: skip
+            return JSON(job, status_code=202, request_id=job["request_id"])
         idem = headers.get("idempotency-key")
         account = principal.account_id
         if idem is not None:

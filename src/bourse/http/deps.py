@@ -12,6 +12,7 @@ from bourse.ports.stores import IdempotencyStore, UsageStore
 from bourse.services.accounts import AdminService
 from bourse.services.auth import Authenticator
 from bourse.services.completion import CompletionService
+from bourse.services.jobs import JobService
 from bourse.wire.requests import check_size, parse_body
 
 M = TypeVar("M", bound=BaseModel)
@@ -28,6 +29,8 @@ class Services(Protocol):
     def auth(self) -> Authenticator: ...
     @property
     def admin(self) -> AdminService: ...
+    @property
+    def jobs(self) -> JobService: ...
     @property
     def store(self) -> ServiceStore: ...
     @property

@@ -177,7 +177,55 @@ class IdempotencyStore(Protocol):
         ...
 
 
-class Store(LedgerStore, KeyStore, UsageStore, IdempotencyStore, Protocol):
+JobStatus = Literal["queued", "running", "succeeded", "failed", "canceled", "expired"]
+FINAL_JOB_STATES: frozenset[str] = frozenset({"succeeded", "failed", "canceled", "expired"})
+
+
+@dataclass(slots=True, frozen=True)
+class Job:
+    """A detached request: its body, its state, and once done its result or error."""
+
+    id: str
+    account_id: str
+    key_id: str
+    endpoint: str
+    body: Mapping[str, Any]
+    status: JobStatus
+    request_id: str
+    bid: float
+    created_at: float
+    expires_at: float
+    hold_id: str | None = None
+    webhook_url: str | None = None
+    webhook_state: str = "none"
+    result: Mapping[str, Any] | None = None
+    error: Mapping[str, Any] | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class JobStore(Protocol):
+    async def put_job(self, job: Job) -> None: ...
+    async def job(self, job_id: str, account_id: str | None = None) -> Job | None: ...
+    async def jobs_page(self, account_id: str, *, limit: int, after: str | None) -> Sequence[Job]: ...
+    async def update_job(self, job_id: str, **fields: Any) -> None:
+        """Set columns: status, hold_id, request_id, started_at, finished_at, result, error, webhook_state."""
+        ...
+
+    async def unfinished_jobs(self) -> Sequence[Job]:
+        """Queued and running jobs, oldest first (to resume after a restart)."""
+        ...
+
+    async def jobs_to_notify(self) -> Sequence[Job]:
+        """Finished jobs whose webhook is still pending."""
+        ...
+
+    async def expire_jobs(self, now: float) -> int:
+        """Finished jobs past ``expires_at``: drop the result, status ``expired``."""
+        ...
+
+
+class Store(LedgerStore, KeyStore, UsageStore, IdempotencyStore, JobStore, Protocol):
     """One database holding every concern (what the composition root opens)."""
 
     async def open(self) -> None: ...

@@ -88,7 +88,7 @@ class Billing:
         tokens, micros = self.quote(run)
         run.quote_tokens = tokens
         run.quote_micros = micros
-        hold_id = "hold_" + run.request_id.split("-", 1)[-1]
+        hold_id = "hold_" + os.urandom(12).hex()
         try:
             await self.store.place_hold(
                 Hold(

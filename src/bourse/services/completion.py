@@ -275,6 +275,8 @@ class Run:
     quote_micros: int = 0
     hold_id: str | None = None
     settle_task: asyncio.Task[None] | None = None
+    on_admit: Callable[[Run], None] | None = None
+    """Called once, when the order first gets a slot (detached jobs mark themselves running)."""
 
     @property
     def product(self) -> str:
@@ -325,6 +327,8 @@ class Run:
                 )
                 if self.queued_ms is None:
                     self.queued_ms = (m.now() - order.arrived_at) * 1000.0
+                    if self.on_admit is not None:
+                        self.on_admit(self)
                 self.body["model"] = self.service.models[adm.deployment]
                 it = m.engines[adm.deployment].generate(
                     GenerationRequest(rid, self.kind, self.body, attempt=order.requeues)

@@ -26,6 +26,7 @@ from bourse.ports.stores import (
     HoldState,
     IdemBegin,
     InsufficientFunds,
+    Job,
     StoredResponse,
     Totals,
     UnknownAccount,
@@ -378,6 +379,81 @@ def _idem_complete(db: Executor, account_id: str, key: str, response: StoredResp
     )  # fmt: skip
 
 
+_JOB_FIELDS = frozenset(
+    {
+        "status",
+        "hold_id",
+        "request_id",
+        "started_at",
+        "finished_at",
+        "result",
+        "error",
+        "webhook_state",
+        "bid",
+    }
+)
+
+
+def _job(row: Row) -> Job:
+    return Job(
+        id=row["id"],
+        account_id=row["account_id"],
+        key_id=row["key_id"],
+        endpoint=row["endpoint"],
+        body=orjson.loads(row["body"]),
+        status=row["status"],
+        request_id=row["request_id"],
+        bid=float(row["bid"]),
+        created_at=float(row["created_at"]),
+        expires_at=float(row["expires_at"]),
+        hold_id=row["hold_id"],
+        webhook_url=row["webhook_url"],
+        webhook_state=row["webhook_state"],
+        result=None if row["result"] is None else orjson.loads(row["result"]),
+        error=None if row["error"] is None else orjson.loads(row["error"]),
+        started_at=None if row["started_at"] is None else float(row["started_at"]),
+        finished_at=None if row["finished_at"] is None else float(row["finished_at"]),
+    )
+
+
+def _put_job(db: Executor, job: Job) -> None:
+    db.execute(
+        "INSERT INTO jobs (id, account_id, key_id, endpoint, body, status, request_id, bid, hold_id, webhook_url, "
+        "webhook_state, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        job.id, job.account_id, job.key_id, job.endpoint, orjson.dumps(dict(job.body)).decode(), job.status,
+        job.request_id, job.bid, job.hold_id, job.webhook_url, job.webhook_state, job.created_at, job.expires_at,
+    )  # fmt: skip
+
+
+def _update_job(db: Executor, job_id: str, fields: dict[str, Any]) -> None:
+    sets: list[str] = []
+    args: list[Any] = [job_id]
+    for name, value in fields.items():
+        if name not in _JOB_FIELDS:
+            raise ValueError(f"not a job field: {name}")
+        if name in ("result", "error") and value is not None:
+            value = orjson.dumps(value).decode()
+        args.append(value)
+        sets.append(f"{name} = ${len(args)}")
+    if sets:
+        db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = $1", *args)
+
+
+def _jobs_page(db: Executor, account_id: str, limit: int, after: str | None) -> list[Job]:
+    args: list[Any] = [account_id]
+    where = "account_id = $1"
+    if after is not None:
+        row = db.fetchrow("SELECT created_at FROM jobs WHERE account_id = $1 AND id = $2", account_id, after)
+        if row is None:
+            return []
+        args.extend((row["created_at"], after))
+        where += " AND (created_at < $2 OR (created_at = $2 AND id < $3))"
+    sql = (
+        f"SELECT * FROM jobs WHERE {where} ORDER BY created_at DESC, id DESC LIMIT {max(1, min(limit, 1000))}"
+    )
+    return [_job(r) for r in db.fetch(sql, *args)]
+
+
 class SqlStore:
     """All storage ports over one database. Subclasses provide the database thread."""
 
@@ -522,3 +598,52 @@ class SqlStore:
             return db.execute("DELETE FROM idempotency WHERE expires_at < $1", now)
 
         return await self._run(purge)
+
+    # -- jobs -------------------------------------------------------------------------
+
+    async def put_job(self, job: Job) -> None:
+        await self._run(_put_job, job)
+
+    async def job(self, job_id: str, account_id: str | None = None) -> Job | None:
+        def get(db: Executor) -> Job | None:
+            if account_id is None:
+                row = db.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+            else:
+                row = db.fetchrow("SELECT * FROM jobs WHERE id = $1 AND account_id = $2", job_id, account_id)
+            return None if row is None else _job(row)
+
+        return await self._read(get)
+
+    async def jobs_page(self, account_id: str, *, limit: int, after: str | None) -> Sequence[Job]:
+        return await self._read(_jobs_page, account_id, limit, after)
+
+    async def update_job(self, job_id: str, **fields: Any) -> None:
+        await self._run(_update_job, job_id, fields)
+
+    async def unfinished_jobs(self) -> Sequence[Job]:
+        def get(db: Executor) -> list[Job]:
+            rows = db.fetch(
+                "SELECT * FROM jobs WHERE status IN ('queued', 'running') ORDER BY created_at, id"
+            )
+            return [_job(r) for r in rows]
+
+        return await self._read(get)
+
+    async def jobs_to_notify(self) -> Sequence[Job]:
+        def get(db: Executor) -> list[Job]:
+            rows = db.fetch(
+                "SELECT * FROM jobs WHERE webhook_state = 'pending' ORDER BY finished_at LIMIT 1000"
+            )
+            return [_job(r) for r in rows]
+
+        return await self._read(get)
+
+    async def expire_jobs(self, now: float) -> int:
+        def run(db: Executor) -> int:
+            return db.execute(
+                "UPDATE jobs SET status = 'expired', result = NULL, error = NULL WHERE expires_at < $1 "
+                "AND status IN ('succeeded', 'failed', 'canceled')",
+                now,
+            )
+
+        return await self._run(run)

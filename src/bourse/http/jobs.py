@@ -1,0 +1,62 @@
+"""Routes for detached jobs: POST /v1/jobs, GET /v1/jobs, GET /v1/jobs/{id}, POST /v1/jobs/{id}/cancel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from bourse.domain.errors import invalid_request
+from bourse.http.deps import Services, json_model
+from bourse.http.responses import JSON
+
+
+class NewJob(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    endpoint: str
+    body: dict[str, Any]
+    webhook_url: str | None = Field(default=None, max_length=2048)
+    ttl_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+def routes(services: Services) -> list[Route]:
+    auth = services.auth
+    jobs = services.jobs
+
+    async def submit(request: Request) -> Response:
+        p = await auth.user(request.headers.get("authorization"))
+        body = await json_model(request, NewJob, services.max_body_bytes)
+        job = await jobs.submit(
+            p, body.endpoint, body.body, webhook_url=body.webhook_url, ttl_s=body.ttl_s,
+            max_price_header=request.headers.get("x-max-price"),
+            timeout_header=request.headers.get("x-book-timeout"),
+        )  # fmt: skip
+        return JSON(job, status_code=202, request_id=job["request_id"])
+
+    async def get(request: Request) -> Response:
+        p = await auth.user(request.headers.get("authorization"))
+        return JSON(await jobs.get(request.path_params["job_id"], p.account_id))
+
+    async def list_jobs(request: Request) -> Response:
+        p = await auth.user(request.headers.get("authorization"))
+        try:
+            limit = int(request.query_params.get("limit", "20"))
+        except ValueError:
+            raise invalid_request("limit: expected an integer", param="limit") from None
+        if not 1 <= limit <= 100:
+            raise invalid_request("limit: expected 1 to 100", param="limit")
+        return JSON(await jobs.list(p.account_id, limit, request.query_params.get("after")))
+
+    async def cancel(request: Request) -> Response:
+        p = await auth.user(request.headers.get("authorization"))
+        return JSON(await jobs.cancel(request.path_params["job_id"], p.account_id))
+
+    return [
+        Route("/v1/jobs", submit, methods=["POST"]),
+        Route("/v1/jobs", list_jobs, methods=["GET"]),
+        Route("/v1/jobs/{job_id}", get, methods=["GET"]),
+        Route("/v1/jobs/{job_id}/cancel", cancel, methods=["POST"]),
+    ]

@@ -1,0 +1,1 @@
+"""Outbound adapters other than engines (webhook delivery)."""

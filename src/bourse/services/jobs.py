@@ -1,0 +1,365 @@
+"""Detached jobs: an order that holds a place in the book without holding a socket.
+
+A job is submitted with the same checks and hold as a direct request (401, 402,
+403, 429 answer the submit), stored, and run by a task of its own that folds the
+stream into one completion. Its state lives in the store, so a restarted gateway
+resumes it: queued and running jobs re-enter the book in their original order (a
+running job starts again from the beginning: nothing was delivered); the old hold,
+which start-up moved to ``reconciling``, is released and a new one placed, so the
+job is charged once. When a job ends, its webhook (if any) receives one signed POST,
+retried with exponential backoff. A sweeper drops results past ``expires_at``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from bourse.domain.errors import GatewayError, invalid_request
+from bourse.ports.engine import ChunkEvent, Kind
+from bourse.ports.limits import KeyLimits
+from bourse.ports.stores import (
+    FINAL_JOB_STATES,
+    ApiKey,
+    HoldNotOpen,
+    Job,
+    JobStore,
+    LedgerStore,
+)
+from bourse.ports.webhooks import WebhookSender
+from bourse.services.auth import Principal
+from bourse.services.completion import ADMITTED, CompletionService, Finished, Run
+from bourse.services.ids import new_request_id
+from bourse.services.webhooks import check_target, sign
+from bourse.wire.chunks import Aggregator
+from bourse.wire.requests import validate
+
+log = logging.getLogger("bourse.jobs")
+
+ENDPOINTS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+
+
+class JobsStore(JobStore, LedgerStore, Protocol):
+    async def webhook_secret(self, account_id: str) -> str | None: ...
+
+
+@dataclass(slots=True, frozen=True)
+class JobLimits:
+    ttl_s: float = 86_400.0
+    max_ttl_s: float = 7 * 86_400.0
+    allow_private_webhooks: bool = False
+    allow_loopback_webhooks: bool = False
+    webhook_attempts: int = 6
+    webhook_backoff_s: float = 1.0
+    sweep_interval_s: float = 30.0
+    max_active: int = 100_000
+
+
+@dataclass(slots=True, eq=False)
+class Active:
+    job: Job
+    run: Run
+    task: asyncio.Task[None] | None = None
+    agg: Aggregator | None = None
+    admit_task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class JobService:
+    store: JobsStore
+    completions: CompletionService
+    sender: WebhookSender
+    limits: JobLimits = field(default_factory=JobLimits)
+    active: dict[str, Active] = field(default_factory=dict)
+    _sweeper: asyncio.Task[None] | None = None
+    _notifying: set[str] = field(default_factory=set)
+
+    # -- submit -------------------------------------------------------------------
+
+    async def submit(
+        self,
+        principal: Principal,
+        endpoint: str,
+        body: dict[str, Any],
+        *,
+        webhook_url: str | None = None,
+        ttl_s: float | None = None,
+        max_price_header: str | None = None,
+        timeout_header: str | None = None,
+    ) -> dict[str, Any]:
+        kind = ENDPOINTS.get(endpoint)
+        if kind is None:
+            raise invalid_request(f"endpoint: expected one of {', '.join(ENDPOINTS)}", param="endpoint")
+        if len(self.active) >= self.limits.max_active:
+            raise GatewayError(
+                503, "no_capacity", "Too many jobs are active; retry later.", headers={"retry-after": "5"}
+            )
+        ttl = self.limits.ttl_s if ttl_s is None else ttl_s
+        if not 0 < ttl <= self.limits.max_ttl_s:
+            raise invalid_request(f"ttl_s: expected 0 < ttl_s <= {self.limits.max_ttl_s:g}", param="ttl_s")
+        if webhook_url is not None:
+            await check_target(
+                webhook_url,
+                allow_private=self.limits.allow_private_webhooks,
+                allow_loopback=self.limits.allow_loopback_webhooks,
+            )
+        body = {k: v for k, v in body.items() if k != "detached"}
+        body["stream"] = False
+        req = validate(kind, body)
+        if req.timeout is None and timeout_header is None:
+            timeout_header = str(min(ttl, self.completions.limits.book_timeout_max_s))
+        now = time.time()
+        run = await self.completions.open(
+            kind, body, req, principal,
+            request_id=new_request_id(kind), max_price_header=max_price_header, timeout_header=timeout_header,
+        )  # fmt: skip
+        job = Job(
+            id="job_" + os.urandom(12).hex(),
+            account_id=principal.account_id,
+            key_id=principal.key.id,
+            endpoint=endpoint,
+            body=body,
+            status="queued",
+            request_id=run.request_id,
+            bid=run.bid,
+            created_at=now,
+            expires_at=now + ttl,
+            hold_id=run.hold_id,
+            webhook_url=webhook_url,
+            webhook_state="pending" if webhook_url else "none",
+        )
+        try:
+            await self.store.put_job(job)
+        except BaseException:
+            await run.abandon()
+            raise
+        self._start(job, run)
+        return self.view(job)
+
+    def _start(self, job: Job, run: Run) -> None:
+        act = Active(job, run, agg=Aggregator(run.kind, run.market.policy.reasoning_field))
+
+        def admitted(r: Run) -> None:
+            act.admit_task = self._spawn(
+                self.store.update_job(job.id, status="running", started_at=time.time())
+            )
+
+        run.on_admit = admitted
+        self.active[job.id] = act
+        act.task = self._spawn(self._execute(act))
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        return self.completions.spawn(coro)
+
+    async def _execute(self, act: Active) -> None:
+        run, job, agg = act.run, act.job, act.agg
+        assert agg is not None
+        fin: Finished | None = None
+        canceled = False
+        try:
+            try:
+                async for ev in run.events():
+                    if type(ev) is ChunkEvent:
+                        agg.add(ev.chunk)
+                    elif type(ev) is Finished:
+                        fin = ev
+            except asyncio.CancelledError:
+                canceled = True
+                fin = run.finished
+                if run.settle_task is not None:
+                    await asyncio.shield(run.settle_task)
+            if act.admit_task is not None:
+                await act.admit_task  # the 'running' mark lands before the final state
+            await self._record(job, run, agg, fin, canceled)
+        except Exception:
+            log.exception("job %s failed in the gateway", job.id)
+            err = GatewayError(500, "internal_error", f"The gateway failed while running job {job.id}.")
+            await self.store.update_job(
+                job.id, status="failed", error={"error": err.envelope()}, finished_at=time.time()
+            )
+        finally:
+            self.active.pop(job.id, None)
+        if job.webhook_url:
+            await self._notify(job.id)
+
+    async def _record(
+        self, job: Job, run: Run, agg: Aggregator, fin: Finished | None, canceled: bool
+    ) -> None:
+        now = time.time()
+        if fin is None:
+            await self.store.update_job(job.id, status="canceled" if canceled else "failed", finished_at=now)
+            return
+        doc = agg.build(run.request_id, run.product, run.created, fin.usage)
+        doc[run.market.policy.receipt_name] = fin.receipt
+        if canceled:
+            await self.store.update_job(job.id, status="canceled", result=doc, finished_at=now)
+        elif fin.error is None:
+            await self.store.update_job(job.id, status="succeeded", result=doc, finished_at=now)
+        else:
+            err = {"error": fin.error.envelope(), "status": fin.error.status, "usage": fin.usage,
+                   run.market.policy.receipt_name: fin.receipt}  # fmt: skip
+            await self.store.update_job(job.id, status="failed", error=err, finished_at=now)
+
+    # -- read and cancel -------------------------------------------------------------
+
+    def view(self, job: Job) -> dict[str, Any]:
+        act = self.active.get(job.id)
+        status = job.status
+        out: dict[str, Any] = {
+            "id": job.id,
+            "object": "bourse.job",
+            "status": status,
+            "endpoint": job.endpoint,
+            "model": job.body.get("model"),
+            "request_id": job.request_id,
+            "created_at": job.created_at,
+            "expires_at": job.expires_at,
+            "started_at": job.started_at,
+            "finished_at": job.finished_at,
+            "webhook_url": job.webhook_url,
+        }
+        if act is not None:
+            run = act.run
+            if run.phase >= ADMITTED:
+                out["status"] = "running"
+                out["progress"] = {"tokens": run.tokens, "max_tokens": run.max_output_tokens}
+            else:
+                out["status"] = "queued"
+                m = run.market
+                pos = m.position(run.order) if run.order is not None else -1
+                out["queue"] = {"position": max(pos, 0), "bid": run.bid, "level": m.level(),
+                                "requeues": run.order.requeues if run.order else 0}  # fmt: skip
+        if job.result is not None:
+            out["result"] = job.result
+        if job.error is not None:
+            out["error"] = job.error
+        return out
+
+    async def get(self, job_id: str, account_id: str) -> dict[str, Any]:
+        job = await self.store.job(job_id, account_id)
+        if job is None:
+            raise GatewayError(404, "not_found", f"No job '{job_id}' for this account.")
+        return self.view(job)
+
+    async def list(self, account_id: str, limit: int, after: str | None) -> dict[str, Any]:
+        rows = await self.store.jobs_page(account_id, limit=limit + 1, after=after)
+        page = rows[:limit]
+        more = len(rows) > limit
+        return {"object": "list", "data": [self.view(j) for j in page], "has_more": more,
+                "next_after": page[-1].id if more and page else None}  # fmt: skip
+
+    async def cancel(self, job_id: str, account_id: str) -> dict[str, Any]:
+        job = await self.store.job(job_id, account_id)
+        if job is None:
+            raise GatewayError(404, "not_found", f"No job '{job_id}' for this account.")
+        act = self.active.get(job_id)
+        if act is not None and act.task is not None:
+            act.task.cancel()
+            await asyncio.wait([act.task])
+        elif job.status not in FINAL_JOB_STATES:
+            await self.store.update_job(job_id, status="canceled", finished_at=time.time())
+        return await self.get(job_id, account_id)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> int:
+        """Resume the jobs a previous run left queued or running; start the sweeper."""
+        resumed = 0
+        for job in await self.store.unfinished_jobs():
+            try:
+                await self._resume(job)
+                resumed += 1
+            except Exception:
+                log.exception("could not resume job %s", job.id)
+        self._sweeper = asyncio.create_task(self._sweep())
+        return resumed
+
+    async def _resume(self, job: Job) -> None:
+        if job.hold_id is not None:
+            try:  # nothing was delivered: the old attempt's hold goes back
+                await self.store.release(job.hold_id, None, time.time())
+            except HoldNotOpen:
+                pass
+        kind = ENDPOINTS[job.endpoint]
+        principal = Principal(ApiKey(id=job.key_id, account_id=job.account_id), KeyLimits())
+        body = dict(job.body)
+        try:
+            req = validate(kind, body)
+            run = await self.completions.open(kind, body, req, principal, request_id=job.request_id)
+        except GatewayError as exc:
+            await self.store.update_job(job.id, status="failed", error={"error": exc.envelope(), "status": exc.status},
+                                        finished_at=time.time(), hold_id=None)  # fmt: skip
+            if job.webhook_url:
+                self._spawn(self._notify(job.id))
+            return
+        await self.store.update_job(job.id, status="queued", hold_id=run.hold_id, started_at=None)
+        self._start(job, run)
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.limits.sweep_interval_s)
+            try:
+                n = await self.store.expire_jobs(time.time())
+                if n:
+                    log.info("%d job results expired", n)
+                for job in await self.store.jobs_to_notify():
+                    if job.id not in self._notifying and job.id not in self.active:
+                        self._spawn(self._notify(job.id))
+            except Exception:
+                log.exception("job sweep failed")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    # -- webhooks --------------------------------------------------------------------
+
+    async def _notify(self, job_id: str) -> None:
+        if job_id in self._notifying:
+            return
+        self._notifying.add(job_id)
+        try:
+            await self._deliver(job_id)
+        finally:
+            self._notifying.discard(job_id)
+
+    async def _deliver(self, job_id: str) -> None:
+        job = await self.store.job(job_id)
+        if job is None or not job.webhook_url or job.webhook_state != "pending":
+            return
+        secret = await self.store.webhook_secret(job.account_id) or ""
+        body = orjson.dumps(self.view(job))
+        for attempt in range(self.limits.webhook_attempts):
+            try:
+                await check_target(
+                    job.webhook_url,
+                    allow_private=self.limits.allow_private_webhooks,
+                    allow_loopback=self.limits.allow_loopback_webhooks,
+                )
+            except GatewayError as exc:
+                log.warning("webhook of job %s refused: %s", job_id, exc.message)
+                await self.store.update_job(job_id, webhook_state="failed")
+                return
+            headers = {
+                "content-type": "application/json",
+                "x-bourse-signature": sign(secret, int(time.time()), body),
+                "x-bourse-event": "job." + job.status,
+                "x-bourse-delivery": f"{job_id}.{attempt + 1}",
+            }
+            try:
+                status = await self.sender.post(job.webhook_url, body, headers)
+                if 200 <= status < 300:
+                    await self.store.update_job(job_id, webhook_state="delivered")
+                    return
+                log.info("webhook of job %s answered %d (attempt %d)", job_id, status, attempt + 1)
+            except OSError as exc:
+                log.info("webhook of job %s failed: %s (attempt %d)", job_id, exc, attempt + 1)
+            await asyncio.sleep(self.limits.webhook_backoff_s * 2**attempt)
+        await self.store.update_job(job_id, webhook_state="failed")
