@@ -39,6 +39,13 @@ def build_engine(product: str, dep: DeploymentConfig) -> tuple[Engine, str]:
         from bourse.engines.sim import SimEngine, SimSettings
 
         return SimEngine(SimSettings.from_mapping(dep.sim_settings()), model_name=product), product
+    if dep.engine == "llamacpp":
+        from bourse.engines.llamacpp import LlamaCppEngine
+
+        return LlamaCppEngine(
+            dep.model_path, slots=dep.slots, n_ctx=dep.n_ctx, n_threads=dep.n_threads,
+            chat_format=dep.chat_format, name=product,
+        ), product  # fmt: skip
     from bourse.engines.openai_http import OpenAIHTTPEngine
 
     assert dep.base_url is not None and dep.model is not None
@@ -93,6 +100,10 @@ class Container:
         return self.config.storage.idempotency_ttl_s
 
     async def start(self) -> None:
+        for engine in self.engines.values():
+            start = getattr(engine, "start", None)
+            if start is not None:
+                await start()
         await self.store.open()
         await self.billing.start()
         resumed = await self.jobs.start()
@@ -158,7 +169,9 @@ def build(
             default_bid=pconf.default_bid if pconf.default_bid is not None else book.min_floor,
             context_length=pconf.context_length,
             max_output_tokens=pconf.max_output_tokens,
-            supports_tools=pconf.supports_tools,
+            supports_tools=pconf.supports_tools
+            if pconf.supports_tools is not None
+            else all(d.engine != "llamacpp" for d in pconf.deployments),
             description=pconf.description,
         )
     store = build_store(database or env.database or config.storage.database, data)

