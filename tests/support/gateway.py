@@ -34,6 +34,7 @@ class Gateway:
     account: str = "test"
     data_dir: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    clients: list[openai.OpenAI] = field(default_factory=list)
 
     @property
     def v1(self) -> str:
@@ -48,9 +49,17 @@ class Gateway:
         return {"authorization": f"Bearer {self.admin_key}"}
 
     def client(self, **kw: Any) -> openai.OpenAI:
+        """An SDK client with the test account's key (closed when the gateway stops)."""
         kw.setdefault("max_retries", 0)
         kw.setdefault("timeout", 30)
-        return openai.OpenAI(base_url=self.v1, api_key=kw.pop("api_key", self.api_key), **kw)
+        c = openai.OpenAI(base_url=self.v1, api_key=kw.pop("api_key", self.api_key), **kw)
+        self.clients.append(c)
+        return c
+
+    def close_clients(self) -> None:
+        for c in self.clients:
+            c.close()
+        self.clients.clear()
 
     def engine(self, deployment: str) -> Any:
         return self.container.engines[deployment]
@@ -102,4 +111,7 @@ def running_gateway(
                 gw.api_key = gw.new_account(gw.account, credit_usd)
             else:
                 gw.api_key = gw.new_key(gw.account)
-            yield gw
+            try:
+                yield gw
+            finally:
+                gw.close_clients()

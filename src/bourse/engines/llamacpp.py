@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
+import io
 import logging
 import os
 import threading
@@ -48,6 +50,26 @@ def default_model_path() -> str:
         ) from None
     path: str = str(mod.assemble())
     return path
+
+
+_LOG_HOOK: list[Any] = []
+"""Keeps llama.cpp's log callback alive (ctypes); set once, on first model load."""
+
+
+def _route_llama_logs(llama_cpp: Any) -> None:
+    """Send llama.cpp's C log lines to Python logging (DEBUG; errors as WARNING)."""
+    if _LOG_HOOK:
+        return
+    import ctypes
+
+    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+    def hook(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        line = text.decode("utf-8", "replace").rstrip()
+        if line:
+            log.log(logging.WARNING if level in (2, 3) else logging.DEBUG, "%s", line)
+
+    llama_cpp.llama_log_set(hook, ctypes.c_void_p(0))
+    _LOG_HOOK.append(hook)
 
 
 def _size_mb(path: str) -> float:
@@ -160,14 +182,23 @@ class LlamaCppEngine:
         if not os.path.exists(path):
             raise FileNotFoundError(f"no such file: {path}")
         try:
-            from llama_cpp import Llama
+            import llama_cpp
         except ImportError:
             raise RuntimeError("llama-cpp-python is not installed (pip install 'bourse[local]')") from None
+        _route_llama_logs(llama_cpp)
         try:
-            return Llama(
-                model_path=path, n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=min(512, self.n_ctx),
-                verbose=False, vocab_only=vocab_only,
-            )  # fmt: skip
+            # verbose=True: llama-cpp-python's quiet mode swaps the process's stdout and
+            # stderr file descriptors, which a server must not do; its log lines go to
+            # the ``bourse.llamacpp`` logger instead (see _route_llama_logs)
+            printed = io.StringIO()
+            with contextlib.redirect_stderr(printed):  # its load-time prints (metadata) go to the log
+                llm = llama_cpp.Llama(
+                    model_path=path, n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=min(512, self.n_ctx),
+                    verbose=True, vocab_only=vocab_only,
+                )  # fmt: skip
+            log.debug("%s", printed.getvalue())
+            llm.verbose = False  # no per-request prints from here on
+            return llm
         except Exception as exc:
             raise RuntimeError(f"llama.cpp refused the file ({type(exc).__name__}: {exc})") from None
 

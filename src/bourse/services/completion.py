@@ -25,7 +25,7 @@ from bourse.domain.errors import GatewayError, invalid_request, model_not_found
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
 from bourse.ports.limits import KeyLimits, RateLimiter
 from bourse.services.auth import Authenticator, Principal
-from bourse.services.billing import Billing
+from bourse.services.billing import Billing, prompt_bytes_and_messages
 from bourse.services.ids import new_request_id
 from bourse.services.limits import retry_after_header
 from bourse.services.market import Market
@@ -114,7 +114,7 @@ class CompletionService:
                 503, "no_capacity", f"'{run.product}' cannot serve: {broken}", headers={"retry-after": "30"}
             )
         counter = market.token_counter()
-        if counter is not None:
+        if counter is not None:  # the engine's own tokenizer: exact
             n = await counter.count_prompt_tokens(kind, run.body)
             if n is not None and n >= counter.context_length:
                 raise GatewayError(
@@ -122,6 +122,17 @@ class CompletionService:
                     "context_length_exceeded",
                     f"The prompt is {n} tokens; '{run.product}' has a context of {counter.context_length} tokens "
                     "and needs room for at least one generated token. Shorten the prompt.",
+                    param="messages" if kind == "chat" else "prompt",
+                )
+        else:  # the engine enforces its own limit; refuse here only what cannot fit
+            nbytes, _ = prompt_bytes_and_messages(body)
+            at_least = nbytes // 8  # no common tokenizer averages more than 8 bytes a token
+            if at_least > market.context_length:
+                raise GatewayError(
+                    400,
+                    "context_length_exceeded",
+                    f"The prompt is at least {at_least} tokens ({nbytes} bytes); '{run.product}' has a context of "
+                    f"{market.context_length} tokens. Shorten the prompt.",
                     param="messages" if kind == "chat" else "prompt",
                 )
         self.auth.check_product(principal, run.product)
@@ -206,15 +217,6 @@ class CompletionService:
             raise invalid_request(
                 f"max_tokens: {max_out} is over the output limit of '{req.model}' ({market.max_output_tokens}).",
                 param="max_tokens",
-            )
-        prompt_estimate = estimate_prompt_tokens(body)
-        if prompt_estimate > market.context_length:
-            raise GatewayError(
-                400,
-                "context_length_exceeded",
-                f"The prompt is about {prompt_estimate} tokens; '{req.model}' has a context of "
-                f"{market.context_length} tokens. Shorten the prompt.",
-                param="messages" if kind == "chat" else "prompt",
             )
         engine_body = {k: v for k, v in body.items() if k not in GATEWAY_FIELDS}
         engine_body["stream"] = True

@@ -72,8 +72,8 @@ class _Common(_Open):
     seed: int | None = None
     user: str | None = None
     # gateway extensions
-    max_price: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_price: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
     detached: bool = False
     sim: dict[str, Any] | None = None
 

@@ -69,7 +69,7 @@ def test_builtin_default_config_has_a_sim_product() -> None:
         ),
         (
             ('engine = "sim"', 'engine = "gpu"'),
-            r"products\.sim-fast\.deployments\[0\]\.engine: Input should be 'sim' or 'openai'",
+            r"products\.sim-fast\.deployments\[0\]\.engine: Input should be 'sim', 'openai' or 'llamacpp'",
         ),
         (
             ("ttft_ms = 20", "ttft_ms = 20\ncolour = 1"),
