@@ -24,9 +24,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_healthy(url: str, timeout_s: float = 20.0) -> None:
+def wait_healthy(url: str, timeout_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited with status {proc.returncode}")
         try:
             if httpx.get(url, timeout=1.0).status_code == 200:
                 return
@@ -36,17 +38,38 @@ def wait_healthy(url: str, timeout_s: float = 20.0) -> None:
     raise RuntimeError(f"{url} did not become healthy")
 
 
+def pinned(args: list[str], cpu: int | None) -> list[str]:
+    """``args`` prefixed with ``taskset -c cpu`` when the machine has two cores or more."""
+    if cpu is not None and (os.cpu_count() or 1) >= 2 and _has("taskset"):
+        return ["taskset", "-c", str(cpu), *args]
+    return args
+
+
 @contextlib.contextmanager
 def process(
-    args: list[str], health: str, env: dict[str, str] | None = None, cpu: int | None = None
+    args: list[str],
+    health: str,
+    env: dict[str, str] | None = None,
+    cpu: int | None = None,
+    log: Path | None = None,
+    health_timeout_s: float = 20.0,
+    cwd: str | Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    if cpu is not None and os.cpu_count() and os.cpu_count() >= 2 and _has("taskset"):
-        args = ["taskset", "-c", str(cpu), *args]
+    """A process (taskset exec's it, so ``proc.pid`` is the process itself), healthy
+    before it is yielded; SIGINT then SIGKILL on exit. Its output goes to ``log``
+    (default: discarded; a pipe nobody reads would stall a process that logs)."""
+    out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
     proc = subprocess.Popen(
-        args, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        pinned(args, cpu), env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT, cwd=cwd
     )
     try:
-        wait_healthy(health)
+        try:
+            wait_healthy(health, health_timeout_s, proc)
+        except RuntimeError as exc:
+            tail = ""
+            if log is not None:
+                tail = "; last output: " + log.read_text(errors="replace")[-600:].strip()
+            raise RuntimeError(f"{exc}{tail}") from None
         yield proc
     finally:
         proc.send_signal(signal.SIGINT)
@@ -54,6 +77,9 @@ def process(
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(5)
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
 
 
 def _has(cmd: str) -> bool:
@@ -74,6 +100,15 @@ def sim_upstream(cpu: int | None = None) -> Iterator[str]:
 @contextlib.contextmanager
 def gateway(config: str, cpu: int | None = None, database: str | None = None) -> Iterator[tuple[str, str]]:
     """A ``bourse serve`` process with ``config``; yields (base URL, a funded API key)."""
+    with gateway_process(config, cpu=cpu, database=database) as (base, key, _proc):
+        yield base, key
+
+
+@contextlib.contextmanager
+def gateway_process(
+    config: str, cpu: int | None = None, database: str | None = None, log: Path | None = None
+) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
+    """Like :func:`gateway`, also yielding the process (for its pid)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="bourse-bench-") as d:
         cfg = Path(d) / "bench.toml"
@@ -92,14 +127,16 @@ def gateway(config: str, cpu: int | None = None, database: str | None = None) ->
         ]
         if database:
             args += ["--database", database]
-        with process(args, f"http://127.0.0.1:{port}/healthz", env={"BOURSE_ADMIN_KEY": ADMIN_KEY}, cpu=cpu):
+        with process(
+            args, f"http://127.0.0.1:{port}/healthz", env={"BOURSE_ADMIN_KEY": ADMIN_KEY}, cpu=cpu, log=log
+        ) as proc:
             base = f"http://127.0.0.1:{port}"
             h = {"authorization": f"Bearer {ADMIN_KEY}"}
             httpx.post(
                 base + "/admin/accounts", json={"id": "bench", "credit_usd": 1e6}, headers=h
             ).raise_for_status()
             key = httpx.post(base + "/admin/keys", json={"account": "bench"}, headers=h).json()["key"]
-            yield base + "/v1", key
+            yield base + "/v1", key, proc
 
 
 def pct(values: list[float], p: float) -> float:

@@ -1,0 +1,910 @@
+"""bourse beside a direct call and beside its peers, in one run; rewrites bench/RESULTS.md.
+
+    bash bench/run.sh            # installs what is missing, then runs this
+    .venv/bin/python -m bench.harness [--quick] [--only a,b,c,d,e,f] [--out FILE]
+
+Layout on a 2-core machine: the gateway under test (bourse, LiteLLM proxy with one
+worker, Portkey's node gateway) on core 0; nginx (one worker, the echo module,
+bench/nginx.conf), wrk, the SSE load client (bench/sse_load.py) and this script on
+core 1. Every load run is bounded in time; every wait has a timeout.
+
+Scenarios (each against direct nginx, bourse and each peer that started):
+  (a) c=1 non-streamed: latency p50/p99 and what each gateway adds over direct
+  (b) c=64 non-streamed: requests/s, ratio to direct
+  (c) upstream answering 50 ms late, c=256: requests/s, ratio to direct
+  (d) streamed 16-chunk answers: TTFT at c=1 (added over direct), streams/s at c=32
+  (e) 10,000 concurrent slow streams through bourse: peak RSS (VmHWM)
+  (f) the ledger alone (bench/ledger.py): settled requests/s on SQLite and PostgreSQL
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import free_port, gateway_process, pinned, process
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+WORK = BENCH / ".work"
+LOGS = WORK / "logs"
+LITELLM_VENV = WORK / "litellm-venv"
+PORTKEY_DIR = WORK / "portkey"
+PORTKEY_SERVER = PORTKEY_DIR / "node_modules/@portkey-ai/gateway/build/start-server.js"
+GATEWAY_CPU = 0
+LOAD_CPU = 1
+TEXT = "Fixed answer from the bench upstream: sixteen chunks of plain text for every gateway under test."
+LITELLM_KEY = "sk-bench-" + "3f9a1c0e7b5d4a2f8e6c1b0a9d7e5f3c"
+BODY = json.dumps({"model": "{model}", "messages": [{"role": "user", "content": "benchmark"}]})
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- targets
+
+
+@dataclass
+class Gateway:
+    """One thing to put load on: direct nginx, bourse or a peer."""
+
+    name: str
+    url: str  # .../v1/chat/completions
+    headers: dict[str, str] = field(default_factory=dict)
+    models: dict[str, str] = field(default_factory=dict)  # variant -> model name
+    urls: dict[str, str] = field(default_factory=dict)  # variant -> url, when it differs
+    header_overrides: dict[str, dict[str, str]] = field(default_factory=dict)
+    pid: int | None = None
+
+    def endpoint(self, variant: str) -> tuple[str, dict[str, str], str] | None:
+        """(url, headers, model) for ``variant`` (fast | delay | one | slow), or None."""
+        if variant not in self.models:
+            return None
+        headers = {**self.headers, **self.header_overrides.get(variant, {})}
+        return self.urls.get(variant, self.url), headers, self.models[variant]
+
+
+@dataclass
+class Stack:
+    nginx_port: int = 0
+    delay_port: int = 0
+    gateways: dict[str, Gateway] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)  # peer -> reason
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+def upstream(stack: Stack, variant: str) -> str:
+    port = stack.delay_port if variant == "delay" else stack.nginx_port
+    prefix = {"one": "/one", "slow": "/slow"}.get(variant, "")
+    return f"http://127.0.0.1:{port}{prefix}/v1"
+
+
+@contextlib.contextmanager
+def nginx(stack: Stack) -> Iterator[None]:
+    stack.nginx_port, stack.delay_port = free_port(), free_port()
+    conf = (BENCH / "nginx.conf").read_text()
+    conf = (
+        conf.replace("@@WORK@@", str(WORK))
+        .replace("@@DELAY_PORT@@", str(stack.delay_port))
+        .replace("@@PORT@@", str(stack.nginx_port))
+    )
+    rendered = WORK / "nginx.conf"
+    rendered.write_text(conf)
+    check = subprocess.run(["nginx", "-t", "-q", "-c", str(rendered), "-p", str(WORK)], capture_output=True, text=True)
+    if check.returncode:
+        raise RuntimeError(f"nginx -t failed: {check.stderr.strip()}")
+    with process(
+        ["nginx", "-c", str(rendered), "-p", str(WORK)],
+        f"http://127.0.0.1:{stack.nginx_port}/healthz",
+        cpu=LOAD_CPU,
+        log=LOGS / "nginx.log",
+    ):
+        stack.gateways["direct"] = Gateway(
+            "direct (nginx)",
+            f"http://127.0.0.1:{stack.nginx_port}/v1/chat/completions",
+            models={"fast": "bench", "delay": "bench"},
+            urls={"delay": f"http://127.0.0.1:{stack.delay_port}/v1/chat/completions"},
+        )
+        yield
+
+
+def bourse_config(stack: Stack, variants: dict[str, str]) -> str:
+    out = ['[server]\nlog_level = "info"\n']
+    for product, variant in variants.items():
+        out.append(
+            f"""
+[products.{product}]
+max_waiting = 1000000
+[[products.{product}.deployments]]
+engine = "openai"
+base_url = "{upstream(stack, variant)}"
+model = "bench"
+slots = 100000
+max_connections = 20000
+floor = 0.10
+first_byte_timeout_s = 120
+"""
+        )
+    return "".join(out)
+
+
+@contextlib.contextmanager
+def bourse(stack: Stack) -> Iterator[None]:
+    cfg = bourse_config(stack, {"bench": "fast", "bench-one": "one", "bench-delay": "delay"})
+    with gateway_process(cfg, cpu=GATEWAY_CPU, log=LOGS / "bourse.log") as (base, key, proc):
+        auth = {"authorization": f"Bearer {key}"}
+        stack.gateways["bourse"] = Gateway(
+            "bourse",
+            base + "/chat/completions",
+            headers=auth,
+            models={"fast": "bench", "delay": "bench-delay"},
+            pid=proc.pid,
+        )
+        stack.gateways["bourse-one"] = Gateway(
+            "bourse, 1-chunk upstream stream",
+            base + "/chat/completions",
+            headers=auth,
+            models={"fast": "bench-one"},
+            pid=proc.pid,
+        )
+        yield
+
+
+@contextlib.contextmanager
+def litellm(stack: Stack) -> Iterator[None]:
+    exe = LITELLM_VENV / "bin" / "litellm"
+    status = WORK / "litellm.status"
+    if not exe.exists():
+        stack.missing["LiteLLM"] = status.read_text().strip() if status.exists() else f"{exe} not found"
+        yield
+        return
+    cfg = WORK / "litellm.yaml"
+    cfg.write_text(
+        f"""model_list:
+  - model_name: bench
+    litellm_params:
+      model: openai/bench
+      api_base: {upstream(stack, "fast")}
+      api_key: sk-upstream
+  - model_name: bench-delay
+    litellm_params:
+      model: openai/bench
+      api_base: {upstream(stack, "delay")}
+      api_key: sk-upstream
+general_settings:
+  master_key: {LITELLM_KEY}
+"""
+    )
+    port = free_port()
+    try:
+        with process(
+            [str(exe), "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+            f"http://127.0.0.1:{port}/health/liveliness",
+            env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+            cpu=GATEWAY_CPU,
+            log=LOGS / "litellm.log",
+            health_timeout_s=120,
+            cwd=WORK,
+        ) as proc:
+            stack.gateways["litellm"] = Gateway(
+                "LiteLLM proxy (1 worker)",
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                headers={"authorization": f"Bearer {LITELLM_KEY}"},
+                models={"fast": "bench", "delay": "bench-delay"},
+                pid=proc.pid,
+            )
+            yield
+    except RuntimeError as exc:
+        if "litellm" in stack.gateways:
+            raise
+        stack.missing["LiteLLM"] = f"did not start: {exc}"[:500]
+        yield
+
+
+@contextlib.contextmanager
+def portkey(stack: Stack) -> Iterator[None]:
+    status = WORK / "portkey.status"
+    if not PORTKEY_SERVER.exists():
+        stack.missing["Portkey"] = (
+            status.read_text().strip() if status.exists() else f"not installed: {PORTKEY_SERVER} not found"
+        )
+        yield
+        return
+    port = free_port()
+    try:
+        with process(
+            [
+                "node",
+                "--import",
+                str(BENCH / "portkey_fetch_shim.mjs"),
+                str(PORTKEY_SERVER),
+                f"--port={port}",
+                "--headless",
+            ],
+            f"http://127.0.0.1:{port}/",
+            env={"NODE_ENV": "production"},
+            cpu=GATEWAY_CPU,
+            log=LOGS / "portkey.log",
+            health_timeout_s=60,
+            cwd=PORTKEY_DIR,
+        ) as proc:
+            stack.gateways["portkey"] = Gateway(
+                "Portkey gateway (node)",
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                headers={
+                    "authorization": "Bearer sk-upstream",
+                    "x-portkey-provider": "openai",
+                    "x-portkey-custom-host": upstream(stack, "fast"),
+                },
+                models={"fast": "bench", "delay": "bench"},
+                header_overrides={"delay": {"x-portkey-custom-host": upstream(stack, "delay")}},
+                pid=proc.pid,
+            )
+            stack.notes.append(
+                "Portkey runs with `bench/portkey_fetch_shim.mjs` preloaded: without it every streamed "
+                "answer fails with `TypeError: immutable` on Node 20 (Portkey-AI/gateway#1389, #1550)."
+            )
+            yield
+    except RuntimeError as exc:
+        if "portkey" in stack.gateways:
+            raise
+        stack.missing["Portkey"] = f"did not start: {exc}"[:500]
+        yield
+
+
+def sanity(gw: Gateway, variant: str = "fast") -> str:
+    """One non-streamed and one streamed request; '' when both carry the fixed answer."""
+    ep = gw.endpoint(variant)
+    if ep is None:
+        return "n/a"
+    url, headers, model = ep
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "benchmark"}]}
+    problems = []
+    try:
+        r = httpx.post(url, json=body, headers=headers, timeout=30)
+        if r.status_code != 200 or r.json()["choices"][0]["message"]["content"] != TEXT:
+            problems.append(f"non-streamed: HTTP {r.status_code} {r.text[:200]}")
+        r = httpx.post(
+            url,
+            json={**body, "stream": True, "stream_options": {"include_usage": True}},
+            headers=headers,
+            timeout=30,
+        )
+        text = "".join(
+            (c["choices"][0]["delta"].get("content") or "")
+            for line in r.text.splitlines()
+            if line.startswith("data: {")
+            for c in [json.loads(line[6:])]
+            if c.get("choices")
+        )
+        if r.status_code != 200 or text != TEXT or "data: [DONE]" not in r.text:
+            problems.append(f"streamed: HTTP {r.status_code} {r.text[:200]}")
+    except Exception as exc:  # noqa: BLE001 - reported in the results
+        problems.append(f"{type(exc).__name__}: {exc}")
+    return "; ".join(problems)
+
+
+# --------------------------------------------------------------------------- load tools
+
+
+def wrk(gw: Gateway, variant: str, conns: int, seconds: float, warmup: float) -> dict[str, Any]:
+    ep = gw.endpoint(variant)
+    assert ep is not None
+    url, headers, model = ep
+    env = {
+        **os.environ,
+        "BENCH_BODY": BODY.replace("{model}", model),
+        "BENCH_HEADERS": "\n".join(f"{k}: {v}" for k, v in headers.items()),
+    }
+    result: dict[str, Any] = {}
+    for d in ([warmup] if warmup > 0 else []) + [seconds]:
+        args = pinned(
+            ["wrk", "-t1", f"-c{conns}", f"-d{max(1, round(d))}s", "--timeout", "10s", "-s", str(BENCH / "wrk_post.lua"), url],
+            LOAD_CPU,
+        )
+        p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=d + 60)
+        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("WRKJSON ")), None)
+        if line is None:
+            raise RuntimeError(f"wrk printed no result: {p.stdout[-300:]} {p.stderr[-300:]}")
+        result = json.loads(line[8:])
+    result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
+    result["errors"] = sum(v for k, v in result.items() if k.startswith("err_"))
+    return result
+
+
+def sse(gw: Gateway, variant: str, extra: list[str], timeout: float) -> dict[str, Any]:
+    ep = gw.endpoint(variant)
+    assert ep is not None
+    url, headers, model = ep
+    args = [sys.executable, "-m", "bench.sse_load", "--url", url, "--model", model]
+    for k, v in headers.items():
+        args += ["--header", f"{k}: {v}"]
+    p = subprocess.run(
+        pinned(args + extra, LOAD_CPU), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"sse_load failed: {p.stderr[-500:]}")
+    return dict(json.loads(lines[-1]))
+
+
+def vm(pid: int | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    if pid is None:
+        return out
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                k, v = line.split(":", 1)
+                out[k] = int(v.split()[0])
+    return out
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+@dataclass
+class Opts:
+    seconds: float = 10.0
+    warmup: float = 2.0
+    sse_c1_seconds: float = 5.0
+    sse_seconds: float = 10.0
+    sse_conc: int = 32
+    streams: int = 10_000
+    ramp_timeout: float = 140.0
+    hold_s: float = 5.0
+    ledger_n: int = 2000
+
+
+def targets(stack: Stack, variant: str, order: tuple[str, ...]) -> list[tuple[str, Gateway]]:
+    return [(k, stack.gateways[k]) for k in order if k in stack.gateways and stack.gateways[k].endpoint(variant)]
+
+
+ORDER = ("direct", "bourse", "bourse-one", "litellm", "portkey")
+
+
+def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - one failure must not lose the run
+        log(f"  failed: {type(exc).__name__}: {exc}")
+        (LOGS / "harness-errors.log").open("a").write(traceback.format_exc() + "\n")
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def scenario_wrk(stack: Stack, variant: str, conns: int, o: Opts) -> dict[str, dict[str, Any]]:
+    out = {}
+    for key, gw in targets(stack, variant, ORDER):
+        log(f"  {gw.name}: wrk c={conns} {o.seconds:.0f}s ({variant})")
+        out[key] = guarded(lambda gw=gw: wrk(gw, variant, conns, o.seconds, o.warmup))
+        r = out[key]
+        if "error" not in r:
+            log(f"    {r['rps']:.0f} req/s p50 {r['p50_us']} us p99 {r['p99_us']} us errors {r['errors']}")
+    return out
+
+
+def scenario_d(stack: Stack, o: Opts) -> dict[str, dict[str, Any]]:
+    out = {}
+    for key, gw in targets(stack, "fast", ORDER):
+        if key == "bourse-one":
+            continue
+        log(f"  {gw.name}: SSE c=1 {o.sse_c1_seconds:.0f}s, c={o.sse_conc} {o.sse_seconds:.0f}s")
+
+        def run(gw: Gateway = gw) -> dict[str, Any]:
+            sse(gw, "fast", ["--concurrency", "8", "--duration", str(min(2.0, o.warmup))], 60)
+            c1 = sse(gw, "fast", ["--concurrency", "1", "--duration", str(o.sse_c1_seconds)], o.sse_c1_seconds + 60)
+            cn = sse(
+                gw, "fast", ["--concurrency", str(o.sse_conc), "--duration", str(o.sse_seconds)], o.sse_seconds + 60
+            )
+            return {"c1": c1, "cn": cn}
+
+        out[key] = guarded(run)
+        r = out[key]
+        if "error" not in r:
+            log(
+                f"    c=1 TTFT p50 {r['c1']['ttft_p50_ms']:.3f} ms; c={o.sse_conc} "
+                f"{r['cn']['streams_per_s']:.0f} streams/s errors {r['cn']['errors']}"
+            )
+    return out
+
+
+def scenario_e(stack: Stack, o: Opts) -> dict[str, Any]:
+    cfg = bourse_config(stack, {"bench-slow": "slow"})
+    with gateway_process(cfg, cpu=GATEWAY_CPU, log=LOGS / "bourse-e.log") as (base, key, proc):
+        gw = Gateway("bourse", base + "/chat/completions", {"authorization": f"Bearer {key}"}, {"slow": "bench-slow"})
+        log(f"  bourse: opening {o.streams} slow streams (ramp timeout {o.ramp_timeout:.0f}s, hold {o.hold_s:.0f}s)")
+        r = sse(
+            gw,
+            "slow",
+            [
+                "--mode", "hold", "--streams", str(o.streams), "--open-concurrency", "256",
+                "--ramp-timeout", str(o.ramp_timeout), "--hold-s", str(o.hold_s), "--pid", str(proc.pid),
+            ],  # fmt: skip
+            o.ramp_timeout + o.hold_s + 120,
+        )
+        r["vmhwm_end_kb"] = vm(proc.pid).get("VmHWM", 0)
+        log(
+            f"    first chunk {r['first_chunk']}/{o.streams}, max open {r['max_open']}, "
+            f"VmHWM {r['vmhwm_end_kb'] / 1024:.0f} MiB, errors {r['errors']}"
+        )
+        return r
+
+
+def ledger_worker(n: int) -> None:
+    """Runs pinned to the gateway core (``python -m bench.harness --ledger-worker N``); prints JSON."""
+    import asyncio
+    import tempfile
+
+    from bench.ledger import drop_pg, fresh_pg, run
+    from bourse.storage.postgres import PostgresStore
+    from bourse.storage.sqlite import SqliteStore
+
+    pg = os.environ.get("BOURSE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    rows = []
+    for c in (1, 32):
+        with tempfile.TemporaryDirectory() as d:
+            try:
+                rows.append({"store": "sqlite", "c": c, **asyncio.run(run(SqliteStore(os.path.join(d, "b.db")), n, c))})
+            except Exception as exc:  # noqa: BLE001
+                rows.append({"store": "sqlite", "c": c, "error": f"{type(exc).__name__}: {exc}"[:300]})
+
+        async def pg_run(c: int = c) -> dict[str, float]:
+            dsn = await fresh_pg(pg)
+            try:
+                return await run(PostgresStore(dsn, max_size=max(2, min(c, 20))), n, c)
+            finally:
+                await drop_pg(pg, dsn)
+
+        try:
+            rows.append({"store": "postgres", "c": c, **asyncio.run(pg_run())})
+        except Exception as exc:  # noqa: BLE001
+            rows.append({"store": "postgres", "c": c, "error": f"not run: {type(exc).__name__}: {exc}"[:300]})
+    print(json.dumps(rows))
+
+
+def scenario_f(o: Opts) -> dict[str, Any]:
+    log(f"  ledger: {o.ledger_n} hold+settle each on SQLite and PostgreSQL, c=1 and c=32")
+    p = subprocess.run(
+        pinned([sys.executable, "-m", "bench.harness", "--ledger-worker", str(o.ledger_n)], GATEWAY_CPU),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("[")]
+    if not lines:
+        raise RuntimeError(f"ledger worker failed: {p.stderr[-500:]}")
+    rows = json.loads(lines[-1])
+    for r in rows:
+        log(f"    {r['store']} c={r['c']}: " + (f"{r['settled_per_s']:.0f}/s" if "error" not in r else r["error"]))
+    return {"rows": rows}
+
+
+# --------------------------------------------------------------------------- report
+
+
+def sh(args: list[str]) -> str:
+    try:
+        p = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        return (p.stdout + p.stderr).strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable ({exc})"
+
+
+def machine() -> dict[str, str]:
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = "?"
+    with contextlib.suppress(OSError):
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 1024 / 1024:.1f} GiB"
+    os_name = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                os_name = line.split("=", 1)[1].strip('"')
+    return {
+        "nproc": str(os.cpu_count()),
+        "CPU": cpu,
+        "RAM": mem,
+        "kernel": platform.release(),
+        "OS": os_name,
+    }
+
+
+def versions(stack: Stack) -> dict[str, str]:
+    commit = sh(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
+    dirty = sh(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"])
+    v = {
+        "Python": platform.python_version(),
+        "bourse": f"{commit}{' + uncommitted changes in src/' if dirty else ''}",
+        "nginx": sh(["nginx", "-v"]).replace("nginx version: ", ""),
+        "wrk": sh(["wrk", "-v"]).splitlines()[0].split(" [")[0] if sh(["wrk", "-v"]) else "?",
+    }
+    lpy = LITELLM_VENV / "bin" / "python"
+    v["LiteLLM"] = (
+        sh([str(lpy), "-c", "import importlib.metadata as m; print(m.version('litellm'))"])
+        if lpy.exists()
+        else stack.missing.get("LiteLLM", "not installed")
+    )
+    pj = PORTKEY_SERVER.parent.parent / "package.json"
+    if pj.exists():
+        v["Portkey gateway"] = json.loads(pj.read_text())["version"] + f" (node {sh(['node', '--version'])})"
+    else:
+        v["Portkey gateway"] = stack.missing.get("Portkey", "not installed")
+    return v
+
+
+def ms(us: float) -> str:
+    return f"{us / 1000:.3f}"
+
+
+def f1(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+
+
+def write_results(path: Path, stack: Stack, res: dict[str, Any], o: Opts, started: float, checks: dict[str, str]) -> None:
+    L: list[str] = []
+    add = L.append
+    add("# Benchmark results")
+    add("")
+    add(
+        f"Written by `bash bench/run.sh` (bench/harness.py) on {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, "
+        f"run time {(time.time() - started) / 60:.1f} min. Every number below comes from this one run."
+    )
+    add("")
+    add("## Machine and versions")
+    add("")
+    add("| | |")
+    add("|---|---|")
+    for k, v in {**machine(), **stack.versions}.items():
+        add(f"| {k} | {v} |")
+    add("")
+    add("## Setup")
+    add("")
+    add(
+        f"- Pinning (`taskset`): the gateway under test on core {GATEWAY_CPU}; nginx (1 worker), wrk, the SSE "
+        f"load client and the harness on core {LOAD_CPU}. One gateway is loaded at a time."
+    )
+    add(
+        "- Upstream: nginx + echo module (`bench/nginx.conf`): a fixed `chat.completion` (16 completion tokens, "
+        "usage block) for non-streamed bodies; for `\"stream\": true`, 16 content chunks + a usage chunk + "
+        "`[DONE]`. A second port answers 50 ms late (`echo_sleep`)."
+    )
+    add(
+        "- bourse: metering on (a funded account and API key made through the admin API; every request holds "
+        "and settles on SQLite, floor $0.10/1M tokens), `log_level = \"info\"`, `openai` engine products with "
+        "100,000 slots. bourse always asks its upstream for a stream (and assembles non-streamed answers), so "
+        "its non-streamed requests relay the 16-chunk stream; the row *1-chunk upstream stream* points at "
+        "`/one/v1`, which streams the same answer as one chunk."
+    )
+    add(
+        "- LiteLLM proxy: `litellm --num_workers 1`, master key, no database (so no spend tracking), models "
+        "`openai/bench` with `api_base` at nginx, default logging. Portkey: `node build/start-server.js "
+        "--headless`, `NODE_ENV=production`, headers `x-portkey-provider: openai`, `x-portkey-custom-host`."
+    )
+    add(
+        f"- Load: wrk (1 thread, Lua POST body, `bench/wrk_post.lua`), {o.warmup:.0f} s warm-up then "
+        f"{o.seconds:.0f} s measured; SSE: `bench/sse_load.py` (keep-alive connections, raw HTTP/1.1)."
+    )
+    for n in stack.notes:
+        add(f"- {n}")
+    for peer, why in stack.missing.items():
+        add(f"- **{peer} not measured**: {why}")
+    bad = {k: v for k, v in checks.items() if v}
+    for k, v in bad.items():
+        add(f"- **sanity check failed for {k}**: {v[:300]}")
+    add("")
+
+    def name(key: str) -> str:
+        return stack.gateways[key].name if key in stack.gateways else key
+
+    # (a)
+    a = res.get("a")
+    if a is not None:
+        add("## (a) c=1, non-streamed: added latency")
+        add("")
+        add("| target | p50 ms | p99 ms | added p50 ms | added p99 ms | requests/s | errors |")
+        add("|---|---:|---:|---:|---:|---:|---:|")
+        d = a.get("direct", {})
+        for k, r in a.items():
+            if "error" in r:
+                add(f"| {name(k)} | error: {r['error']} | | | | | |")
+                continue
+            ap50 = ms(r["p50_us"] - d["p50_us"]) if "p50_us" in d and k != "direct" else "—"
+            ap99 = ms(r["p99_us"] - d["p99_us"]) if "p99_us" in d and k != "direct" else "—"
+            add(f"| {name(k)} | {ms(r['p50_us'])} | {ms(r['p99_us'])} | {ap50} | {ap99} | {f1(r['rps'])} | {r['errors']} |")
+        add("")
+    for key, title in (("b", "(b) c=64, non-streamed: throughput"), ("c", "(c) upstream 50 ms late, c=256: throughput")):
+        b = res.get(key)
+        if b is None:
+            continue
+        add(f"## {title}")
+        add("")
+        add("| target | requests/s | ratio to direct | p50 ms | p99 ms | errors |")
+        add("|---|---:|---:|---:|---:|---:|")
+        d = b.get("direct", {})
+        for k, r in b.items():
+            if "error" in r:
+                add(f"| {name(k)} | error: {r['error']} | | | | |")
+                continue
+            ratio = f"{r['rps'] / d['rps']:.3f}" if "rps" in d else "—"
+            add(f"| {name(k)} | {f1(r['rps'])} | {ratio} | {ms(r['p50_us'])} | {ms(r['p99_us'])} | {r['errors']} |")
+        if key == "b" and "bourse" in b and "litellm" in b and "rps" in b["bourse"] and "rps" in b["litellm"]:
+            add("")
+            add(f"bourse / LiteLLM requests/s: **{b['bourse']['rps'] / b['litellm']['rps']:.2f}×**")
+        add("")
+    dd = res.get("d")
+    if dd is not None:
+        add(f"## (d) streamed 16-chunk answers: TTFT (c=1) and streams/s (c={o.sse_conc})")
+        add("")
+        add(
+            "TTFT = request written → first `data:` event read. Gaps: between consecutive `data:` events as the "
+            "client reads them."
+        )
+        add("")
+        add(
+            f"| target | TTFB p50 ms (c=1) | TTFT p50 ms (c=1) | TTFT p99 ms (c=1) | added TTFT p50 ms | added TTFT p99 ms "
+            f"| streams/s (c={o.sse_conc}) | ratio to direct | TTFT p50 ms (c={o.sse_conc}) | gap p99 ms (c={o.sse_conc}) "
+            f"| data events/stream | errors |"
+        )
+        add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        d = dd.get("direct", {})
+        for k, r in dd.items():
+            if "error" in r:
+                add(f"| {name(k)} | error: {r['error']} | | | | | | | | | | |")
+                continue
+            c1, cn = r["c1"], r["cn"]
+            if "c1" in d and k != "direct":
+                a50 = f"{c1['ttft_p50_ms'] - d['c1']['ttft_p50_ms']:.3f}"
+                a99 = f"{c1['ttft_p99_ms'] - d['c1']['ttft_p99_ms']:.3f}"
+            else:
+                a50 = a99 = "—"
+            ratio = f"{cn['streams_per_s'] / d['cn']['streams_per_s']:.3f}" if "cn" in d else "—"
+            errs = {**c1["errors"], **cn["errors"]}
+            add(
+                f"| {name(k)} | {c1['ttfb_p50_ms']:.3f} | {c1['ttft_p50_ms']:.3f} | {c1['ttft_p99_ms']:.3f} | {a50} | {a99} "
+                f"| {f1(cn['streams_per_s'])} | {ratio} | {cn['ttft_p50_ms']:.3f} | {cn['gap_p99_ms']:.3f} "
+                f"| {cn['events_per_stream']} | {json.dumps(errs) if errs else 0} |"
+            )
+        if "cn" in d:
+            add("")
+            add(
+                f"The direct row is bound by the Python load client (it shares core {LOAD_CPU} with nginx): "
+                f"{f1(d['cn']['streams_per_s'])} streams/s is the ceiling this client can observe."
+            )
+        add("")
+    e = res.get("e")
+    if e is not None:
+        add(f"## (e) {o.streams:,} concurrent slow streams through bourse: memory")
+        add("")
+        add(
+            "Upstream: nginx `/slow/v1` (16 chunks, 10 s apart: 150 s a stream). The client opens the streams (at most 256 "
+            "awaiting their first chunk at once), holds them, samples `/proc/<pid>/status`, then closes them."
+        )
+        add("")
+        if "error" in e:
+            add(f"error: {e['error']}")
+        else:
+            add(
+                "| gateway | streams opened | reached first chunk | max open at once | open after hold | ramp s "
+                "| RSS before MiB | peak RSS (VmHWM) MiB | errors |"
+            )
+            add("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+            add(
+                f"| bourse | {e['streams']:,} | {e['first_chunk']:,} | {e['max_open']:,} | {e['open_after_hold']:,} "
+                f"| {e['ramp_s']:.1f} | {e['rss_before_kb'] / 1024:.0f} | {e['vmhwm_end_kb'] / 1024:.0f} "
+                f"| {json.dumps(e['errors']) if e['errors'] else 0} |"
+            )
+        add("")
+    f = res.get("f")
+    if f is not None:
+        add("## (f) the ledger alone (bench/ledger.py): hold + settle")
+        add("")
+        if "error" in f:
+            add(f"error: {f['error']}")
+        else:
+            add("| store | concurrency | settled/s | hold p50 ms | settle p50 ms | hold p99 ms | settle p99 ms |")
+            add("|---|---:|---:|---:|---:|---:|---:|")
+            for r in f["rows"]:
+                if "error" in r:
+                    add(f"| {r['store']} | {r['c']} | {r['error']} | | | | |")
+                else:
+                    add(
+                        f"| {r['store']} | {r['c']} | {f1(r['settled_per_s'])} | {r['hold_p50_ms']:.2f} "
+                        f"| {r['settle_p50_ms']:.2f} | {r['hold_p99_ms']:.2f} | {r['settle_p99_ms']:.2f} |"
+                    )
+        add("")
+    add("## Targets (issue 7)")
+    add("")
+    add("| scenario | target | measured | met |")
+    add("|---|---|---|---|")
+    for row in targets_table(res):
+        add("| " + " | ".join(row) + " |")
+    add("")
+    add("Logs of this run: `bench/.work/logs/` (not committed).")
+    path.write_text("\n".join(L) + "\n")
+
+
+def targets_table(res: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+
+    def verdict(ok: bool | None) -> str:
+        return "not measured" if ok is None else ("**met**" if ok else "**missed**")
+
+    a = res.get("a", {})
+    if "p50_us" in a.get("bourse", {}) and "p50_us" in a.get("direct", {}):
+        p50 = (a["bourse"]["p50_us"] - a["direct"]["p50_us"]) / 1000
+        p99 = (a["bourse"]["p99_us"] - a["direct"]["p99_us"]) / 1000
+        rows.append(["(a) added latency, c=1", "p50 ≤ 0.5 ms", f"{p50:.3f} ms", verdict(p50 <= 0.5)])
+        rows.append(["(a) added latency, c=1", "p99 ≤ 1.5 ms", f"{p99:.3f} ms", verdict(p99 <= 1.5)])
+    else:
+        rows.append(["(a) added latency, c=1", "p50 ≤ 0.5 ms, p99 ≤ 1.5 ms", "—", verdict(None)])
+    b = res.get("b", {})
+    if "rps" in b.get("bourse", {}):
+        r = b["bourse"]["rps"]
+        rows.append(["(b) c=64 throughput", "≥ 5,000 requests/s, metering on", f"{r:,.0f} requests/s", verdict(r >= 5000)])
+        if "rps" in b.get("litellm", {}):
+            x = r / b["litellm"]["rps"]
+            rows.append(["(b) c=64 throughput", "≥ 10× LiteLLM", f"{x:.2f}×", verdict(x >= 10)])
+        else:
+            rows.append(["(b) c=64 throughput", "≥ 10× LiteLLM", "LiteLLM not measured", verdict(None)])
+    else:
+        rows.append(["(b) c=64 throughput", "≥ 5,000 requests/s; ≥ 10× LiteLLM", "—", verdict(None)])
+    c = res.get("c", {})
+    if "rps" in c.get("bourse", {}) and "rps" in c.get("direct", {}):
+        x = c["bourse"]["rps"] / c["direct"]["rps"]
+        rows.append(["(c) 50 ms upstream, c=256", "≥ 90 % of direct", f"{x * 100:.1f} %", verdict(x >= 0.9)])
+    else:
+        rows.append(["(c) 50 ms upstream, c=256", "≥ 90 % of direct", "—", verdict(None)])
+    d = res.get("d", {})
+    if "c1" in d.get("bourse", {}) and "c1" in d.get("direct", {}):
+        add = d["bourse"]["c1"]["ttft_p50_ms"] - d["direct"]["c1"]["ttft_p50_ms"]
+        sps = d["bourse"]["cn"]["streams_per_s"]
+        rows.append(["(d) streaming", "added TTFT p50 ≤ 1 ms (c=1)", f"{add:.3f} ms", verdict(add <= 1.0)])
+        rows.append(["(d) streaming", "≥ 2,000 streams/s", f"{sps:,.0f} streams/s", verdict(sps >= 2000)])
+    else:
+        rows.append(["(d) streaming", "added TTFT p50 ≤ 1 ms; ≥ 2,000 streams/s", "—", verdict(None)])
+    e = res.get("e", {})
+    if "vmhwm_end_kb" in e:
+        mib = e["vmhwm_end_kb"] / 1024
+        full = e["max_open"] >= e["streams"]
+        rows.append(
+            [
+                "(e) 10,000 open streams",
+                "≤ 1 GiB RSS",
+                f"{mib:,.0f} MiB peak with {e['max_open']:,} open at once",
+                verdict(mib <= 1024 and full) + ("" if full else " (not all streams were open at once)"),
+            ]
+        )
+    else:
+        rows.append(["(e) 10,000 open streams", "≤ 1 GiB RSS", "—", verdict(None)])
+    sq = [r for r in res.get("f", {}).get("rows", []) if r["store"] == "sqlite" and "settled_per_s" in r]
+    if sq:
+        best = max(sq, key=lambda r: r["settled_per_s"])
+        rows.append(
+            [
+                "(f) ledger",
+                "≥ 2,000 settlements/s on SQLite",
+                f"{best['settled_per_s']:,.0f}/s (c={best['c']})",
+                verdict(best["settled_per_s"] >= 2000),
+            ]
+        )
+    else:
+        rows.append(["(f) ledger", "≥ 2,000 settlements/s on SQLite", "—", verdict(None)])
+    return rows
+
+
+# --------------------------------------------------------------------------- main
+
+
+def raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), max(hard, want)))
+        return
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short runs (smoke test of the harness)")
+    ap.add_argument("--only", default="a,b,c,d,e,f", help="scenarios to run, e.g. a,b")
+    ap.add_argument("--out", default=str(BENCH / "RESULTS.md"))
+    ap.add_argument("--ledger-worker", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.ledger_worker:
+        ledger_worker(args.ledger_worker)
+        return
+    started = time.time()
+    WORK.mkdir(parents=True, exist_ok=True)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    for old in LOGS.iterdir():
+        old.unlink()
+    raise_nofile()
+    if (os.cpu_count() or 1) >= 2:
+        os.sched_setaffinity(0, {LOAD_CPU})
+    o = (
+        Opts(seconds=3, warmup=1, sse_c1_seconds=2, sse_seconds=3, streams=1000, ramp_timeout=30, hold_s=2, ledger_n=300)
+        if args.quick
+        else Opts()
+    )
+    only = set(args.only.split(","))
+    stack = Stack()
+    res: dict[str, Any] = {}
+    checks: dict[str, str] = {}
+    with contextlib.ExitStack() as es:
+        log("starting nginx")
+        es.enter_context(nginx(stack))
+        if only & set("abcd"):
+            log("starting bourse")
+            es.enter_context(bourse(stack))
+            log("starting LiteLLM proxy")
+            es.enter_context(litellm(stack))
+            log("starting Portkey gateway")
+            es.enter_context(portkey(stack))
+        for peer, why in stack.missing.items():
+            log(f"{peer}: {why}")
+        stack.versions = versions(stack)
+        for key, gw in stack.gateways.items():
+            checks[key] = sanity(gw)
+            if checks[key]:
+                log(f"sanity check failed for {key}: {checks[key]}")
+            if key in ("bourse", "litellm", "portkey"):
+                cd = sanity(gw, "delay")
+                if cd:
+                    checks[key + " (delay)"] = cd
+                    log(f"sanity check failed for {key} (delay): {cd}")
+        if "a" in only:
+            log("(a) c=1 non-streamed")
+            res["a"] = scenario_wrk(stack, "fast", 1, o)
+        if "b" in only:
+            log("(b) c=64 non-streamed")
+            res["b"] = scenario_wrk(stack, "fast", 64, o)
+        if "c" in only:
+            log("(c) 50 ms upstream, c=256")
+            res["c"] = scenario_wrk(stack, "delay", 256, o)
+        if "d" in only:
+            log("(d) streaming")
+            res["d"] = scenario_d(stack, o)
+        if "bourse" in stack.gateways:
+            stack.notes.append(
+                f"bourse's peak RSS over scenarios (a)–(d): {vm(stack.gateways['bourse'].pid).get('VmHWM', 0) / 1024:.0f} MiB."
+            )
+        # peers are stopped before (e) and (f): the gateway core is bourse's alone
+        es.close()
+        if "e" in only:
+            log("(e) 10,000 slow streams")
+            with nginx(stack):
+                res["e"] = guarded(lambda: scenario_e(stack, o))
+        if "f" in only:
+            log("(f) ledger")
+            res["f"] = guarded(lambda: scenario_f(o))
+    (WORK / "results.json").write_text(json.dumps(res, indent=1, default=str))
+    write_results(Path(args.out), stack, res, o, started, checks)
+    log(f"wrote {args.out} in {(time.time() - started) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
