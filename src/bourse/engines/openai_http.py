@@ -15,6 +15,7 @@ The API key is sent only as a header; it never appears in a failure message.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -27,6 +28,8 @@ __all__ = ["OpenAIHTTPEngine"]
 
 _DONE = b"[DONE]"
 _MESSAGE_MAX = 300
+_MAX_SHARDS = 64
+_PER_SHARD = 64
 _TRANSIENT_CLIENT_STATUSES = frozenset({401, 403, 404, 408, 429})
 """4xx answers that say the deployment is wrong or busy, not that the request is."""
 
@@ -133,25 +136,45 @@ class OpenAIHTTPEngine:
         }
         if self._api_key:
             headers["authorization"] = f"Bearer {self._api_key}"
-        self._client = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(
-                connect=connect_timeout_s,
-                read=read_timeout_s,
-                write=read_timeout_s,
-                pool=first_byte_timeout_s,
-            ),
-            limits=httpx.Limits(
-                max_connections=max_connections,
-                max_keepalive_connections=max_connections,
-                keepalive_expiry=30.0,
-            ),
-            transport=transport,
-            trust_env=False,
-        )
+        # httpcore scans every connection of a pool when it assigns a request, so one
+        # pool of thousands of streams costs O(n) per request. The connections are
+        # spread over shards instead (a request takes the less busy of two random
+        # shards), keeping each scan short.
+        shards = 1 if transport is not None else max(1, min(_MAX_SHARDS, max_connections // _PER_SHARD))
+        per_shard = max(1, -(-max_connections // shards))
+        self._clients = [
+            httpx.AsyncClient(
+                headers=headers,
+                timeout=httpx.Timeout(
+                    connect=connect_timeout_s,
+                    read=read_timeout_s,
+                    write=read_timeout_s,
+                    pool=first_byte_timeout_s,
+                ),
+                limits=httpx.Limits(
+                    max_connections=per_shard,
+                    max_keepalive_connections=per_shard,
+                    keepalive_expiry=30.0,
+                ),
+                transport=transport,
+                trust_env=False,
+            )
+            for _ in range(shards)
+        ]
+        self._client = self._clients[0]
+        self._busy = [0] * shards
+        self._rng = random.Random()
+
+    def _shard(self) -> int:
+        n = len(self._clients)
+        if n == 1:
+            return 0
+        a, b = self._rng.randrange(n), self._rng.randrange(n)
+        return a if self._busy[a] <= self._busy[b] else b
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        for client in self._clients:
+            await client.aclose()
 
     def _scrub(self, text: str) -> str:
         text = text if len(text) <= _MESSAGE_MAX else text[: _MESSAGE_MAX - 3] + "..."
@@ -198,7 +221,9 @@ class OpenAIHTTPEngine:
             {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
         )
         url = self._chat_url if request.kind == "chat" else self._completion_url
-        http_request = self._client.build_request(
+        shard = self._shard()
+        client = self._clients[shard]
+        http_request = client.build_request(
             "POST",
             url,
             content=orjson.dumps(body),
@@ -206,12 +231,13 @@ class OpenAIHTTPEngine:
         )
         response: httpx.Response | None = None
         pieces: AsyncIterator[bytes] | None = None
+        self._busy[shard] += 1
         try:
             # Phase 1, nothing yielded: connect, status, first body bytes. All transient.
             buffer = b""
             try:
                 async with asyncio.timeout(self._first_byte_timeout_s):
-                    response = await self._client.send(http_request, stream=True)
+                    response = await client.send(http_request, stream=True)
                     if not 200 <= response.status_code < 300:
                         content = await response.aread()
                         raise self._status_failure(response.status_code, content)
@@ -303,6 +329,7 @@ class OpenAIHTTPEngine:
             if usage is not None:
                 yield _usage_event(usage)
         finally:
+            self._busy[shard] -= 1
             if pieces is not None:
                 aclose = getattr(pieces, "aclose", None)
                 if aclose is not None:
