@@ -28,6 +28,10 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # the HTTP client logs every upstream request at INFO: one line per request on
+    # the hot path; bourse reports failures itself
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         container = build(config, data_dir=data_dir, env=read_environment(), database=args.database)
     except ValueError as exc:
