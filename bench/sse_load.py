@@ -186,12 +186,14 @@ async def mode_run(target: Target, concurrency: int, duration: float, max_stream
             try:
                 if conn is None:
                     conn = await connect(target)
-                s = await asyncio.wait_for(read_stream(*conn, target), timeout=max(1.0, deadline - perf() + 30))
+                s = await asyncio.wait_for(
+                    read_stream(*conn, target), timeout=max(1.0, deadline - perf() + 30)
+                )
                 streams.append(s)
                 if not s.keep_alive:
                     conn[1].close()
                     conn = None
-            except (OSError, StreamError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as exc:
+            except (TimeoutError, OSError, StreamError, asyncio.IncompleteReadError, ValueError) as exc:
                 key = type(exc).__name__ + (f": {exc}" if str(exc) else "")
                 errors[key[:120]] = errors.get(key[:120], 0) + 1
                 if conn is not None:
@@ -264,7 +266,6 @@ async def mode_hold(
     writers: list[asyncio.StreamWriter] = []
     all_settled = asyncio.Event()
     settled = 0
-    ttft: list[float] = []
 
     def settle() -> None:
         nonlocal settled
@@ -299,7 +300,7 @@ async def mode_hold(
             finished += 1
         except asyncio.CancelledError:
             raise
-        except (OSError, StreamError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, OSError, StreamError, asyncio.IncompleteReadError, ValueError) as exc:
             key = (type(exc).__name__ + (f": {exc}" if str(exc) else ""))[:120]
             errors[key] = errors.get(key, 0) + 1
             if not got_first:
@@ -351,7 +352,6 @@ async def mode_hold(
         "rss_before_kb": before.get("VmRSS", 0),
         "rss_max_sampled_kb": max(rss) if rss else 0,
         "vmhwm_kb": end.get("VmHWM", 0),
-        "ttft_p50_ms": pct(ttft, 50),
     }
 
 
