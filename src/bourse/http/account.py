@@ -8,7 +8,7 @@ from starlette.routing import Route
 
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import micros_to_usd
-from bourse.http.deps import Services
+from bourse.http.deps import Services, page_limit
 from bourse.http.responses import JSON
 
 
@@ -59,12 +59,7 @@ def routes(services: Services) -> list[Route]:
 
     async def usage_list(request: Request) -> Response:
         p = await auth.user(request.headers.get("authorization"))
-        try:
-            limit = int(request.query_params.get("limit", "20"))
-        except ValueError:
-            raise invalid_request("limit: expected an integer", param="limit") from None
-        if not 1 <= limit <= 100:
-            raise invalid_request("limit: expected 1 to 100", param="limit")
+        limit = page_limit(request)
         rows = await store.usage_page(
             p.account_id,
             limit=limit + 1,

@@ -71,3 +71,14 @@ def parse_model(raw: bytes, model: type[M]) -> M:
         err = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in err["loc"]) or "body"
         raise invalid_request(f"{where}: {err['msg']}", param=where) from None
+
+
+def page_limit(request: Request, default: int = 20, most: int = 100) -> int:
+    """The ``limit`` query parameter of a list endpoint, checked."""
+    try:
+        limit = int(request.query_params.get("limit", str(default)))
+    except ValueError:
+        raise invalid_request("limit: expected an integer", param="limit") from None
+    if not 1 <= limit <= most:
+        raise invalid_request(f"limit: expected 1 to {most}", param="limit")
+    return limit

@@ -9,9 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bourse.domain.errors import invalid_request
 from bourse.http import idempotency
-from bourse.http.deps import Services, parse_model, read_body
+from bourse.http.deps import Services, page_limit, parse_model, read_body
 from bourse.http.responses import JSON
 
 
@@ -54,12 +53,7 @@ def routes(services: Services) -> list[Route]:
 
     async def list_jobs(request: Request) -> Response:
         p = await auth.user(request.headers.get("authorization"))
-        try:
-            limit = int(request.query_params.get("limit", "20"))
-        except ValueError:
-            raise invalid_request("limit: expected an integer", param="limit") from None
-        if not 1 <= limit <= 100:
-            raise invalid_request("limit: expected 1 to 100", param="limit")
+        limit = page_limit(request)
         return JSON(await jobs.list(p.account_id, limit, request.query_params.get("after")))
 
     async def cancel(request: Request) -> Response:
