@@ -4,7 +4,6 @@ config, a bad config refused with one clear line, and ``bourse sim-upstream``.""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,9 @@ import openai
 import pytest
 
 from tests.e2e.conftest import USER
+from tests.support.processes import free_port
 
 START_TIMEOUT_S = 20.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 DEMO_KEY = re.compile(r"API key[^:]*:\s*(\S+)")
@@ -52,7 +45,7 @@ def _process(
     A port taken between choosing and binding makes the process exit: try another."""
     last_err = ""
     for attempt in range(3):
-        port = _free_port()
+        port = free_port()
         out = (log_dir / f"{name}-{attempt}.out").open("wb")
         err_path = log_dir / f"{name}-{attempt}.err"
         err = err_path.open("wb")
@@ -140,7 +133,7 @@ def test_serve_with_bad_config_exits_with_one_line(tmp_path: Path, toml: str, ke
             "--config",
             str(bad),
             "--port",
-            str(_free_port()),
+            str(free_port()),
             "--data-dir",
             str(tmp_path / "d"),
         ],
@@ -160,7 +153,7 @@ def test_serve_with_bad_config_exits_with_one_line(tmp_path: Path, toml: str, ke
 def test_serve_with_missing_config_file_exits_with_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "nope.toml"
     proc = subprocess.run(
-        [sys.executable, "-m", "bourse", "serve", "--config", str(missing), "--port", str(_free_port())],
+        [sys.executable, "-m", "bourse", "serve", "--config", str(missing), "--port", str(free_port())],
         capture_output=True,
         timeout=30,
         stdin=subprocess.DEVNULL,

@@ -7,15 +7,10 @@ Network rule: every URL these helpers reach is on 127.0.0.1.
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -178,68 +173,3 @@ def usage_records(url: str, key: str) -> list[dict[str, Any]]:
 
 
 # -- bourse serve as a process -------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BOURSE_")}
-    env.update(extra)
-    return env
-
-
-@contextmanager
-def serve_process(
-    tmp: Path,
-    name: str,
-    config_toml: str,
-    data_dir: Path,
-    admin_key: str,
-    database: str | None = None,
-    start_timeout_s: float = 20.0,
-) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``bourse serve`` on 127.0.0.1 as a child process; (base URL, process) once /healthz
-    answers; SIGTERM (then SIGKILL) on exit if it still runs."""
-    config = tmp / f"{name}.toml"
-    config.write_text(config_toml)
-    last = ""
-    for attempt in range(3):
-        port = free_port()
-        args = [sys.executable, "-m", "bourse", "serve", "--config", str(config), "--data-dir", str(data_dir),
-                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-        if database:
-            args += ["--database", database]
-        log = tmp / f"{name}-{attempt}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=clean_env(BOURSE_ADMIN_KEY=admin_key))  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + start_timeout_s
-            up = False
-            while time.monotonic() < deadline and proc.poll() is None:
-                try:
-                    up = httpx.get(url + "/healthz", timeout=1).status_code == 200
-                except httpx.HTTPError:
-                    up = False
-                if up:
-                    break
-                time.sleep(0.05)
-            if up:
-                yield url, proc
-                return
-            last = log.read_text()
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
-    raise AssertionError(f"bourse serve did not start: {last}")

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.jobs.support import caller, chat_body, clean_env, slot_held
+from tests.e2e.jobs.support import caller, chat_body, slot_held
 from tests.support.gateway import Gateway, running_gateway
+from tests.support.processes import clean_env
 
 CONFIG = """
 [products.one]

@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.jobs.support import Jobs, chat_body, serve_process, text_body, usage_records
+from tests.e2e.jobs.support import Jobs, chat_body, text_body, usage_records
 from tests.support.databases import fresh_postgres_database
+from tests.support.processes import serve_process
 
 ADMIN_KEY = "bk_admin_jobs_recovery_test"
 CREDIT_USD = 1.0

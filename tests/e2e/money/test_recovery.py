@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from typing import Any
 import httpx
 
 from tests.e2e.money.support import USER
+from tests.support.processes import serve_process
 
 ADMIN_KEY = "bk_admin_recovery_test"
 START_TIMEOUT_S = 20.0
@@ -44,64 +44,13 @@ tokens_per_s = 5
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BOURSE_")}
-    env["BOURSE_ADMIN_KEY"] = ADMIN_KEY
-    return env
-
-
 @contextmanager
 def _serve(
     tmp: Path, name: str, data_dir: Path, database: str | None
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``bourse serve`` as a process; yields (base URL, process) once /healthz answers.
-    Stops it on exit (if it still runs)."""
-    config = tmp / "bourse.toml"
-    config.write_text(CONFIG)
-    last = ""
-    for attempt in range(3):
-        port = _free_port()
-        args = [sys.executable, "-m", "bourse", "serve", "--config", str(config), "--data-dir", str(data_dir),
-                "--port", str(port)]  # fmt: skip
-        if database:
-            args += ["--database", database]
-        log = tmp / f"{name}-{attempt}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_env()
-            )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            up = False
-            while time.monotonic() < deadline and proc.poll() is None:
-                try:
-                    up = httpx.get(url + "/healthz", timeout=1).status_code == 200
-                except httpx.HTTPError:
-                    up = False
-                if up:
-                    break
-                time.sleep(0.05)
-            if up:
-                yield url, proc
-                return
-            last = log.read_text()
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
-    raise AssertionError(f"bourse serve did not start: {last}")
+    """``bourse serve`` with this module's config; (base URL, process) once healthy."""
+    with serve_process(tmp, name, CONFIG, data_dir, ADMIN_KEY, database, START_TIMEOUT_S) as served:
+        yield served
 
 
 def _admin(url: str, method: str, path: str, **kw: Any) -> httpx.Response:
