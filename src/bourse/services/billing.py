@@ -78,16 +78,15 @@ class Billing:
 
     # -- before the book ----------------------------------------------------------
 
-    def quote(self, run: Run) -> tuple[int, int]:
-        """(tokens, micro-USD): the upper bound the hold covers."""
-        nbytes, nmsgs = prompt_bytes_and_messages(run.body)
-        tokens = quote_tokens(nbytes, nmsgs, run.max_output_tokens)
-        return tokens, -(-(tokens * price_units(run.bid)) // 1_000_000)
+    def quote(self, run: Run, prompt_bytes: int, messages: int) -> None:
+        """Set the run's quote: the upper bound (tokens, micro-USD) its hold covers."""
+        tokens = quote_tokens(prompt_bytes, messages, run.max_output_tokens)
+        run.quote_tokens = tokens
+        run.quote_micros = -(-(tokens * price_units(run.bid)) // 1_000_000)
 
     async def hold(self, run: Run, account_id: str) -> None:
-        tokens, micros = self.quote(run)
-        run.quote_tokens = tokens
-        run.quote_micros = micros
+        """Hold the run's quote (set by :meth:`quote`) on ``account_id``; 402 if it cannot."""
+        tokens, micros = run.quote_tokens, run.quote_micros
         hold_id = "hold_" + os.urandom(12).hex()
         try:
             await self.store.place_hold(

@@ -108,6 +108,8 @@ class CompletionService:
         )
         run.request_id = request_id
         market = run.market
+        self.auth.check_product(principal, run.product)
+        nbytes, nmsgs = prompt_bytes_and_messages(body)
         broken = market.broken_reason()
         if broken is not None:
             raise GatewayError(
@@ -125,7 +127,6 @@ class CompletionService:
                     param="messages" if kind == "chat" else "prompt",
                 )
         else:  # the engine enforces its own limit; refuse here only what cannot fit
-            nbytes, _ = prompt_bytes_and_messages(body)
             at_least = nbytes // 8  # no common tokenizer averages more than 8 bytes a token
             if at_least > market.context_length:
                 raise GatewayError(
@@ -135,10 +136,10 @@ class CompletionService:
                     f"{market.context_length} tokens. Shorten the prompt.",
                     param="messages" if kind == "chat" else "prompt",
                 )
-        self.auth.check_product(principal, run.product)
         run.key_id = principal.key.id
         run.limits = principal.limits
-        tokens, _ = self.billing.quote(run)
+        self.billing.quote(run, nbytes, nmsgs)
+        tokens = run.quote_tokens
         decision = await self.limiter.acquire(principal.key.id, principal.limits, tokens)
         if not decision.allowed:
             raise GatewayError(
