@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 
 from bourse.domain.book import Deployment, ProductBook
 from bourse.domain.breaker import CircuitBreaker
 from bourse.http.app import create_app
+from bourse.ports.book import BookPort
 from bourse.ports.engine import Engine
+from bourse.ports.limits import RateLimiter
 from bourse.services.accounts import AdminService, admin_key_hash, bootstrap_demo
 from bourse.services.auth import Authenticator
 from bourse.services.billing import Billing
+from bourse.services.book_local import LocalBook
 from bourse.services.completion import CompletionService, Limits
 from bourse.services.jobs import JobLimits, JobService
 from bourse.services.limits import MemoryRateLimiter
@@ -88,6 +93,8 @@ class Container:
     jobs: JobService
     engines: dict[str, Engine] = field(default_factory=dict)
     generated_admin_key: str | None = None
+    hub: Any = None
+    """The Redis hub (``bourse.cluster.hub.RedisHub``) when ``[cluster] redis_url`` is set."""
     demo_key: str | None = None
     announce: bool = True
 
@@ -105,6 +112,10 @@ class Container:
             if start is not None:
                 await start()
         await self.store.open()
+        if self.hub is not None:
+            await self.hub.start()
+        for m in self.completions.markets.values():
+            await m.book.start()
         await self.billing.start()
         resumed = await self.jobs.start()
         if resumed:
@@ -122,7 +133,9 @@ class Container:
     async def stop(self) -> None:
         await self.jobs.stop()
         for m in self.completions.markets.values():
-            m.close()
+            await m.aclose()
+        if self.hub is not None:
+            await self.hub.aclose()
         pending = list(self.completions.background)
         if pending:
             await asyncio.wait(pending, timeout=10)
@@ -141,6 +154,28 @@ def build(
 ) -> Container:
     env = env or Environment()
     data = Path(data_dir)
+    database = database or env.database or config.storage.database
+    redis_url = env.redis_url or config.cluster.redis_url
+    hub = None
+    if redis_url:
+        from bourse.cluster.hub import RedisHub
+
+        owner = "gw_" + os.urandom(8).hex()
+        hub = RedisHub(
+            redis_url, prefix=config.cluster.key_prefix, lease_s=config.cluster.lease_s, replica=owner
+        )
+        if not (database and database.startswith(("postgresql://", "postgres://"))):
+            log.warning(
+                "cluster: redis_url is set but the ledger is SQLite; replicas need one PostgreSQL database"
+            )
+
+    def make_book(product: str, deployments: list[Deployment], max_waiting: int) -> BookPort:
+        if hub is not None:
+            from bourse.cluster.redis_book import RedisBook
+
+            return RedisBook(hub, product, deployments, max_waiting=max_waiting)
+        return LocalBook(ProductBook(product, deployments, max_waiting=max_waiting))
+
     markets: dict[str, Market] = {}
     engines: dict[str, Engine] = {}
     models: dict[str, str] = {}
@@ -160,7 +195,7 @@ def build(
                     breaker=CircuitBreaker(threshold=dconf.breaker_threshold, cooldown_s=dconf.cooldown_s),
                 )
             )
-        book = ProductBook(pname, deployments, max_waiting=pconf.max_waiting)
+        book = make_book(pname, deployments, pconf.max_waiting)
         markets[pname] = Market(
             pname,
             book,
@@ -174,14 +209,19 @@ def build(
             else all(d.engine != "llamacpp" for d in pconf.deployments),
             description=pconf.description,
         )
-    store = build_store(database or env.database or config.storage.database, data)
+    store = build_store(database, data)
     admin_hash, generated = admin_key_hash(data, env.admin_key)
     auth = Authenticator(store, admin_hash)
-    billing = Billing(store)
-    limits = Limits(config.server.book_timeout_s, config.server.book_timeout_max_s)
-    service = CompletionService(
-        markets, limits, models, billing=billing, limiter=MemoryRateLimiter(), auth=auth
+    billing = Billing(
+        store, owner=hub.replica if hub is not None else None, lease_s=max(15.0, config.cluster.lease_s * 5)
     )
+    limits = Limits(config.server.book_timeout_s, config.server.book_timeout_max_s)
+    limiter: RateLimiter = MemoryRateLimiter()
+    if hub is not None:
+        from bourse.cluster.redis_limits import RedisRateLimiter
+
+        limiter = RedisRateLimiter(hub)
+    service = CompletionService(markets, limits, models, billing=billing, limiter=limiter, auth=auth)
     admin = AdminService(store, auth)
     from bourse.outbound.webhook_http import HttpWebhookSender
 
@@ -202,5 +242,5 @@ def build(
         ),
     )
     return Container(
-        config, service, auth, admin, store, billing, jobs, engines, generated_admin_key=generated
+        config, service, auth, admin, store, billing, jobs, engines, generated_admin_key=generated, hub=hub
     )

@@ -17,7 +17,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from bourse.domain.policy import KNOBS, Policy, resolve_policy
 
@@ -145,8 +153,27 @@ class JobsConfig(_Strict):
     max_active: int = Field(default=100_000, ge=1, le=10_000_000)
 
 
+class ClusterConfig(_Strict):
+    """Several replicas behind a load balancer share one book through Redis."""
+
+    redis_url: str | None = None
+    """``redis://host:port/db``: the shared book, slot leases and rate limits. Unset: in process."""
+    key_prefix: str = Field(default="bourse", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    """Prefix of every Redis key and channel (several exchanges can share one Redis)."""
+    lease_s: float = Field(default=3.0, ge=0.5, le=300)
+    """A replica that stops renewing (crash, kill -9) loses its slots and waiting orders after this."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("expected a redis://, rediss:// or unix:// URL")
+        return v
+
+
 class Config(_Strict):
     server: ServerConfig = ServerConfig()
+    cluster: ClusterConfig = ClusterConfig()
     storage: StorageConfig = StorageConfig()
     jobs: JobsConfig = JobsConfig()
     products: dict[str, ProductConfig] = Field(min_length=1)
@@ -270,6 +297,7 @@ class Environment:
     database: str | None = None
     url: str | None = None
     api_key: str | None = None
+    redis_url: str | None = None
 
 
 def read_environment(env: Mapping[str, str] | None = None) -> Environment:
@@ -279,4 +307,5 @@ def read_environment(env: Mapping[str, str] | None = None) -> Environment:
         database=env.get("BOURSE_DATABASE") or None,
         url=env.get("BOURSE_URL") or None,
         api_key=env.get("BOURSE_API_KEY") or None,
+        redis_url=env.get("BOURSE_REDIS_URL") or None,
     )

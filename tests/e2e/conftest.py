@@ -134,9 +134,18 @@ class Env:
 
 
 @contextmanager
-def start_env(kind: str, products: list[Product], server: dict[str, Any] | None = None) -> Iterator[Env]:
+def start_env(
+    kind: str,
+    products: list[Product],
+    server: dict[str, Any] | None = None,
+    cluster: dict[str, Any] | None = None,
+) -> Iterator[Env]:
+    """A served gateway with ``products`` on the ``sim`` engine or on ``openai`` in
+    front of sim upstreams; ``cluster`` (e.g. a redis_url) puts its book in Redis."""
     lines: list[str] = []
     _table(lines, "[server]", server or {})
+    if cluster:
+        _table(lines, "[cluster]", cluster)
     upstreams: dict[str, str] = {}
     with ExitStack() as stack:
         for p in products:

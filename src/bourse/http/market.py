@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from starlette.requests import Request
@@ -15,50 +16,56 @@ from bourse.http.responses import JSON
 from bourse.services.market import Market
 
 
-def _buckets(m: Market) -> list[dict[str, Any]]:
+def _buckets(bids: list[float]) -> list[dict[str, Any]]:
     """Orders waiting, by price bucket (bids rounded down to two significant digits)."""
     counts: dict[float, int] = {}
-    for o in m.book.waiting_orders():
-        if o.bid <= 0:
+    for bid in bids:
+        if bid <= 0:
             key = 0.0
         else:
-            mag = 10 ** (math.floor(math.log10(o.bid)) - 1)
-            key = round(math.floor(o.bid / mag) * mag, 10)
+            mag = 10 ** (math.floor(math.log10(bid)) - 1)
+            key = round(math.floor(bid / mag) * mag, 10)
         counts[key] = counts.get(key, 0) + 1
     return [{"price": p, "orders": n} for p, n in sorted(counts.items(), reverse=True)]
 
 
-def market_view(name: str, m: Market, *, depth: bool) -> dict[str, Any]:
-    busy = m.book.busy_slots()
-    total = m.book.total_slots()
-    now = m.now()
+async def market_view(name: str, m: Market, *, depth: bool) -> dict[str, Any]:
+    v = await m.view()
+    busy = sum(d.busy for d in v.deployments)
+    total = sum(d.slots for d in v.deployments)
     out: dict[str, Any] = {
         "object": "bourse.market",
         "product": name,
-        "level": m.level(),
-        "floor": m.book.min_floor,
+        "level": v.level,
+        "floor": m.min_floor,
         "default_bid": m.default_bid,
         "slots": {"busy": busy, "free": total - busy, "total": total},
-        "waiting": m.book.waiting,
-        "best_bid": m.book.best_bid(),
-        "admitted_total": m.admitted_total,
+        "waiting": v.waiting,
+        "best_bid": v.best_bid,
+        "admitted_total": v.admitted_total,
         "deployments": [
             {
                 "name": d.name,
                 "floor": d.floor,
                 "slots": d.slots,
                 "busy": d.busy,
-                "healthy": d.breaker.available(now),
-                "breaker": d.breaker.state,
+                "healthy": d.healthy,
+                "breaker": d.breaker,
             }
-            for d in m.book.deployments
+            for d in v.deployments
         ],
     }
     if depth:
-        out["book"] = _buckets(m)
+        now = time.time()
+        out["book"] = _buckets(v.bids)
         out["recent_clears"] = [
-            {"ago_s": round(now - c.at, 3), "price": c.price, "bid": c.bid, "deployment": c.deployment}
-            for c in reversed(m.recent)
+            {
+                "ago_s": round(max(0.0, now - c.at), 3),
+                "price": c.price,
+                "bid": c.bid,
+                "deployment": c.deployment,
+            }
+            for c in v.recent
         ]
     return out
 
@@ -80,7 +87,7 @@ def routes(services: Services) -> list[Route]:
                     "max_output_tokens": m.max_output_tokens,
                     "pricing": {
                         "unit": "USD per 1M tokens",
-                        "floor": m.book.min_floor,
+                        "floor": m.min_floor,
                         "level": m.level(),
                         "default_bid": m.default_bid,
                     },
@@ -90,14 +97,16 @@ def routes(services: Services) -> list[Route]:
         return JSON({"object": "list", "data": data})
 
     async def market_all(request: Request) -> Response:
-        return JSON({"object": "list", "data": [market_view(n, m, depth=False) for n, m in markets.items()]})
+        return JSON(
+            {"object": "list", "data": [await market_view(n, m, depth=False) for n, m in markets.items()]}
+        )
 
     async def market_one(request: Request) -> Response:
         name = request.path_params["product"]
         m = markets.get(name)
         if m is None:
             raise model_not_found(name)
-        return JSON(market_view(name, m, depth=True))
+        return JSON(await market_view(name, m, depth=True))
 
     return [
         Route("/v1/models", models, methods=["GET"]),

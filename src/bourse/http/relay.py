@@ -149,10 +149,14 @@ class RunResponse:
                 continue
             phase = run.phase
             if phase == QUEUED and run.order is not None:
-                m = run.market
-                frame = sse.comment(
-                    f"queued level={sse.fmt_price(m.level())} position={max(m.position(run.order), 0)}"
-                )
+                try:
+                    level, pos = await run.market.standing(run.order)
+                except Exception as exc:  # the shared book is unreachable: its last known view
+                    log.warning("queue position of %s: %s", run.request_id, exc)
+                    level, pos = run.market.level(), run.market.position(run.order)
+                if run.phase != QUEUED or self._sending or self._gone or self._closing:
+                    continue  # admitted (or gone) while we asked
+                frame = sse.comment(f"queued level={sse.fmt_price(level)} position={max(pos, 0)}")
             elif phase == ADMITTED:
                 frame = sse.WAITING
             elif phase == STREAMING:

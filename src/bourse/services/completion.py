@@ -152,7 +152,7 @@ class CompletionService:
         run.ratelimit_headers = decision.headers
         try:
             await self.billing.hold(run, principal.account_id)
-            run.submit()
+            await run.submit()
         except BaseException:
             await self.billing.release_unbooked(run)
             await self.limiter.finish(principal.key.id, principal.limits, tokens, 0)
@@ -195,10 +195,10 @@ class CompletionService:
         bid = _header_number(max_price_header, "X-Max-Price") if req.max_price is None else req.max_price
         if bid is None:
             bid = market.default_bid
-        if bid < market.book.min_floor:
+        if bid < market.min_floor:
             raise invalid_request(
                 f"max_price: {bid:g} USD per 1M tokens is below the lowest floor of '{req.model}' "
-                f"({market.book.min_floor:g}); no deployment would ever admit this order.",
+                f"({market.min_floor:g}); no deployment would ever admit this order.",
                 param="max_price",
             )
         timeout = _header_number(timeout_header, "X-Book-Timeout") if req.timeout is None else req.timeout
@@ -311,12 +311,12 @@ class Run:
         if self.kind == "completion" and self.request_id.startswith("chatcmpl-"):
             self.request_id = new_request_id("completion")
 
-    def submit(self) -> None:
+    async def submit(self) -> None:
         """Rest the order in the book (may admit at once); 503 if the book is full."""
         m = self.market
         self.order = order = m.new_order(self.request_id, self.bid)
         self._deadline = order.arrived_at + self.timeout_s
-        self._fut = m.submit(order)
+        self._fut = await m.submit(order)
         self.phase = QUEUED
         self.service.running.add(self)
 
@@ -377,7 +377,7 @@ class Run:
                     self._engine_iter = None
                     if self.phase != STREAMING and failure.transient:
                         if order.requeues < max_requeues:
-                            fut = self._fut = m.requeue(order, adm)
+                            fut = self._fut = await m.requeue(order, adm)
                             self.admission = None
                             yield Requeued(adm.deployment)
                             continue

@@ -140,7 +140,7 @@ class JobService:
             await run.abandon()
             raise
         self._start(job, run)
-        return self.view(job)
+        return await self.view(job)
 
     def _start(self, job: Job, run: Run) -> None:
         act = Active(job, run, agg=Aggregator(run.kind, run.market.policy.reasoning_field))
@@ -208,7 +208,7 @@ class JobService:
 
     # -- read and cancel -------------------------------------------------------------
 
-    def view(self, job: Job) -> dict[str, Any]:
+    async def view(self, job: Job) -> dict[str, Any]:
         act = self.active.get(job.id)
         status = job.status
         out: dict[str, Any] = {
@@ -231,9 +231,8 @@ class JobService:
                 out["progress"] = {"tokens": run.tokens, "max_tokens": run.max_output_tokens}
             else:
                 out["status"] = "queued"
-                m = run.market
-                pos = m.position(run.order) if run.order is not None else -1
-                out["queue"] = {"position": max(pos, 0), "bid": run.bid, "level": m.level(),
+                level, pos = await run.market.standing(run.order)
+                out["queue"] = {"position": max(pos, 0), "bid": run.bid, "level": level,
                                 "requeues": run.order.requeues if run.order else 0}  # fmt: skip
         if job.result is not None:
             out["result"] = job.result
@@ -245,13 +244,13 @@ class JobService:
         job = await self.store.job(job_id, account_id)
         if job is None:
             raise GatewayError(404, "not_found", f"No job '{job_id}' for this account.")
-        return self.view(job)
+        return await self.view(job)
 
     async def list(self, account_id: str, limit: int, after: str | None) -> dict[str, Any]:
         rows = await self.store.jobs_page(account_id, limit=limit + 1, after=after)
         page = rows[:limit]
         more = len(rows) > limit
-        return {"object": "list", "data": [self.view(j) for j in page], "has_more": more,
+        return {"object": "list", "data": [await self.view(j) for j in page], "has_more": more,
                 "next_after": page[-1].id if more and page else None}  # fmt: skip
 
     async def cancel(self, job_id: str, account_id: str) -> dict[str, Any]:
@@ -335,7 +334,7 @@ class JobService:
         if job is None or not job.webhook_url or job.webhook_state != "pending":
             return
         secret = await self.store.webhook_secret(job.account_id) or ""
-        body = orjson.dumps(self.view(job))
+        body = orjson.dumps(await self.view(job))
         for attempt in range(self.limits.webhook_attempts):
             try:
                 await check_target(

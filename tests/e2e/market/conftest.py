@@ -3,9 +3,12 @@ product, so the tests do not share a book."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+
+from tests.support.databases import require_redis
 
 from tests.e2e.conftest import Dep, Env, Product, start_env
 
@@ -38,7 +41,12 @@ PRODUCTS = [
 ]
 
 
-@pytest.fixture(scope="package")
-def env() -> Iterator[Env]:
-    with start_env("sim", PRODUCTS, server={"quiet_interval_s": QUIET_S}) as e:
+@pytest.fixture(scope="package", params=["local", pytest.param("redis", marks=pytest.mark.redis)])
+def env(request: pytest.FixtureRequest) -> Iterator[Env]:
+    """The gateway with its book in process, then with its book in Redis: every
+    market test runs over both adapters of the book port."""
+    cluster = None
+    if request.param == "redis":
+        cluster = {"redis_url": require_redis(), "key_prefix": "t" + os.urandom(6).hex()}
+    with start_env("sim", PRODUCTS, server={"quiet_interval_s": QUIET_S}, cluster=cluster) as e:
         yield e

@@ -1,0 +1,1 @@
+"""Adapters that let several gateway replicas act as one exchange, over Redis."""

@@ -1,0 +1,176 @@
+"""This replica's link to Redis: the connection pool, the scripts, the admission
+channel and the heartbeat.
+
+- Every replica has an id and subscribes to ``{prefix}:admit:{id}``; the book's
+  scripts publish there the moment one of its orders gets a slot, so a waiter
+  learns of its admission at once, not on a timer.
+- A heartbeat every ``lease_s / 3`` renews this replica's entry in
+  ``{prefix}:replicas`` and the leases of every order it waits on or holds, and
+  reconciles its books (an admission whose message was lost is picked up there).
+  A replica that stops beating (kill -9) loses its slots and waiting orders once
+  the lease lapses; the next clear by any replica gives them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from bourse.cluster import scripts
+
+log = logging.getLogger("bourse.cluster")
+
+
+class ReplicaBook(Protocol):
+    product: str
+
+    def on_admitted(self, order_id: str, deployment: str, price: str, level: str) -> None: ...
+
+    async def heartbeat(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class RedisHub:
+    """One per process: shared by the books and the rate limiter."""
+
+    def __init__(self, url: str, *, prefix: str = "bourse", lease_s: float = 3.0, replica: str | None = None):
+        self.url = url
+        self.prefix = prefix
+        self.lease_s = lease_s
+        self.lease_ms = int(lease_s * 1000)
+        self.replica = replica or "r" + os.urandom(6).hex()
+        self.channel_prefix = f"{prefix}:admit:"
+        self.redis: aioredis.Redis = aioredis.from_url(
+            url, decode_responses=True, health_check_interval=30, max_connections=512
+        )
+        self._books: dict[str, ReplicaBook] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._subscribed = asyncio.Event()
+        self.script: dict[str, AsyncScript] = {}
+        self.heartbeats = 0
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def register(self, book: ReplicaBook) -> None:
+        self._books[book.product] = book
+
+    async def start(self) -> None:
+        """Connect (fail loudly if Redis is unreachable), subscribe, start the heartbeat."""
+        try:
+            await self.redis.ping()
+        except Exception as exc:
+            raise RuntimeError(f"cannot reach Redis at {_safe_url(self.url)}: {exc}") from exc
+        for name, source in scripts.ALL.items():
+            self.script[name] = self.redis.register_script(source)
+        await self.beat_replica()
+        self._tasks.append(asyncio.create_task(self._listen(), name="bourse-redis-admissions"))
+        await asyncio.wait_for(self._subscribed.wait(), timeout=10)
+        self._tasks.append(asyncio.create_task(self._heartbeat(), name="bourse-redis-heartbeat"))
+        log.info("cluster: replica %s on %s (lease %.1f s)", self.replica, _safe_url(self.url), self.lease_s)
+
+    async def beat_replica(self) -> None:
+        now_ms = await self._now_ms()
+        key = self.key("replicas")
+        await self.redis.zadd(key, {self.replica: now_ms + self.lease_ms})
+        await self.redis.zremrangebyscore(key, "-inf", now_ms - 60_000)
+
+    async def _now_ms(self) -> int:
+        sec, usec = await self.redis.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    async def _listen(self) -> None:
+        channel = self.channel_prefix + self.replica
+        backoff = 0.05
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel)
+                self._subscribed.set()
+                backoff = 0.05
+                books = self._books
+                while True:
+                    msg = await pubsub.get_message(timeout=None)
+                    if msg is None or msg.get("type") != "message":
+                        continue
+                    product, oid, dep, price, level = str(msg["data"]).split("|", 4)
+                    book = books.get(product)
+                    if book is not None:
+                        book.on_admitted(oid, dep, price, level)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # the heartbeat reconciles admissions published while we were away
+                log.warning("cluster: admission channel lost (%s); reconnecting", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+            finally:
+                try:
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                except Exception:
+                    pass
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                await self.beat_replica()
+                for book in list(self._books.values()):
+                    await book.heartbeat()
+                self.heartbeats += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("cluster: heartbeat failed")
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run a fire-and-forget Redis call (a release) and log its failure."""
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("cluster: background call failed: %s", task.exception())
+
+    async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return await self.script[name](keys=keys, args=args)
+
+    async def aclose(self) -> None:
+        for book in list(self._books.values()):
+            try:
+                await book.aclose()
+            except Exception:
+                log.exception("cluster: closing the book of %s", book.product)
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=5)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        try:
+            await self.redis.zrem(self.key("replicas"), self.replica)
+        except Exception:
+            pass
+        await self.redis.aclose()
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password (never logged)."""
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url

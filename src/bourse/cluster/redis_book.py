@@ -1,0 +1,303 @@
+"""The Redis adapter of the book port: one book per product shared by every replica.
+
+Admission runs in Lua (:mod:`bourse.cluster.scripts`), so across replicas no slot
+is given twice and no better order is passed over. This replica keeps only what
+its own clients wait on: the future of each of its waiting orders and the
+admissions it holds. An admission reaches the waiter through the hub's channel
+(or, if that message was lost, through the next heartbeat).
+
+Circuit breakers stay per replica; when one opens it publishes "cooling until" for
+its deployment, which every replica's clears respect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+
+from bourse.cluster.hub import RedisHub
+from bourse.cluster.scripts import BOOK_KEYS
+from bourse.domain.book import Admission, BookFull, Deployment, Order
+from bourse.ports.book import BookView, Clear, DeploymentView
+
+log = logging.getLogger("bourse.cluster")
+
+VIEW_BIDS = 10_000
+"""The market view lists at most this many waiting bids (the best ones)."""
+
+
+class RedisBook:
+    """One product's share of the cluster book, as seen from this replica."""
+
+    def __init__(
+        self, hub: RedisHub, product: str, deployments: list[Deployment], *, max_waiting: int
+    ) -> None:
+        if not deployments:
+            raise ValueError(f"product {product!r} has no deployment")
+        self.hub = hub
+        self.product = product
+        self.deployments = deployments
+        self.min_floor = min(d.floor for d in deployments)
+        self.max_waiting = max_waiting
+        tag = f"{{{hub.prefix}:{product}}}"
+        self._keys = [f"{tag}:{k}" for k in BOOK_KEYS]
+        self._head = [
+            orjson.dumps([[d.name, repr(float(d.floor)), d.slots] for d in deployments]).decode(),
+            hub.lease_ms,
+            hub.channel_prefix,
+            product,
+        ]
+        self._breakers = {d.name: d.breaker for d in deployments}
+        self._waiting: dict[str, tuple[Order, asyncio.Future[Admission]]] = {}
+        self._held: dict[str, Admission] = {}
+        self._pos: dict[str, int] = {}
+        self._level = self.min_floor
+        self._cooling_sent: dict[str, float] = {}
+
+    @staticmethod
+    def now() -> float:
+        return asyncio.get_running_loop().time()
+
+    async def _call(self, script: str, *args: Any) -> Any:
+        return await self.hub.call(script, self._keys, [*self._head, *args])
+
+    # -- orders ---------------------------------------------------------------------
+
+    def new_order(self, order_id: str, bid: float) -> Order:
+        # seq is the cluster's arrival number, given by the submit script
+        return Order(id=order_id, bid=bid, seq=0, arrived_at=self.now())
+
+    async def submit(self, order: Order) -> asyncio.Future[Admission]:
+        fut: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
+        await self._submit(order, fut)
+        return fut
+
+    async def _submit(self, order: Order, fut: asyncio.Future[Admission], cool_until_ms: int = 0) -> None:
+        oid = order.id
+        self._waiting[oid] = (order, fut)  # before the call: the admission may be published first
+        try:
+            res = await self._call(
+                "SUBMIT",
+                oid,
+                repr(float(order.bid)),
+                order.seq,
+                order.avoid or "",
+                self.hub.replica,
+                self.max_waiting,
+                cool_until_ms,
+            )
+        except BaseException:
+            self._waiting.pop(oid, None)
+            raise
+        if res[0] == "full":
+            self._waiting.pop(oid, None)
+            raise BookFull(self.product)
+        order.seq = int(res[1])
+        if order.requeues == 0:
+            order.position_at_entry = int(res[2])
+        self._level = float(res[5])
+        if res[3]:
+            self._admitted(oid, res[3])
+        else:
+            self._pos[oid] = int(res[4])
+
+    def on_admitted(self, order_id: str, deployment: str, price: str, level: str) -> None:
+        """The channel says ``order_id`` got a slot."""
+        self._grant(order_id, deployment, float(price), float(level))
+
+    def _admitted(self, oid: str, held: str) -> None:
+        dep, _replica, price, level = held.split("|", 3)
+        self._grant(oid, dep, float(price), float(level))
+
+    def _grant(self, oid: str, dep: str, price: float, level: float) -> None:
+        self._pos.pop(oid, None)
+        entry = self._waiting.pop(oid, None)
+        if entry is None:
+            if oid not in self._held:
+                # nobody waits for it any more (client left at this instant)
+                self.hub.spawn(self._release(oid, 0))
+            return
+        order, fut = entry
+        adm = Admission(order, dep, price, level)
+        self._held[oid] = adm
+        self._level = level
+        if fut.done():
+            self._held.pop(oid, None)
+            self.hub.spawn(self._release(oid, 0))
+            return
+        br = self._breakers.get(dep)
+        if br is not None:
+            br.on_admit(self.now())
+        fut.set_result(adm)
+
+    async def wait(self, order: Order, fut: asyncio.Future[Admission], deadline: float) -> Admission:
+        if fut.done():
+            return fut.result()
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await asyncio.shield(fut)
+        except TimeoutError:
+            self._waiting.pop(order.id, None)
+            self._pos.pop(order.id, None)
+            if fut.done() and not fut.cancelled():
+                return fut.result()
+            res = await self._call("REMOVE", order.id)
+            if res[0] == "held":  # admitted at the deadline
+                dep, _r, price, level = res[1].split("|", 3)
+                adm = Admission(order, dep, float(price), float(level))
+                self._held[order.id] = adm
+                return adm
+            raise
+        except asyncio.CancelledError:
+            self.withdraw(order, fut)
+            raise
+
+    def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None:
+        oid = order.id
+        self._pos.pop(oid, None)
+        if self._waiting.pop(oid, None) is not None:
+            if fut.done() and not fut.cancelled():
+                self.release(fut.result())
+            else:
+                self.hub.spawn(self._withdraw(oid))
+        elif oid in self._held:
+            self.release(self._held[oid])
+
+    async def _withdraw(self, oid: str) -> None:
+        res = await self._call("REMOVE", oid)
+        if res[0] == "held":
+            await self._release(oid, 0)
+
+    def release(self, admission: Admission) -> None:
+        oid = admission.order.id
+        self._held.pop(oid, None)
+        br = self._breakers.get(admission.deployment)
+        if br is not None:
+            br.trial_running = False
+        self.hub.spawn(self._release(oid, 0))
+
+    async def _release(self, oid: str, cool_until_ms: int) -> None:
+        await self._call("RELEASE", oid, cool_until_ms)
+
+    async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
+        dep = admission.deployment
+        self._held.pop(order.id, None)
+        cool_until = self._record_failure(dep)
+        order.avoid = dep
+        order.requeues += 1
+        fut: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
+        await self._submit(order, fut, cool_until)  # gives the slot back in the same step
+        return fut
+
+    # -- breakers -------------------------------------------------------------------
+
+    def _record_failure(self, dep: str) -> int:
+        """Record a failure on the local breaker; the cooling end (ms, wall clock) to share, or 0."""
+        br = self._breakers[dep]
+        now = self.now()
+        br.record_failure(now)
+        if br.available(now):
+            return 0
+        return int((time.time() + (br.open_until - now)) * 1000)
+
+    def report_failure(self, deployment: str) -> None:
+        until = self._record_failure(deployment)
+        if until:
+            self.hub.spawn(self._call("COOL", deployment, until))
+
+    def report_success(self, deployment: str) -> None:
+        br = self._breakers.get(deployment)
+        if br is None:
+            return
+        was_open = br.failures >= br.threshold
+        br.record_success()
+        if was_open:
+            self.hub.spawn(self._call("COOL", deployment, 0))
+
+    # -- views ----------------------------------------------------------------------
+
+    def level(self) -> float:
+        return self._level
+
+    def position(self, order: Order) -> int:
+        return self._pos.get(order.id, -1)
+
+    async def standing(self, order: Order | None) -> tuple[float, int]:
+        member = "" if order is None or order.id not in self._waiting else f"{order.seq:016d}:{order.id}"
+        res = await self._call("STANDING", member)
+        self._level = level = float(res[0])
+        pos = int(res[1])
+        if order is not None and pos >= 0:
+            self._pos[order.id] = pos
+        return level, pos
+
+    def healthy(self) -> bool:
+        now = self.now()
+        return any(b.available(now) for b in self._breakers.values())
+
+    async def view(self) -> BookView:
+        res = await self._call("VIEW", VIEW_BIDS)
+        level, waiting, admitted, busy, cool, bids, recent, now_ms = res
+        self._level = float(level)
+        deps = []
+        for d, b, c in zip(self.deployments, busy, cool, strict=True):
+            cooling = float(c) > 0
+            deps.append(
+                DeploymentView(d.name, d.floor, d.slots, int(b), not cooling, "open" if cooling else "closed")
+            )
+        clears = []
+        for r in recent:
+            at, price, bid, dep = r.split("|", 3)
+            clears.append(
+                Clear(
+                    float(at) / 1000.0 + (time.time() - float(now_ms) / 1000.0), float(price), float(bid), dep
+                )
+            )
+        return BookView(
+            level=float(level),
+            waiting=int(waiting),
+            best_bid=float(bids[0]) if bids else None,
+            admitted_total=int(admitted),
+            deployments=deps,
+            bids=[float(b) for b in bids],
+            recent=clears,
+        )
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def heartbeat(self) -> None:
+        """Renew the leases of this replica's orders and slots; pick up lost admissions."""
+        waiting = list(self._waiting)
+        held = list(self._held)
+        res = await self._call("HEARTBEAT", *waiting, *held)
+        self._level = float(res[0])
+        for oid, st in zip(waiting, res[2 : 2 + len(waiting)], strict=True):
+            if oid not in self._waiting:
+                continue
+            if st[0] == "w":
+                self._pos[oid] = int(st[1:])
+            elif st[0] == "h":
+                self._admitted(oid, st[1:])
+            else:  # our lease lapsed (this process stalled): rest it again, same arrival
+                order, fut = self._waiting[oid]
+                log.warning("cluster: order %s fell out of the book; resubmitting it", oid)
+                self.hub.spawn(self._submit(order, fut))
+        for oid, st in zip(held, res[2 + len(waiting) :], strict=True):
+            if st == "g" and oid in self._held:
+                log.warning("cluster: the slot lease of %s lapsed while it ran", oid)
+
+    async def start(self) -> None:
+        self.hub.register(self)
+
+    async def aclose(self) -> None:
+        """Give back what this replica holds (a graceful stop; a crash relies on the leases)."""
+        for oid in list(self._waiting):
+            await self._call("REMOVE", oid)
+        for oid in list(self._held):
+            await self._release(oid, 0)
+        self._waiting.clear()
+        self._held.clear()

@@ -1,0 +1,78 @@
+"""The Redis adapter of the rate-limit port: per-key buckets and stream counts
+shared by every replica.
+
+The token buckets are those of :mod:`bourse.domain.ratelimit`, kept in a Redis
+hash and updated by one Lua script, so a key's requests/min and tokens/min hold
+across replicas. Concurrent streams are counted per replica; a replica whose lease
+lapsed (it died) no longer counts, so a crash cannot lock a key out.
+"""
+
+from __future__ import annotations
+
+from bourse.cluster.hub import RedisHub
+from bourse.ports.limits import Decision, KeyLimits
+
+
+class RedisRateLimiter:
+    def __init__(self, hub: RedisHub) -> None:
+        self.hub = hub
+
+    def _keys(self, key_id: str) -> tuple[str, str]:
+        tag = f"{{{self.hub.prefix}:rl:{key_id}}}"
+        return f"{tag}:b", f"{tag}:s"
+
+    async def acquire(self, key_id: str, limits: KeyLimits, tokens: int) -> Decision:
+        b, s = self._keys(key_id)
+        rpm = -1 if limits.rpm is None else limits.rpm
+        tpm = -1 if limits.tpm is None else limits.tpm
+        res = await self.hub.call(
+            "RATE_ACQUIRE",
+            [b, s, self.hub.key("replicas")],
+            [
+                rpm,
+                tpm,
+                -1 if limits.max_streams is None else limits.max_streams,
+                tokens,
+                self.hub.replica,
+                61_000,
+            ],
+        )
+        allowed = int(res[0]) == 1
+        headers: dict[str, str] = {}
+        if limits.rpm is not None:
+            headers["x-ratelimit-limit-requests"] = str(limits.rpm)
+        if limits.tpm is not None:
+            headers["x-ratelimit-limit-tokens"] = str(limits.tpm)
+        if not allowed:
+            what, wait = res[1], float(res[2])
+            if what == "streams":
+                return Decision(
+                    False,
+                    f"this key already has {res[3]} requests in flight (limit {limits.max_streams})",
+                    1.0,
+                    {"x-ratelimit-limit-streams": str(limits.max_streams)},
+                )
+            if what == "requests":
+                headers["x-ratelimit-remaining-requests"] = "0"
+                headers["x-ratelimit-reset-requests"] = f"{wait:.3f}s"
+                return Decision(False, f"over {limits.rpm} requests per minute", wait, headers)
+            headers["x-ratelimit-remaining-tokens"] = str(int(float(res[3])))
+            headers["x-ratelimit-reset-tokens"] = f"{wait:.3f}s"
+            return Decision(False, f"over {limits.tpm} tokens per minute", wait, headers)
+        rq, tk = float(res[2]), float(res[3])
+        if limits.rpm is not None:
+            headers["x-ratelimit-remaining-requests"] = str(int(rq))
+            headers["x-ratelimit-reset-requests"] = f"{(limits.rpm - rq) * 60.0 / limits.rpm:.3f}s"
+        if limits.tpm is not None:
+            headers["x-ratelimit-remaining-tokens"] = str(max(0, int(tk)))
+            headers["x-ratelimit-reset-tokens"] = f"{(limits.tpm - tk) * 60.0 / limits.tpm:.3f}s"
+        return Decision(True, headers=headers)
+
+    async def finish(self, key_id: str, limits: KeyLimits, reserved_tokens: int, used_tokens: int) -> None:
+        b, s = self._keys(key_id)
+        back = 0
+        if limits.tpm is not None:
+            back = max(0, min(reserved_tokens, limits.tpm) - used_tokens)
+        await self.hub.call(
+            "RATE_FINISH", [b, s], [-1 if limits.tpm is None else limits.tpm, back, self.hub.replica]
+        )

@@ -1,0 +1,99 @@
+"""The book port: where one product's orders wait and its slots are given out.
+
+Two adapters implement it:
+
+- :class:`bourse.services.book_local.LocalBook` — the in-process book of one gateway
+  (the embedded default);
+- :class:`bourse.cluster.redis_book.RedisBook` — one book shared by every replica
+  through Redis (``[cluster] redis_url``).
+
+The contract (``tests/contract/test_book.py`` runs it over both):
+
+- :meth:`submit` rests an order (ranked by bid, then arrival) and clears the book;
+  the returned future is already done when the order was admitted at once.
+  :class:`~bourse.domain.book.BookFull` when the book holds its maximum.
+- :meth:`wait` awaits the admission until ``deadline`` (loop time), then raises
+  :class:`TimeoutError` with the order taken out of the book.
+- Every slot given is given back exactly once: :meth:`release`, :meth:`requeue`,
+  or :meth:`withdraw` (client gone; gives back a slot granted at that instant).
+- :meth:`level` and :meth:`position` are cheap and may be a second stale;
+  :meth:`standing` (progress frames) and :meth:`view` (market views) are exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from bourse.domain.book import Admission, Order
+
+
+@dataclass(slots=True)
+class DeploymentView:
+    name: str
+    floor: float
+    slots: int
+    busy: int
+    healthy: bool
+    breaker: str
+
+
+@dataclass(slots=True)
+class Clear:
+    """A record of one admission, for the market view."""
+
+    at: float
+    """Wall-clock seconds (time.time())."""
+    price: float
+    bid: float
+    deployment: str
+
+
+@dataclass(slots=True)
+class BookView:
+    level: float
+    waiting: int
+    best_bid: float | None
+    admitted_total: int
+    deployments: list[DeploymentView]
+    bids: list[float] = field(default_factory=list)
+    """The waiting bids, best first (capped by the adapter)."""
+    recent: list[Clear] = field(default_factory=list)
+    """The last admissions, newest first."""
+
+
+class BookPort(Protocol):
+    product: str
+    min_floor: float
+    max_waiting: int
+
+    def new_order(self, order_id: str, bid: float) -> Order: ...
+
+    async def submit(self, order: Order) -> asyncio.Future[Admission]: ...
+
+    async def wait(self, order: Order, fut: asyncio.Future[Admission], deadline: float) -> Admission: ...
+
+    def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None: ...
+
+    def release(self, admission: Admission) -> None: ...
+
+    async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]: ...
+
+    def report_success(self, deployment: str) -> None: ...
+
+    def report_failure(self, deployment: str) -> None: ...
+
+    def level(self) -> float: ...
+
+    def position(self, order: Order) -> int: ...
+
+    async def standing(self, order: Order | None) -> tuple[float, int]: ...
+
+    def healthy(self) -> bool: ...
+
+    async def view(self) -> BookView: ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,149 @@
+"""The in-process adapter of the book port: a :class:`~bourse.domain.book.ProductBook`
+with the waiters' futures and a wake-up timer for cooling deployments.
+
+Everything runs on the event loop, so each clear is atomic without locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+from bourse.domain.book import Admission, Order, ProductBook
+from bourse.ports.book import BookView, Clear, DeploymentView
+
+
+class LocalBook:
+    """One product's book in this process."""
+
+    def __init__(self, book: ProductBook) -> None:
+        self.book = book
+        self.product = book.product
+        self.min_floor = book.min_floor
+        self.max_waiting = book.max_waiting
+        self._futures: dict[Order, asyncio.Future[Admission]] = {}
+        self._wakeup: asyncio.TimerHandle | None = None
+        self.recent: deque[Clear] = deque(maxlen=32)
+        self.admitted_total = 0
+
+    @staticmethod
+    def now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def new_order(self, order_id: str, bid: float) -> Order:
+        return Order(id=order_id, bid=bid, seq=self.book.next_seq(), arrived_at=self.now())
+
+    async def submit(self, order: Order) -> asyncio.Future[Admission]:
+        return self.submit_now(order)
+
+    def submit_now(self, order: Order) -> asyncio.Future[Admission]:
+        fut: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
+        pos = self.book.add(order)  # BookFull propagates
+        if order.requeues == 0:
+            order.position_at_entry = pos
+        self._futures[order] = fut
+        self._dispatch()
+        return fut
+
+    async def wait(self, order: Order, fut: asyncio.Future[Admission], deadline: float) -> Admission:
+        if fut.done():
+            return fut.result()
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await fut
+        except TimeoutError:
+            self._futures.pop(order, None)
+            if self.book.remove(order):
+                self._dispatch()
+                raise
+            if fut.done() and not fut.cancelled():  # admitted at the deadline
+                return fut.result()
+            raise
+        except asyncio.CancelledError:
+            self.withdraw(order, fut)
+            raise
+
+    def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None:
+        self._futures.pop(order, None)
+        if self.book.remove(order):
+            self._dispatch()
+        elif fut.done() and not fut.cancelled():
+            self.release(fut.result())
+
+    def release(self, admission: Admission) -> None:
+        self.book.release(admission.deployment)
+        self._dispatch()
+
+    async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
+        self.book.report_failure(admission.deployment, self.now())
+        self.book.release(admission.deployment)
+        order.avoid = admission.deployment
+        order.requeues += 1
+        return self.submit_now(order)
+
+    def report_success(self, deployment: str) -> None:
+        self.book.report_success(deployment)
+
+    def report_failure(self, deployment: str) -> None:
+        self.book.report_failure(deployment, self.now())
+
+    def _dispatch(self) -> None:
+        now = self.now()
+        again = True
+        while again:
+            again = False
+            for adm in self.book.dispatch(now):
+                fut = self._futures.pop(adm.order, None)
+                if fut is None or fut.done():
+                    # the waiter is gone (cancelled at this instant): the slot goes back
+                    self.book.release(adm.deployment)
+                    again = True
+                    continue
+                fut.set_result(adm)
+                self.admitted_total += 1
+                self.recent.append(Clear(time.time(), adm.price, adm.order.bid, adm.deployment))
+        if self.book.waiting and self._wakeup is None:
+            at = self.book.next_recovery(now)
+            if at is not None:
+                self._wakeup = asyncio.get_running_loop().call_at(at + 0.001, self._on_wakeup)
+
+    def _on_wakeup(self) -> None:
+        self._wakeup = None
+        self._dispatch()
+
+    def level(self) -> float:
+        return self.book.level(self.now())
+
+    def position(self, order: Order) -> int:
+        return self.book.position(order)
+
+    async def standing(self, order: Order | None) -> tuple[float, int]:
+        return self.level(), -1 if order is None else self.book.position(order)
+
+    def healthy(self) -> bool:
+        return self.book.healthy(self.now())
+
+    async def view(self) -> BookView:
+        now = self.now()
+        b = self.book
+        return BookView(
+            level=b.level(now),
+            waiting=b.waiting,
+            best_bid=b.best_bid(),
+            admitted_total=self.admitted_total,
+            deployments=[
+                DeploymentView(d.name, d.floor, d.slots, d.busy, d.breaker.available(now), d.breaker.state)
+                for d in b.deployments
+            ],
+            bids=[o.bid for o in b.waiting_orders()],
+            recent=list(reversed(self.recent)),
+        )
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+            self._wakeup = None
