@@ -8,9 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.databases import require_redis
-
 from tests.e2e.conftest import Dep, Env, Product, start_env
+from tests.support.databases import require_redis
 
 QUIET_S = 0.1
 
