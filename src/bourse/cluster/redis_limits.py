@@ -4,7 +4,8 @@ shared by every replica.
 The token buckets are those of :mod:`bourse.domain.ratelimit`, kept in a Redis
 hash and updated by one Lua script, so a key's requests/min and tokens/min hold
 across replicas. Concurrent streams are counted per replica; a replica whose lease
-lapsed (it died) no longer counts, so a crash cannot lock a key out.
+lapsed (it died) no longer counts, so a crash cannot lock a key out. A key with
+no limit at all costs no round trip (limits set later count streams opened after).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class RedisRateLimiter:
         return f"{tag}:b", f"{tag}:s"
 
     async def acquire(self, key_id: str, limits: KeyLimits, tokens: int) -> Decision:
+        if limits.rpm is None and limits.tpm is None and limits.max_streams is None:
+            return Decision(True)  # nothing to count: no round trip
         b, s = self._keys(key_id)
         rpm = -1 if limits.rpm is None else limits.rpm
         tpm = -1 if limits.tpm is None else limits.tpm
@@ -69,6 +72,8 @@ class RedisRateLimiter:
         return Decision(True, headers=headers)
 
     async def finish(self, key_id: str, limits: KeyLimits, reserved_tokens: int, used_tokens: int) -> None:
+        if limits.rpm is None and limits.tpm is None and limits.max_streams is None:
+            return
         b, s = self._keys(key_id)
         back = 0
         if limits.tpm is not None:

@@ -192,11 +192,19 @@ class SimEngine:
     def __init__(self, settings: SimSettings, model_name: str = "sim") -> None:
         self.settings = settings
         self.model_name = model_name
-        self.stats: dict[str, int] = {"started": 0, "completed": 0, "cancelled": 0}
+        self.stats: dict[str, int] = {
+            "started": 0,
+            "completed": 0,
+            "cancelled": 0,
+            "running": 0,
+            "peak_running": 0,
+        }
 
     def reset_stats(self) -> None:
         for key in self.stats:
-            self.stats[key] = 0
+            if key != "running":
+                self.stats[key] = 0
+        self.stats["peak_running"] = self.stats["running"]
 
     async def aclose(self) -> None:
         return None
@@ -204,6 +212,9 @@ class SimEngine:
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         stats = self.stats
         stats["started"] += 1
+        stats["running"] += 1
+        if stats["running"] > stats["peak_running"]:
+            stats["peak_running"] = stats["running"]
         finished = False
         try:
             body = request.body
@@ -292,5 +303,6 @@ class SimEngine:
                 stats["cancelled"] += 1
             raise
         finally:
+            stats["running"] -= 1
             if finished:
                 stats["completed"] += 1

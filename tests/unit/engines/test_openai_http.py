@@ -193,7 +193,7 @@ async def test_closing_the_generator_closes_the_upstream(upstream: str) -> None:
             while stats["cancelled"] != 1 and time.monotonic() < deadline:
                 await anyio.sleep(0.02)
                 stats = (await probe.get("/sim/stats")).json()
-            assert stats == {"started": 1, "completed": 0, "cancelled": 1}
+            assert stats == {"started": 1, "completed": 0, "cancelled": 1, "running": 0, "peak_running": 1}
             # The pool still works after a closed connection.
             chunks, _ = await _collect(engine, _request({**CHAT, "sim": {"output_tokens": 2}}))
             assert len(chunks) == 2
@@ -221,7 +221,13 @@ async def test_cancelling_the_consumer_closes_the_upstream(upstream: str, stalle
         try:
             with anyio.move_on_after(0.3):
                 await _collect(engine, _request({**CHAT, "sim": sim}))
-            assert await _wait_cancelled(probe) == {"started": 1, "completed": 0, "cancelled": 1}
+            assert await _wait_cancelled(probe) == {
+                "started": 1,
+                "completed": 0,
+                "cancelled": 1,
+                "running": 0,
+                "peak_running": 1,
+            }
         finally:
             await engine.aclose()
 

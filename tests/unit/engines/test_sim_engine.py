@@ -79,7 +79,7 @@ async def test_chat_chunks_have_the_openai_shape() -> None:
     assert _finishes(chunks) == [None] * (n - 1) + ["stop"]
     assert _content(chunks) == "".join(sim_tokens(11, n))
     assert usages == [UsageEvent(prompt_tokens=count_prompt_tokens("chat", CHAT), completion_tokens=n)]
-    assert engine.stats == {"started": 1, "completed": 1, "cancelled": 0}
+    assert engine.stats == {"started": 1, "completed": 1, "cancelled": 0, "running": 0, "peak_running": 1}
 
 
 async def test_same_seed_same_text_and_other_seed_other_text() -> None:
@@ -137,7 +137,7 @@ async def test_fail_before_output_counts_attempts() -> None:
         assert info.value.message == "simulated failure before output"
     chunks, _ = await _run(engine, CHAT, attempt=2)
     assert chunks
-    assert engine.stats == {"started": 3, "completed": 1, "cancelled": 0}
+    assert engine.stats == {"started": 3, "completed": 1, "cancelled": 0, "running": 0, "peak_running": 1}
 
 
 async def test_fail_before_output_minus_one_always_fails() -> None:
@@ -165,7 +165,7 @@ async def test_fail_after_tokens_is_final() -> None:
     assert len(received) == 3
     assert not info.value.transient
     assert info.value.message == "simulated failure after 3 tokens"
-    assert engine.stats == {"started": 1, "completed": 0, "cancelled": 0}
+    assert engine.stats == {"started": 1, "completed": 0, "cancelled": 0, "running": 0, "peak_running": 1}
 
 
 async def test_ttft_and_pace() -> None:
@@ -301,7 +301,7 @@ async def test_aclose_mid_stream_counts_cancelled() -> None:
     for _ in range(3):
         await anext(events)
     await events.aclose()
-    assert engine.stats == {"started": 1, "completed": 0, "cancelled": 1}
+    assert engine.stats == {"started": 1, "completed": 0, "cancelled": 1, "running": 0, "peak_running": 1}
 
 
 async def test_task_cancel_while_sleeping_counts_cancelled() -> None:
@@ -316,7 +316,7 @@ async def test_task_cancel_while_sleeping_counts_cancelled() -> None:
     with anyio.move_on_after(0.2):
         await consume()
     assert received == 1
-    assert engine.stats == {"started": 1, "completed": 0, "cancelled": 1}
+    assert engine.stats == {"started": 1, "completed": 0, "cancelled": 1, "running": 0, "peak_running": 1}
 
 
 async def test_closing_after_the_last_chunk_is_completed() -> None:
@@ -325,7 +325,7 @@ async def test_closing_after_the_last_chunk_is_completed() -> None:
     for _ in range(3):
         await anext(events)
     await events.aclose()
-    assert engine.stats == {"started": 1, "completed": 1, "cancelled": 0}
+    assert engine.stats == {"started": 1, "completed": 1, "cancelled": 0, "running": 0, "peak_running": 1}
 
 
 async def test_many_tokens_without_delay_stay_cooperative() -> None:

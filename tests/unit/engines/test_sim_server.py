@@ -170,10 +170,14 @@ def test_disconnect_during_a_stall_cancels_promptly(client: httpx.Client) -> Non
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
         first = next(response.iter_raw())
         assert first.startswith(b"data: ")
-    assert _wait_for_stats(client, {"started": 1, "completed": 0, "cancelled": 1}) == {
+    assert _wait_for_stats(
+        client, {"started": 1, "completed": 0, "cancelled": 1, "running": 0, "peak_running": 1}
+    ) == {
         "started": 1,
         "completed": 0,
         "cancelled": 1,
+        "running": 0,
+        "peak_running": 1,
     }
 
 
@@ -182,15 +186,38 @@ def test_disconnect_before_the_first_token_cancels(client: httpx.Client) -> None
     body = {**CHAT, "stream": True, "sim": {"ttft_ms": 30000}}
     with pytest.raises(httpx.ReadTimeout):
         client.post("/v1/chat/completions", json=body, timeout=0.2)
-    assert _wait_for_stats(client, {"started": 1, "completed": 0, "cancelled": 1})["cancelled"] == 1
+    assert (
+        _wait_for_stats(
+            client, {"started": 1, "completed": 0, "cancelled": 1, "running": 0, "peak_running": 1}
+        )["cancelled"]
+        == 1
+    )
 
 
 def test_stats_reset_models_and_health(client: httpx.Client) -> None:
     client.post("/sim/reset")
     client.post("/v1/chat/completions", json=CHAT)
-    assert client.get("/sim/stats").json() == {"started": 1, "completed": 1, "cancelled": 0}
-    assert client.post("/sim/reset").json() == {"started": 0, "completed": 0, "cancelled": 0}
-    assert client.get("/sim/stats").json() == {"started": 0, "completed": 0, "cancelled": 0}
+    assert client.get("/sim/stats").json() == {
+        "started": 1,
+        "completed": 1,
+        "cancelled": 0,
+        "running": 0,
+        "peak_running": 1,
+    }
+    assert client.post("/sim/reset").json() == {
+        "started": 0,
+        "completed": 0,
+        "cancelled": 0,
+        "running": 0,
+        "peak_running": 0,
+    }
+    assert client.get("/sim/stats").json() == {
+        "started": 0,
+        "completed": 0,
+        "cancelled": 0,
+        "running": 0,
+        "peak_running": 0,
+    }
     models = client.get("/v1/models").json()
     assert models["object"] == "list"
     assert [m["id"] for m in models["data"]] == ["sim-upstream"]

@@ -1,0 +1,91 @@
+"""Replicas of one test's Redis cluster: hubs sharing one fresh key prefix.
+
+Each :meth:`Replicas.hub` is one replica (its own connection pool, admission
+channel and heartbeat). :meth:`Replicas.crash` stops a hub the way ``kill -9``
+would: no graceful book close, no removal from ``{prefix}:replicas``.
+:meth:`Replicas.aclose` closes the live hubs and deletes every key of the prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+
+import redis.asyncio as aioredis
+
+from bourse.cluster.hub import RedisHub
+
+
+class Replicas:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.prefix = "t" + os.urandom(6).hex()
+        self.hubs: list[RedisHub] = []
+        self.crashed: list[RedisHub] = []
+        self.admin = aioredis.from_url(url, decode_responses=True)
+
+    async def hub(self, *, lease_s: float = 3.0) -> RedisHub:
+        hub = RedisHub(self.url, prefix=self.prefix, lease_s=lease_s)
+        self.hubs.append(hub)
+        await hub.start()
+        return hub
+
+    async def crash(self, hub: RedisHub) -> None:
+        """Stop ``hub`` without any cleanup: its orders and slots stay in Redis until
+        their leases lapse, its replica entry stays until it expires."""
+        tasks = [*hub._tasks, *hub._background]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        hub._tasks.clear()
+        hub._books.clear()
+        await hub.redis.aclose()
+        self.crashed.append(hub)
+
+    async def kill_listener(self, hub: RedisHub) -> None:
+        """Stop the admission listener of ``hub`` (its heartbeat goes on)."""
+        [listener] = [t for t in hub._tasks if t.get_name() == "bourse-redis-admissions"]
+        listener.cancel()
+        await asyncio.gather(listener, return_exceptions=True)
+
+    async def subscribers(self, hub: RedisHub) -> int:
+        counts = await self.admin.pubsub_numsub(hub.channel_prefix + hub.replica)
+        return int(counts[0][1])
+
+    async def replica_lease_ms(self, hub: RedisHub) -> float | None:
+        """The expiry (Redis ms) of ``hub``'s entry in ``{prefix}:replicas``."""
+        return await self.admin.zscore(f"{self.prefix}:replicas", hub.replica)
+
+    async def now_ms(self) -> int:
+        sec, usec = await self.admin.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    async def keys(self) -> list[str]:
+        return [k async for k in self.admin.scan_iter(match=f"*{self.prefix}*", count=1000)]
+
+    async def aclose(self) -> None:
+        try:
+            for hub in self.hubs:
+                if hub not in self.crashed:
+                    await hub.aclose()
+        finally:
+            keys = await self.keys()
+            if keys:
+                await self.admin.delete(*keys)
+            await self.admin.aclose()
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], *, timeout: float = 10.0, what: str = "condition"
+) -> None:
+    """Poll ``check`` until it is true; fail after ``timeout`` seconds (generous: the
+    adapters are asynchronous, and the machine may be loaded)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        if await check():
+            return
+        if loop.time() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.01)
