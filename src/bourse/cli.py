@@ -12,7 +12,7 @@ from pathlib import Path
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from bourse.container import build
+    from bourse.container import build, unreachable_services
     from bourse.settings import ConfigError, load_config, read_environment
 
     try:
@@ -32,8 +32,14 @@ def _serve(args: argparse.Namespace) -> int:
     # the hot path; bourse reports failures itself
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    env = read_environment()
+    problems = unreachable_services(config, env, args.database)
+    if problems:
+        for problem in problems:
+            print(f"bourse: {problem}", file=sys.stderr)
+        return 2
     try:
-        container = build(config, data_dir=data_dir, env=read_environment(), database=args.database)
+        container = build(config, data_dir=data_dir, env=env, database=args.database)
     except ValueError as exc:
         print(f"bourse: {exc}", file=sys.stderr)
         return 2

@@ -149,6 +149,45 @@ class Container:
         return create_app(self)
 
 
+def unreachable_services(config: Config, env: Environment, database: str | None = None) -> list[str]:
+    """Why a configured shared service (PostgreSQL, Redis) cannot be reached, one line
+    each; checked before serving so start-up fails with a clear message."""
+    problems: list[str] = []
+    database = database or env.database or config.storage.database
+    if database and database.startswith(("postgresql://", "postgres://")):
+        import psycopg
+
+        try:
+            psycopg.connect(database, connect_timeout=5).close()
+        except Exception as exc:
+            problems.append(
+                f"cannot reach PostgreSQL ({_redact(database)}): {str(exc).strip().splitlines()[0]}"
+            )
+    redis_url = env.redis_url or config.cluster.redis_url
+    if redis_url:
+        import redis
+
+        try:
+            client = redis.Redis.from_url(redis_url, socket_connect_timeout=5, socket_timeout=5)
+            try:
+                client.ping()
+            finally:
+                client.close()
+        except Exception as exc:
+            problems.append(f"cannot reach Redis ({_redact(redis_url)}): {exc}")
+    return problems
+
+
+def _redact(url: str) -> str:
+    """A URL without its password."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        creds, _, host = rest.rpartition("@")
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}" if ":" in creds else f"{scheme}://{user}@{host}"
+    return url
+
+
 def build(
     config: Config, *, data_dir: str | Path, env: Environment | None = None, database: str | None = None
 ) -> Container:

@@ -179,7 +179,7 @@ def test_sim_upstream_answers_a_chat_completion(tmp_path: Path) -> None:
         assert streamed == whole.choices[0].message.content
         client.close()
         stats = httpx.get(url + "/sim/stats", timeout=5).json()
-        assert stats == {"started": 2, "completed": 2, "cancelled": 0}
+        assert stats == {"started": 2, "completed": 2, "cancelled": 0, "running": 0, "peak_running": 1}
 
 
 def test_serve_process_in_front_of_sim_upstream_process(tmp_path: Path) -> None:

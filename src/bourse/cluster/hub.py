@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
@@ -56,6 +56,11 @@ class RedisHub:
         self._subscribed = asyncio.Event()
         self.script: dict[str, AsyncScript] = {}
         self.heartbeats = 0
+        self._beat_hooks: list[Callable[[], Awaitable[None]]] = []
+
+    def on_beat(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run ``hook`` on every heartbeat (after the books)."""
+        self._beat_hooks.append(hook)
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -125,6 +130,8 @@ class RedisHub:
                 await self.beat_replica()
                 for book in list(self._books.values()):
                     await book.heartbeat()
+                for hook in self._beat_hooks:
+                    await hook()
                 self.heartbeats += 1
             except asyncio.CancelledError:
                 raise

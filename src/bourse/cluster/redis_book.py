@@ -18,11 +18,12 @@ import time
 from typing import Any
 
 import orjson
+from redis.exceptions import RedisError
 
 from bourse.cluster.hub import RedisHub
 from bourse.cluster.scripts import BOOK_KEYS
 from bourse.domain.book import Admission, BookFull, Deployment, Order
-from bourse.ports.book import BookView, Clear, DeploymentView
+from bourse.ports.book import BookUnavailable, BookView, Clear, DeploymentView
 
 log = logging.getLogger("bourse.cluster")
 
@@ -63,7 +64,10 @@ class RedisBook:
         return asyncio.get_running_loop().time()
 
     async def _call(self, script: str, *args: Any) -> Any:
-        return await self.hub.call(script, self._keys, [*self._head, *args])
+        try:
+            return await self.hub.call(script, self._keys, [*self._head, *args])
+        except (RedisError, OSError) as exc:
+            raise BookUnavailable(f"the shared book of '{self.product}' is unreachable ({exc})") from exc
 
     # -- orders ---------------------------------------------------------------------
 

@@ -29,6 +29,10 @@ from typing import Protocol
 from bourse.domain.book import Admission, Order
 
 
+class BookUnavailable(Exception):
+    """The shared book cannot be reached (Redis down); the request gets a 503."""
+
+
 @dataclass(slots=True)
 class DeploymentView:
     name: str

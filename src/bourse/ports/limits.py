@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 
+class LimiterUnavailable(Exception):
+    """The shared rate-limit counters cannot be reached (Redis down); the request gets a 503."""
+
+
 @dataclass(slots=True, frozen=True)
 class KeyLimits:
     rpm: int | None = None

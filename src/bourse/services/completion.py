@@ -15,6 +15,7 @@ took is given back exactly once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,13 +24,15 @@ from typing import Any
 from bourse.domain.book import Admission, Order
 from bourse.domain.errors import GatewayError, invalid_request, model_not_found
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
-from bourse.ports.limits import KeyLimits, RateLimiter
+from bourse.ports.limits import KeyLimits, LimiterUnavailable, RateLimiter
 from bourse.services.auth import Authenticator, Principal
 from bourse.services.billing import Billing, prompt_bytes_and_messages
 from bourse.services.ids import new_request_id
 from bourse.services.limits import retry_after_header
 from bourse.services.market import Market
 from bourse.wire.requests import GATEWAY_FIELDS, ChatCompletionRequest, CompletionRequest
+
+log = logging.getLogger("bourse.completion")
 
 QUEUED, ADMITTED, STREAMING, DONE = 1, 2, 3, 4
 
@@ -140,7 +143,12 @@ class CompletionService:
         run.limits = principal.limits
         self.billing.quote(run, nbytes, nmsgs)
         tokens = run.quote_tokens
-        decision = await self.limiter.acquire(principal.key.id, principal.limits, tokens)
+        try:
+            decision = await self.limiter.acquire(principal.key.id, principal.limits, tokens)
+        except LimiterUnavailable as exc:
+            raise GatewayError(
+                503, "no_capacity", f"{exc}; retry shortly.", headers={"retry-after": "2"}
+            ) from None
         if not decision.allowed:
             raise GatewayError(
                 429,
@@ -155,9 +163,15 @@ class CompletionService:
             await run.submit()
         except BaseException:
             await self.billing.release_unbooked(run)
-            await self.limiter.finish(principal.key.id, principal.limits, tokens, 0)
+            await self._limits_done(principal.key.id, principal.limits, tokens, 0)
             raise
         return run
+
+    async def _limits_done(self, key_id: str, limits: KeyLimits, reserved: int, used: int) -> None:
+        try:
+            await self.limiter.finish(key_id, limits, reserved, used)
+        except LimiterUnavailable as exc:  # the limiter repairs its count when it can
+            log.warning("rate limits of key %s not updated: %s", key_id, exc)
 
     def spawn(self, coro: Any) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.create_task(coro)
@@ -172,7 +186,7 @@ class CompletionService:
         finally:
             if run.key_id is not None and run.limits is not None:
                 used = int(fin.usage.get("total_tokens") or 0)
-                await self.limiter.finish(run.key_id, run.limits, run.limit_tokens, used)
+                await self._limits_done(run.key_id, run.limits, run.limit_tokens, used)
 
     def market(self, model: str) -> Market:
         m = self.markets.get(model)

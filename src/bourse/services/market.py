@@ -15,7 +15,7 @@ import asyncio
 from bourse.domain.book import Admission, BookFull, Order
 from bourse.domain.errors import GatewayError, book_timeout, no_capacity
 from bourse.domain.policy import Policy
-from bourse.ports.book import BookPort, BookView
+from bourse.ports.book import BookPort, BookUnavailable, BookView
 from bourse.ports.engine import Engine, TokenCounter
 
 
@@ -62,6 +62,8 @@ class Market:
         """Rest ``order`` in the book and run a clear; the future is done if admitted at once."""
         try:
             return await self.book.submit(order)
+        except BookUnavailable as exc:
+            raise self.unavailable(exc) from None
         except BookFull:
             raise no_capacity(
                 f"The book of '{self.product}' holds its maximum of {self.book.max_waiting} waiting orders; "
@@ -75,6 +77,8 @@ class Market:
             return await self.book.wait(order, fut, deadline)
         except TimeoutError:
             raise book_timeout(self.now() - order.arrived_at) from None
+        except BookUnavailable as exc:
+            raise self.unavailable(exc) from None
 
     def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None:
         """The order's client left: take it out of the book, or give back its slot."""
@@ -89,10 +93,15 @@ class Market:
         back and put the order in the book again with its original arrival."""
         try:
             return await self.book.requeue(order, admission)
+        except BookUnavailable as exc:
+            raise self.unavailable(exc) from None
         except BookFull:
             raise no_capacity(
                 f"The book of '{self.product}' is full; the order could not be requeued.", retry_after_s=2
             ) from None
+
+    def unavailable(self, exc: BaseException) -> GatewayError:
+        return no_capacity(f"{exc}; retry shortly.", retry_after_s=2)
 
     def report_success(self, deployment: str) -> None:
         self.book.report_success(deployment)
@@ -110,10 +119,16 @@ class Market:
 
     async def standing(self, order: Order | None) -> tuple[float, int]:
         """The level now and the orders ahead of ``order`` (-1 if it is not waiting)."""
-        return await self.book.standing(order)
+        try:
+            return await self.book.standing(order)
+        except BookUnavailable:  # the last known view, for progress frames and job status
+            return self.book.level(), -1 if order is None else self.book.position(order)
 
     async def view(self) -> BookView:
-        return await self.book.view()
+        try:
+            return await self.book.view()
+        except BookUnavailable as exc:
+            raise self.unavailable(exc) from None
 
     def healthy(self) -> bool:
         return self.broken_reason() is None and self.book.healthy()
