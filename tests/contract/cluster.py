@@ -77,15 +77,15 @@ class Replicas:
 
 
 async def eventually(
-    check: Callable[[], Awaitable[bool]], *, timeout: float = 10.0, what: str = "condition"
+    check: Callable[[], Awaitable[bool]], *, within: float = 10.0, what: str = "condition"
 ) -> None:
-    """Poll ``check`` until it is true; fail after ``timeout`` seconds (generous: the
+    """Poll ``check`` until it is true; fail after ``within`` seconds (generous: the
     adapters are asynchronous, and the machine may be loaded)."""
     loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
+    end = loop.time() + within
     while True:
         if await check():
             return
         if loop.time() > end:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {within} s waiting for {what}")
         await asyncio.sleep(0.01)

@@ -30,7 +30,7 @@ log = logging.getLogger("bourse.cluster")
 class ReplicaBook(Protocol):
     product: str
 
-    def on_admitted(self, order_id: str, deployment: str, price: str, level: str) -> None: ...
+    def on_admitted(self, order_id: str, deployment: str, price: str, level: str, attempt: int) -> None: ...
 
     async def heartbeat(self) -> None: ...
 
@@ -106,10 +106,10 @@ class RedisHub:
                     msg = await pubsub.get_message(timeout=None)
                     if msg is None or msg.get("type") != "message":
                         continue
-                    product, oid, dep, price, level = str(msg["data"]).split("|", 4)
+                    product, oid, dep, price, level, attempt = str(msg["data"]).split("|", 5)
                     book = books.get(product)
                     if book is not None:
-                        book.on_admitted(oid, dep, price, level)
+                        book.on_admitted(oid, dep, price, level, int(attempt))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -45,7 +45,7 @@ class RedisBook:
         self.min_floor = min(d.floor for d in deployments)
         self.max_waiting = max_waiting
         tag = f"{{{hub.prefix}:{product}}}"
-        self._keys = [f"{tag}:{k}" for k in BOOK_KEYS]
+        self._keys = [f"{tag}:{k}" for k in BOOK_KEYS] + [hub.key("replicas")]
         self._head = [
             orjson.dumps([[d.name, repr(float(d.floor)), d.slots] for d in deployments]).decode(),
             hub.lease_ms,
@@ -56,6 +56,8 @@ class RedisBook:
         self._waiting: dict[str, tuple[Order, asyncio.Future[Admission]]] = {}
         self._held: dict[str, Admission] = {}
         self._pos: dict[str, int] = {}
+        self._resting: set[str] = set()
+        """Waiting orders whose submit Redis has answered (only these are renewed and checked)."""
         self._level = self.min_floor
         self._cooling_sent: dict[str, float] = {}
 
@@ -93,6 +95,7 @@ class RedisBook:
                 self.hub.replica,
                 self.max_waiting,
                 cool_until_ms,
+                order.requeues,
             )
         except BaseException:
             self._waiting.pop(oid, None)
@@ -100,6 +103,8 @@ class RedisBook:
         if res[0] == "full":
             self._waiting.pop(oid, None)
             raise BookFull(self.product)
+        if oid in self._waiting and not res[3]:
+            self._resting.add(oid)
         order.seq = int(res[1])
         if order.requeues == 0:
             order.position_at_entry = int(res[2])
@@ -109,17 +114,21 @@ class RedisBook:
         else:
             self._pos[oid] = int(res[4])
 
-    def on_admitted(self, order_id: str, deployment: str, price: str, level: str) -> None:
+    def on_admitted(self, order_id: str, deployment: str, price: str, level: str, attempt: int) -> None:
         """The channel says ``order_id`` got a slot."""
-        self._grant(order_id, deployment, float(price), float(level))
+        self._grant(order_id, deployment, float(price), float(level), attempt)
 
     def _admitted(self, oid: str, held: str) -> None:
-        dep, _replica, price, level = held.split("|", 3)
-        self._grant(oid, dep, float(price), float(level))
+        dep, _replica, price, level, attempt = held.split("|", 4)
+        self._grant(oid, dep, float(price), float(level), int(attempt))
 
-    def _grant(self, oid: str, dep: str, price: float, level: float) -> None:
+    def _grant(self, oid: str, dep: str, price: float, level: float, attempt: int) -> None:
+        entry = self._waiting.get(oid)
+        if entry is not None and entry[0].requeues != attempt:
+            return  # a late word about an earlier attempt of a requeued order
         self._pos.pop(oid, None)
-        entry = self._waiting.pop(oid, None)
+        self._resting.discard(oid)
+        self._waiting.pop(oid, None)
         if entry is None:
             if oid not in self._held:
                 # nobody waits for it any more (client left at this instant)
@@ -145,13 +154,21 @@ class RedisBook:
             async with asyncio.timeout_at(deadline):
                 return await asyncio.shield(fut)
         except TimeoutError:
-            self._waiting.pop(order.id, None)
-            self._pos.pop(order.id, None)
+            oid = order.id
             if fut.done() and not fut.cancelled():
                 return fut.result()
-            res = await self._call("REMOVE", order.id)
+            self._resting.discard(oid)
+            # the order stays registered until Redis answers: an admission message
+            # arriving meanwhile resolves ``fut`` instead of being given back
+            try:
+                res = await self._call("REMOVE", oid)
+            finally:
+                self._waiting.pop(oid, None)
+                self._pos.pop(oid, None)
+            if fut.done() and not fut.cancelled():
+                return fut.result()
             if res[0] == "held":  # admitted at the deadline
-                dep, _r, price, level = res[1].split("|", 3)
+                dep, _r, price, level, _attempt = res[1].split("|", 4)
                 adm = Admission(order, dep, float(price), float(level))
                 self._held[order.id] = adm
                 return adm
@@ -163,6 +180,7 @@ class RedisBook:
     def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None:
         oid = order.id
         self._pos.pop(oid, None)
+        self._resting.discard(oid)
         if self._waiting.pop(oid, None) is not None:
             if fut.done() and not fut.cancelled():
                 self.release(fut.result())
@@ -275,19 +293,20 @@ class RedisBook:
 
     async def heartbeat(self) -> None:
         """Renew the leases of this replica's orders and slots; pick up lost admissions."""
-        waiting = list(self._waiting)
+        waiting = list(self._resting)
         held = list(self._held)
         res = await self._call("HEARTBEAT", *waiting, *held)
         self._level = float(res[0])
         for oid, st in zip(waiting, res[2 : 2 + len(waiting)], strict=True):
-            if oid not in self._waiting:
-                continue
+            if oid not in self._resting or oid not in self._waiting:
+                continue  # admitted or withdrawn meanwhile
             if st[0] == "w":
                 self._pos[oid] = int(st[1:])
             elif st[0] == "h":
                 self._admitted(oid, st[1:])
             else:  # our lease lapsed (this process stalled): rest it again, same arrival
                 order, fut = self._waiting[oid]
+                self._resting.discard(oid)
                 log.warning("cluster: order %s fell out of the book; resubmitting it", oid)
                 self.hub.spawn(self._submit(order, fut))
         for oid, st in zip(held, res[2 + len(waiting) :], strict=True):
@@ -304,4 +323,5 @@ class RedisBook:
         for oid in list(self._held):
             await self._release(oid, 0)
         self._waiting.clear()
+        self._resting.clear()
         self._held.clear()

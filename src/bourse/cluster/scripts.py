@@ -9,14 +9,18 @@ Keys of one product (``{prefix}:{product}`` is a hash tag: one cluster slot):
 
 - ``book``   ZSET  member ``%016d(seq):order_id``, score ``-bid`` (equal scores
   sort by member, so by arrival)
-- ``orders`` HASH  order_id -> ``member|bid|avoid|replica`` (waiting orders)
-- ``held``   HASH  order_id -> ``deployment|replica|price|level`` (slots given)
+- ``orders`` HASH  order_id -> ``member|bid|avoid|replica|attempt`` (waiting orders)
+- ``held``   HASH  order_id -> ``deployment|replica|price|level|attempt`` (slots given;
+  ``attempt`` tells a requeued order's admissions apart)
 - ``lease``  ZSET  order_id -> lease expiry (ms); renewed by the owner's heartbeat
 - ``busy``   HASH  deployment -> slots in use
 - ``cool``   HASH  deployment -> cooling until (ms), set by a replica's breaker
 - ``stats``  HASH  ``admitted`` -> admissions ever
 - ``recent`` LIST  ``ms|price|bid|deployment``, newest first, 32 kept
 - ``seq``    STRING arrival counter
+
+and ``{prefix}:replicas`` (ZSET replica -> lease expiry, ms): an order whose replica
+is gone is dropped rather than admitted.
 
 Numbers that are prices travel as strings (``repr`` of a float in, ``%.17g`` out)
 so no precision is lost; the cleared price is always one of the bid, a floor or
@@ -28,8 +32,8 @@ from __future__ import annotations
 BOOK_KEYS = ("book", "orders", "held", "lease", "busy", "cool", "stats", "recent", "seq")
 
 _COMMON = r"""
-local book, orders, held, lease, busy, cool, stats, recent, seqk =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local book, orders, held, lease, busy, cool, stats, recent, seqk, reps =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local deps = cjson.decode(ARGV[1])   -- {{name, floor(string), slots}, ...}
 local lease_ms = tonumber(ARGV[2])
 local chan = ARGV[3]
@@ -38,6 +42,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local function fmt(x) return string.format('%.17g', x) end
+local quiet = ''   -- an order whose admission the caller reads from the reply (no message)
 
 local function split(s)
   local out = {}
@@ -102,10 +107,18 @@ local function dispatch()
     local oid = string.sub(member, 18)
     local raw = redis.call('HGET', orders, oid)
     local o = split(raw or (member .. '|0||'))
-    local bid_s, avoid, replica = o[2], o[3], o[4]
+    local bid_s, avoid, replica, attempt = o[2], o[3], o[4], o[5] or '0'
     local bid = tonumber(bid_s)
     local best, k1, k2, k3, floor_s = nil, 0, 0, 0, nil
-    if not raw then redis.call('ZREM', book, member) end   -- never left stranded
+    if not raw then
+      redis.call('ZREM', book, member)   -- never left stranded
+    else
+      local alive = redis.call('ZSCORE', reps, replica)
+      if not alive or tonumber(alive) < now then
+        drop(oid)   -- its replica is gone: nobody would run it
+        raw = false
+      end
+    end
     for _, d in ipairs(raw and deps or {}) do
       local name, f = d[1], tonumber(d[2])
       local b = busy_of(name)
@@ -131,12 +144,15 @@ local function dispatch()
     elseif floor >= runner then price_s = floor_s
     else price_s = fmt(runner) end
     local lvl = level()
-    redis.call('HSET', held, oid, best .. '|' .. replica .. '|' .. price_s .. '|' .. lvl)
+    redis.call('HSET', held, oid, best .. '|' .. replica .. '|' .. price_s .. '|' .. lvl .. '|' .. attempt)
     redis.call('ZADD', lease, now + lease_ms, oid)
     redis.call('HINCRBY', stats, 'admitted', 1)
     redis.call('LPUSH', recent, now .. '|' .. price_s .. '|' .. bid_s .. '|' .. best)
     redis.call('LTRIM', recent, 0, 31)
-    redis.call('PUBLISH', chan .. replica, product .. '|' .. oid .. '|' .. best .. '|' .. price_s .. '|' .. lvl)
+    if oid ~= quiet then
+      redis.call('PUBLISH', chan .. replica,
+        product .. '|' .. oid .. '|' .. best .. '|' .. price_s .. '|' .. lvl .. '|' .. attempt)
+    end
     n = n + 1
     end
   end
@@ -147,7 +163,7 @@ end
 SUBMIT = (
     _COMMON
     + r"""
--- ARGV[5..11]: order_id, bid, seq (0: new), avoid, replica, max_waiting, cool_until (ms, 0: no)
+-- ARGV[5..12]: order_id, bid, seq (0: new), avoid, replica, max_waiting, cool_until (ms, 0: no), attempt
 -- A requeue is a submit of an order that holds a slot: the slot is given back and
 -- the order rests again with its arrival in the same step, so no later order of
 -- equal bid can take its place in between.
@@ -160,13 +176,17 @@ if h and cool_until > 0 then
 end
 drop(oid)   -- the slot of a requeued order, or an earlier life of it (a job resumed after a crash)
 prune()
-if redis.call('ZCARD', book) >= tonumber(ARGV[10]) then return {'full'} end
+if redis.call('ZCARD', book) >= tonumber(ARGV[10]) then
+  dispatch()   -- a requeued order gave its slot back
+  return {'full'}
+end
 if seq == 0 then seq = redis.call('INCR', seqk) end
 local member = string.format('%016d', seq) .. ':' .. oid
 redis.call('ZADD', book, '-' .. bid_s, member)
-redis.call('HSET', orders, oid, member .. '|' .. bid_s .. '|' .. avoid .. '|' .. replica)
+redis.call('HSET', orders, oid, member .. '|' .. bid_s .. '|' .. avoid .. '|' .. replica .. '|' .. (ARGV[12] or '0'))
 redis.call('ZADD', lease, now + lease_ms, oid)
 local pos = redis.call('ZRANK', book, member)
+quiet = oid
 dispatch()
 local rank = redis.call('ZRANK', book, member)
 return {'ok', seq, pos, redis.call('HGET', held, oid) or '', rank or -1, level(), redis.call('ZCARD', book)}

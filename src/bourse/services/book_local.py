@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections import deque
 
-from bourse.domain.book import Admission, Order, ProductBook
+from bourse.domain.book import Admission, BookFull, Order, ProductBook
 from bourse.ports.book import BookView, Clear, DeploymentView
 
 
@@ -80,7 +80,11 @@ class LocalBook:
         self.book.release(admission.deployment)
         order.avoid = admission.deployment
         order.requeues += 1
-        return self.submit_now(order)
+        try:
+            return self.submit_now(order)
+        except BookFull:
+            self._dispatch()  # the slot it gave back goes to the orders waiting
+            raise
 
     def report_success(self, deployment: str) -> None:
         self.book.report_success(deployment)

@@ -72,9 +72,7 @@ floor = 0.1
 """
     with redis_server(port, tmp_path) as first, running_gateway(config) as gw:
         client = gw.client(max_retries=0)
-        r = client.chat.completions.create(
-            model="p", messages=USER, extra_body={"sim": {"output_tokens": 3}}
-        )  # type: ignore[arg-type]
+        r = client.chat.completions.create(model="p", messages=USER, extra_body={"sim": {"output_tokens": 3}})  # type: ignore[arg-type]
         assert r.choices[0].message.content
         first.kill()
         first.wait()
@@ -93,9 +91,7 @@ floor = 0.1
         # nothing was charged for the refused request, and nothing stays held
         led = gw.ledger()
         assert led["holds_micros"] == 0, led
-        assert (
-            led["credits_micros"] == led["balances_micros"] + led["holds_micros"] + led["revenue_micros"]
-        )
+        assert led["credits_micros"] == led["balances_micros"] + led["holds_micros"] + led["revenue_micros"]
         with redis_server(port, tmp_path):
             deadline = time.monotonic() + 15
             while True:
