@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 
-import asyncpg
+import psycopg
 
 from bench.common import pct
 from bourse.ports.stores import Hold, UsageRecord
@@ -63,16 +63,14 @@ async def run(store: SqlStore, n: int, concurrency: int) -> dict[str, float]:
 
 async def fresh_pg(url: str) -> str:
     name = "bourse_bench_" + os.urandom(4).hex()
-    conn = await asyncpg.connect(url)
-    await conn.execute(f"CREATE DATABASE {name}")
-    await conn.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
     return url.rsplit("/", 1)[0] + "/" + name
 
 
 async def drop_pg(url: str, dsn: str) -> None:
-    conn = await asyncpg.connect(url)
-    await conn.execute(f"DROP DATABASE IF EXISTS {dsn.rsplit('/', 1)[1]} WITH (FORCE)")
-    await conn.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {dsn.rsplit('/', 1)[1]} WITH (FORCE)")
 
 
 async def main() -> None:

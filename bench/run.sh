@@ -42,7 +42,7 @@ if [ ! -x .venv/bin/python ]; then
   say "creating .venv"
   "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import bourse, httpx, asyncpg' >/dev/null 2>&1; then
+if ! .venv/bin/python -c 'import bourse, httpx, psycopg, redis' >/dev/null 2>&1; then
   say "installing bourse into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 fi

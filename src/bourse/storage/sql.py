@@ -184,20 +184,25 @@ def _credit(db: Executor, account_id: str, amount_micros: int, now: float, memo:
 
 
 def _place_hold(db: Executor, hold: Hold) -> None:
+    # The hold row first, the account last: the account's row lock (every request of
+    # an account takes it) is held for one statement and the commit, not two.
+    n = db.execute(
+        "INSERT INTO holds (id, account_id, request_id, amount_micros, charged_micros, state, owner, product, "
+        "note, created_at, updated_at) SELECT $1, $2, $3, $4, 0, 'open', $5, $6, NULL, $7, $7 "
+        "WHERE EXISTS (SELECT 1 FROM accounts WHERE id = $2)",
+        hold.id, hold.account_id, hold.request_id, hold.amount_micros, hold.owner, hold.product, hold.created_at,
+    )  # fmt: skip
+    if n != 1:
+        raise UnknownAccount(hold.account_id)
     n = db.execute(
         "UPDATE accounts SET balance_micros = balance_micros - $2 WHERE id = $1 AND balance_micros >= $2",
         hold.account_id, hold.amount_micros,
     )  # fmt: skip
-    if n != 1:
+    if n != 1:  # the transaction rolls back, the hold row with it
         row = db.fetchrow("SELECT balance_micros FROM accounts WHERE id = $1", hold.account_id)
         if row is None:
             raise UnknownAccount(hold.account_id)
         raise InsufficientFunds(int(row["balance_micros"]))
-    db.execute(
-        "INSERT INTO holds (id, account_id, request_id, amount_micros, charged_micros, state, owner, product, "
-        "note, created_at, updated_at) VALUES ($1, $2, $3, $4, 0, 'open', $5, $6, NULL, $7, $7)",
-        hold.id, hold.account_id, hold.request_id, hold.amount_micros, hold.owner, hold.product, hold.created_at,
-    )  # fmt: skip
 
 
 def _close_hold(
@@ -225,6 +230,10 @@ def _close_hold(
             hold_id, state, charge, note, now,
         )  # fmt: skip
         if row is not None:
+            if usage is not None:
+                _put_usage(db, usage)
+                usage = None
+            # the account last: its row lock is held for one statement and the commit
             db.execute(
                 "UPDATE accounts SET balance_micros = balance_micros + $2 WHERE id = $1",
                 row["account_id"], int(row["amount_micros"]) - int(row["charged_micros"]),
