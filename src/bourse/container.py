@@ -178,6 +178,25 @@ def unreachable_services(config: Config, env: Environment, database: str | None 
     return problems
 
 
+def instance_id(data_dir: Path) -> str:
+    """This gateway's id, kept in the data folder so a restart is the same instance:
+    it owns its holds and jobs from before the crash and resumes them at once.
+    Each replica needs its own data folder."""
+    path = data_dir / "instance_id"
+    try:
+        value = path.read_text().strip()
+        if value.startswith("gw_") and 4 <= len(value) <= 64:
+            return value
+    except FileNotFoundError:
+        pass
+    value = "gw_" + os.urandom(8).hex()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(value + "\n")
+    tmp.replace(path)
+    return value
+
+
 def _redact(url: str) -> str:
     """A URL without its password."""
     scheme, sep, rest = url.partition("://")
@@ -195,11 +214,11 @@ def build(
     data = Path(data_dir)
     database = database or env.database or config.storage.database
     redis_url = env.redis_url or config.cluster.redis_url
+    owner = instance_id(data)
     hub = None
     if redis_url:
         from bourse.cluster.hub import RedisHub
 
-        owner = "gw_" + os.urandom(8).hex()
         hub = RedisHub(
             redis_url, prefix=config.cluster.key_prefix, lease_s=config.cluster.lease_s, replica=owner
         )
@@ -251,9 +270,7 @@ def build(
     store = build_store(database, data)
     admin_hash, generated = admin_key_hash(data, env.admin_key)
     auth = Authenticator(store, admin_hash)
-    billing = Billing(
-        store, owner=hub.replica if hub is not None else None, lease_s=max(15.0, config.cluster.lease_s * 5)
-    )
+    billing = Billing(store, owner=owner, lease_s=max(15.0, config.cluster.lease_s * 5))
     limits = Limits(config.server.book_timeout_s, config.server.book_timeout_max_s)
     limiter: RateLimiter = MemoryRateLimiter()
     if hub is not None:

@@ -122,9 +122,12 @@ class LedgerStore(Protocol):
         self, state: HoldState | None, account_id: str | None = None, limit: int = 100
     ) -> list[Hold]: ...
     async def hold(self, hold_id: str) -> Hold | None: ...
-    async def reconcile_orphans(self, owner: str, now: float, *, all_others: bool) -> int:
+    async def reconcile_orphans(
+        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
+    ) -> int:
         """Move open holds owned by others to reconciling: all of them (single node),
-        or those whose owner's lease has lapsed (replicas)."""
+        or those whose owner's lease has lapsed (replicas); ``include_own`` adds this
+        instance's own from a previous life (at start-up, before anything runs)."""
         ...
 
     async def heartbeat(self, owner: str, lease_until: float, now: float) -> None: ...
@@ -202,6 +205,8 @@ class Job:
     error: Mapping[str, Any] | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    owner: str | None = None
+    """The gateway instance running it (replicas: another resumes it when this one's lease lapses)."""
 
 
 class JobStore(Protocol):
@@ -213,7 +218,16 @@ class JobStore(Protocol):
         ...
 
     async def unfinished_jobs(self) -> Sequence[Job]:
-        """Queued and running jobs, oldest first (to resume after a restart)."""
+        """Queued and running jobs, oldest first."""
+        ...
+
+    async def claim_jobs(
+        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
+    ) -> Sequence[Job]:
+        """Take over the queued and running jobs of other instances, oldest first, and
+        return them (to resume): all of them (one node, at start-up) or only those whose
+        owner's lease lapsed (replicas); ``include_own`` adds this instance's own from a
+        previous life (at start-up). Atomic: two instances never claim one job."""
         ...
 
     async def jobs_to_notify(self) -> Sequence[Job]:

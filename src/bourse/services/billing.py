@@ -202,7 +202,10 @@ class Billing:
         """Reconcile orphaned holds and start the lease heartbeat; returns the orphans found."""
         now = time.time()
         await self.store.heartbeat(self.owner, now + self.lease_s, now)
-        n = await self.store.reconcile_orphans(self.owner, now, all_others=self.store.single_node)
+        # nothing runs yet: this instance's own open holds are from a previous life
+        n = await self.store.reconcile_orphans(
+            self.owner, now, all_others=self.store.single_node, include_own=True
+        )
         if n:
             log.warning(
                 "%d holds left open by a previous run are now 'reconciling' (see GET /admin/holds)", n

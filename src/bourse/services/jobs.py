@@ -46,6 +46,9 @@ ENDPOINTS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions":
 
 
 class JobsStore(JobStore, LedgerStore, Protocol):
+    single_node: bool
+    """True for the embedded database: every unfinished job at start-up is this node's."""
+
     async def webhook_secret(self, account_id: str) -> str | None: ...
 
 
@@ -78,6 +81,7 @@ class JobService:
     limits: JobLimits = field(default_factory=JobLimits)
     active: dict[str, Active] = field(default_factory=dict)
     _sweeper: asyncio.Task[None] | None = None
+    _claimer: asyncio.Task[None] | None = None
     _notifying: set[str] = field(default_factory=set)
 
     # -- submit -------------------------------------------------------------------
@@ -133,6 +137,7 @@ class JobService:
             hold_id=run.hold_id,
             webhook_url=webhook_url,
             webhook_state="pending" if webhook_url else "none",
+            owner=self.completions.billing.owner,
         )
         try:
             await self.store.put_job(job)
@@ -269,14 +274,38 @@ class JobService:
 
     async def start(self) -> int:
         """Resume the jobs a previous run left queued or running; start the sweeper."""
+        resumed = await self._claim(all_others=self.store.single_node, include_own=True)
+        self._sweeper = asyncio.create_task(self._sweep())
+        if not self.store.single_node:
+            self._claimer = asyncio.create_task(self._claim_lapsed())
+        return resumed
+
+    async def _claim_lapsed(self) -> None:
+        """Replicas: take over the jobs of a replica whose ledger lease lapsed."""
+        every = self.completions.billing.lease_s / 3
+        while True:
+            await asyncio.sleep(every)
+            try:
+                n = await self._claim(all_others=False)
+                if n:
+                    log.warning("resumed %d jobs of a replica whose lease lapsed", n)
+            except Exception:
+                log.exception("claiming the jobs of lapsed replicas failed")
+
+    async def _claim(self, *, all_others: bool, include_own: bool = False) -> int:
+        """Resume the jobs left by a previous life of this instance or by others (all
+        of them on one node at start-up; those whose owner's lease lapsed on replicas)."""
         resumed = 0
-        for job in await self.store.unfinished_jobs():
+        owner = self.completions.billing.owner
+        jobs = await self.store.claim_jobs(owner, time.time(), all_others=all_others, include_own=include_own)
+        for job in jobs:
+            if job.id in self.active:
+                continue
             try:
                 await self._resume(job)
                 resumed += 1
             except Exception:
                 log.exception("could not resume job %s", job.id)
-        self._sweeper = asyncio.create_task(self._sweep())
         return resumed
 
     async def _resume(self, job: Job) -> None:
@@ -317,6 +346,9 @@ class JobService:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        if self._claimer is not None:
+            self._claimer.cancel()
+            self._claimer = None
 
     # -- webhooks --------------------------------------------------------------------
 

@@ -107,4 +107,10 @@ CREATE INDEX jobs_account ON jobs(account_id, created_at);
 CREATE INDEX jobs_status ON jobs(status, expires_at);
 """,
     ),
+    (
+        3,
+        """
+ALTER TABLE jobs ADD COLUMN owner TEXT;
+""",
+    ),
 ]

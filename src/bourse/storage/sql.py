@@ -259,16 +259,18 @@ def _holds(db: Executor, state: HoldState | None, account_id: str | None, limit:
     return [_hold(r) for r in db.fetch(sql, *args)]
 
 
-def _reconcile_orphans(db: Executor, owner: str, now: float, all_others: bool) -> int:
+def _reconcile_orphans(db: Executor, owner: str, now: float, all_others: bool, include_own: bool) -> int:
+    own = " OR owner = $1" if include_own else ""
     if all_others:
         return db.execute(
             "UPDATE holds SET state = 'reconciling', note = 'open when its gateway stopped', updated_at = $2 "
-            "WHERE state = 'open' AND owner <> $1",
+            f"WHERE state = 'open' AND (owner <> $1{own})",
             owner, now,
         )  # fmt: skip
     return db.execute(
         "UPDATE holds SET state = 'reconciling', note = 'its gateway lease lapsed', updated_at = $2 "
-        "WHERE state = 'open' AND owner <> $1 AND owner NOT IN (SELECT id FROM instances WHERE lease_until >= $2)",
+        "WHERE state = 'open' AND (owner <> $1 AND owner NOT IN (SELECT id FROM instances WHERE lease_until >= $2)"
+        f"{own})",
         owner, now,
     )  # fmt: skip
 
@@ -422,16 +424,32 @@ def _job(row: Row) -> Job:
         error=None if row["error"] is None else orjson.loads(row["error"]),
         started_at=None if row["started_at"] is None else float(row["started_at"]),
         finished_at=None if row["finished_at"] is None else float(row["finished_at"]),
+        owner=row["owner"],
     )
 
 
 def _put_job(db: Executor, job: Job) -> None:
     db.execute(
         "INSERT INTO jobs (id, account_id, key_id, endpoint, body, status, request_id, bid, hold_id, webhook_url, "
-        "webhook_state, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        "webhook_state, created_at, expires_at, owner) "
+        "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
         job.id, job.account_id, job.key_id, job.endpoint, orjson.dumps(dict(job.body)).decode(), job.status,
         job.request_id, job.bid, job.hold_id, job.webhook_url, job.webhook_state, job.created_at, job.expires_at,
+        job.owner,
     )  # fmt: skip
+
+
+def _claim_jobs(db: Executor, owner: str, now: float, all_others: bool, include_own: bool) -> list[Job]:
+    mine = " OR owner = $1" if include_own else ""
+    sql = "UPDATE jobs SET owner = $1 WHERE status IN ('queued', 'running') AND ("
+    if all_others:
+        rows = db.fetch(sql + f"owner IS NULL OR owner <> $1{mine}) RETURNING *", owner)
+    else:  # only those whose owner's lease lapsed
+        live = "owner IS NULL OR (owner <> $1 AND owner NOT IN (SELECT id FROM instances WHERE lease_until >= $2))"
+        rows = db.fetch(sql + live + mine + ") RETURNING *", owner, now)
+    jobs = [_job(r) for r in rows]
+    jobs.sort(key=lambda j: (j.created_at, j.id))
+    return jobs
 
 
 def _update_job(db: Executor, job_id: str, fields: dict[str, Any]) -> None:
@@ -546,8 +564,10 @@ class SqlStore:
 
         return await self._read(get)
 
-    async def reconcile_orphans(self, owner: str, now: float, *, all_others: bool) -> int:
-        return await self._run(_reconcile_orphans, owner, now, all_others)
+    async def reconcile_orphans(
+        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
+    ) -> int:
+        return await self._run(_reconcile_orphans, owner, now, all_others, include_own)
 
     async def heartbeat(self, owner: str, lease_until: float, now: float) -> None:
         await self._run(_heartbeat, owner, lease_until, now)
@@ -628,6 +648,11 @@ class SqlStore:
 
     async def update_job(self, job_id: str, **fields: Any) -> None:
         await self._run(_update_job, job_id, fields)
+
+    async def claim_jobs(
+        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
+    ) -> Sequence[Job]:
+        return await self._run(_claim_jobs, owner, now, all_others, include_own)
 
     async def unfinished_jobs(self) -> Sequence[Job]:
         def get(db: Executor) -> list[Job]:

@@ -395,3 +395,43 @@ def test_rate_limits_hold_across_replicas(cluster: Cluster) -> None:
             time.sleep(0.1)
     assert r.choices[0].message.content
     _ledger_balanced(c.ledger(0))
+
+
+def test_a_dead_replicas_detached_job_is_resumed_by_the_other(cluster: Cluster) -> None:
+    c = cluster
+    hdr = {"authorization": f"Bearer {c.key}"}
+    body = {"model": "shared", "messages": USER, "detached": True, "max_tokens": 60,
+            "sim": {"output_tokens": 60, "tokens_per_s": 20}}  # fmt: skip
+    r = httpx.post(c.urls[0] + "/v1/chat/completions", json=body, headers=hdr, timeout=30)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+
+    def job(replica: int) -> dict[str, Any]:
+        got = httpx.get(f"{c.urls[replica]}/v1/jobs/{job_id}", headers=hdr, timeout=10)
+        assert got.status_code == 200, got.text
+        out: dict[str, Any] = got.json()
+        return out
+
+    deadline = time.monotonic() + 15
+    while job(1)["status"] != "running":  # the other replica sees it in the shared database
+        assert time.monotonic() < deadline, job(1)
+        time.sleep(0.05)
+    c.procs[0].send_signal(signal.SIGKILL)
+    c.procs[0].wait(timeout=10)
+    killed_at = time.monotonic()
+    # the survivor takes it over once the dead one's ledger lease (15 s) lapses
+    deadline = killed_at + 45
+    seen = []
+    while (state := job(1))["status"] not in ("succeeded", "failed", "canceled", "expired"):
+        seen.append(state["status"])
+        assert time.monotonic() < deadline, (seen[-5:], state)
+        time.sleep(0.2)
+    assert state["status"] == "succeeded", state
+    assert state["result"]["usage"]["completion_tokens"] == 60, state
+    # charged once: one usage record, nothing left held, the ledger balanced
+    rid = state["request_id"]
+    u = httpx.get(f"{c.urls[1]}/v1/usage/{rid}", headers=hdr, timeout=10)
+    assert u.status_code == 200 and u.json()["usage"]["cost_micros"] > 0, u.text
+    led = c.ledger(1)
+    _ledger_balanced(led)
+    assert led["holds_micros"] == 0, led
