@@ -48,6 +48,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=port,
         log_level="warning" if server.log_level != "debug" else "debug",
         access_log=False,
+        # bourse never reads the client address: skip the X-Forwarded-* middleware
+        proxy_headers=False,
         timeout_graceful_shutdown=5,
         server_header=False,
     )

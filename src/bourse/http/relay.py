@@ -48,7 +48,17 @@ def _body(data: bytes) -> Message:
 class RunResponse:
     """ASGI response for one run (streamed or not)."""
 
-    __slots__ = ("_closing", "_gone", "_last", "_main", "_sending", "_we_cancelled", "on_done", "run")
+    __slots__ = (
+        "_closing",
+        "_gone",
+        "_last",
+        "_main",
+        "_sending",
+        "_we_cancelled",
+        "on_done",
+        "run",
+        "started",
+    )
 
     def __init__(self, run: Run, on_done: OnDone | None = None) -> None:
         self.run = run
@@ -59,6 +69,8 @@ class RunResponse:
         self._last = 0.0
         self._main: asyncio.Task[Any] | None = None
         self._we_cancelled = False
+        # True once the response head is sent: a failure after it cannot become an error response
+        self.started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._main = asyncio.current_task()
@@ -172,6 +184,7 @@ class RunResponse:
         run = self.run
         loop = asyncio.get_running_loop()
         headers = [*_SSE_HEADERS, (b"x-request-id", run.request_id.encode()), *self._money_headers(None)]
+        self.started = True
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         self._last = loop.time()
         ticker = asyncio.create_task(self._tick(send))
@@ -281,5 +294,6 @@ class RunResponse:
         if self._gone:
             return
         headers.append((b"content-length", str(len(body)).encode()))
+        self.started = True
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
