@@ -282,6 +282,9 @@ class OpenAIHTTPEngine:
             usage: dict[str, Any] | None = None
             while True:
                 payloads = parser.feed(piece) if piece else parser.end()
+                # the chunks of one read are yielded one behind, so that each but the
+                # last says ``more``: the relay writes chunks that arrived together at once
+                ready: ChunkEvent | None = None
                 for payload in payloads:
                     if done:
                         continue
@@ -293,20 +296,31 @@ class OpenAIHTTPEngine:
                         if not isinstance(chunk, dict):
                             raise TypeError
                         if chunk.get("error") is not None or chunk.get("object") == "error":
-                            raise self._stream_failure(chunk, output_began=output_began)
-                        if "usage" in chunk:
-                            chunk_usage = chunk.pop("usage")
-                            if isinstance(chunk_usage, dict):
-                                usage = chunk_usage
-                        choices = chunk.get("choices")
-                        tokens = _carries_tokens(choices) if choices else 0
+                            failure = self._stream_failure(chunk, output_began=output_began)
+                        else:
+                            failure = None
+                            if "usage" in chunk:
+                                chunk_usage = chunk.pop("usage")
+                                if isinstance(chunk_usage, dict):
+                                    usage = chunk_usage
+                            choices = chunk.get("choices")
+                            tokens = _carries_tokens(choices) if choices else 0
                     except (orjson.JSONDecodeError, TypeError, AttributeError):
-                        raise EngineFailure(
+                        failure = EngineFailure(
                             "upstream sent a malformed stream chunk", transient=not output_began
-                        ) from None
+                        )
+                    if failure is not None:
+                        if ready is not None:
+                            yield ready
+                        raise failure
                     if choices:
                         output_began = True
-                        yield ChunkEvent(chunk, tokens)
+                        if ready is not None:
+                            ready.more = True
+                            yield ready
+                        ready = ChunkEvent(chunk, tokens)
+                if ready is not None:
+                    yield ready
                 if not piece:
                     break
                 try:

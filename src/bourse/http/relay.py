@@ -9,7 +9,9 @@ cancels the relay, which stops the engine through the run; under the ``drain``
 policy an admitted run is read to its end instead, with nothing written.
 
 The per-chunk path is: rewrite (done by the run) -> ``orjson.dumps`` -> one
-``send``. Nothing is buffered beyond the chunk being written.
+``send``. Nothing waits: chunks that reached the engine together (one upstream read;
+the engine marks all but the last with ``more``) go out together in one ``send``,
+which saves a write per chunk and delays none.
 """
 
 from __future__ import annotations
@@ -190,25 +192,32 @@ class RunResponse:
         ticker = asyncio.create_task(self._tick(send))
         events = run.events()
         dumps = orjson.dumps
+        together: list[bytes] = []  # frames of chunks that arrived with the next one
         try:
             async for ev in events:
                 if type(ev) is ChunkEvent:
                     if not self._gone:
+                        frame = b"data: %b\n\n" % dumps(ev.chunk)
+                        if ev.more:
+                            together.append(frame)
+                            continue
+                        if together:
+                            together.append(frame)
+                            frame = b"".join(together)
+                            together.clear()
                         self._sending = True
-                        await send(
-                            {
-                                "type": "http.response.body",
-                                "body": b"data: %b\n\n" % dumps(ev.chunk),
-                                "more_body": True,
-                            }
-                        )
+                        await send({"type": "http.response.body", "body": frame, "more_body": True})
                         self._sending = False
                         self._last = loop.time()
                 elif type(ev) is Finished:
                     self._closing = True
                     ticker.cancel()
                     if not self._gone:
-                        await send({"type": "http.response.body", "body": self._tail(ev), "more_body": False})
+                        tail = self._tail(ev)
+                        if together:  # not expected: an engine's last chunk says no ``more``
+                            tail = b"".join(together) + tail
+                            together.clear()
+                        await send({"type": "http.response.body", "body": tail, "more_body": False})
                 elif type(ev) is Queued:
                     if not self._gone:
                         await send(_body(sse.comment(f"queued bid={sse.fmt_price(ev.bid)}")))

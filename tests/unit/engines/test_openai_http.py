@@ -583,3 +583,54 @@ async def test_a_broken_chunked_body_after_output_is_final() -> None:
                 received += 1
     assert received == 1
     assert not info.value.transient
+
+
+async def test_chunks_read_together_say_more_but_the_last() -> None:
+    usage = {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+    content = _sse(_chunk("a"), _chunk("b"), _chunk("c", "stop"), {"id": "x", "choices": [], "usage": usage})
+    async with _fake(_answer(200, content)) as engine:
+        chunks, usages = await _collect(engine, _request(CHAT))
+    assert [(c.chunk["choices"][0]["delta"]["content"], c.more) for c in chunks] == [
+        ("a", True),
+        ("b", True),
+        ("c", False),
+    ]
+    assert usages == [UsageEvent(1, 3, {})]
+
+
+async def test_chunks_read_apart_do_not_say_more() -> None:
+    first, second = _sse(_chunk("a"), done=False), _sse(_chunk("b", "stop"))
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(first)
+        await gate.wait()
+        await response.write(second)
+        await response.write_eof()
+        return response
+
+    gate = asyncio.Event()
+    async with _fake(handler) as engine:
+        events = engine.generate(_request(CHAT))
+        one = await anext(events)
+        gate.set()
+        rest = [ev async for ev in events]
+    assert isinstance(one, ChunkEvent) and not one.more
+    assert [
+        (ev.chunk["choices"][0]["delta"]["content"], ev.more) for ev in rest if isinstance(ev, ChunkEvent)
+    ] == [("b", False)]
+
+
+async def test_a_chunk_read_with_an_error_is_yielded_before_the_failure() -> None:
+    error = {"error": {"message": "engine overloaded", "type": "server_error"}}
+    async with _fake(_answer(200, _sse(_chunk("a"), _chunk("b"), error, done=False))) as engine:
+        got: list[ChunkEvent] = []
+        with pytest.raises(EngineFailure) as info:
+            async for ev in engine.generate(_request(CHAT)):
+                assert isinstance(ev, ChunkEvent)
+                got.append(ev)
+    assert [(c.chunk["choices"][0]["delta"]["content"], c.more) for c in got] == [("a", True), ("b", False)]
+    assert not info.value.transient
