@@ -1,10 +1,11 @@
 """The relay: one ASGI response that runs a :class:`~bourse.services.completion.Run`
 and writes it to the client, as SSE frames or as one JSON body.
 
-Three tasks per streamed request: the relay itself (reads the run, writes frames),
-a listener (waits for ``http.disconnect``) and a ticker (writes the quiet-interval
-frames of SPEC section 4: ``: queued level=… position=…`` while in the book,
-``: waiting`` once admitted, ``: keep-alive`` once output began). A disconnect
+Two tasks per request: the relay itself (reads the run, writes frames) and a
+listener (waits for ``http.disconnect``). A streamed request also has a timer for
+the quiet-interval frames of SPEC section 4 (``: queued level=… position=…`` while
+in the book, ``: waiting`` once admitted, ``: keep-alive`` once output began): it
+fires once per quiet interval and starts a short task only to write such a frame. A disconnect
 cancels the relay, which stops the engine through the run; under the ``drain``
 policy an admitted run is read to its end instead, with nothing written.
 
@@ -53,9 +54,14 @@ class RunResponse:
     __slots__ = (
         "_closing",
         "_gone",
+        "_interval",
         "_last",
+        "_loop",
         "_main",
+        "_send",
         "_sending",
+        "_ticking",
+        "_timer",
         "_we_cancelled",
         "on_done",
         "run",
@@ -69,6 +75,11 @@ class RunResponse:
         self._sending = False
         self._closing = False
         self._last = 0.0
+        self._interval = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._send: Send | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._ticking: asyncio.Task[None] | None = None
         self._main: asyncio.Task[Any] | None = None
         self._we_cancelled = False
         # True once the response head is sent: a failure after it cannot become an error response
@@ -149,36 +160,57 @@ class RunResponse:
             self._we_cancelled = True
             self._main.cancel()
 
-    async def _tick(self, send: Send) -> None:
+    def _arm(self) -> None:
+        """Check for a quiet interval when the current one would end (a timer, not a task)."""
+        assert self._loop is not None
+        self._timer = self._loop.call_at(self._last + self._interval, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._closing:
+            return
+        assert self._loop is not None
+        now = self._loop.time()
+        if self._sending or self._gone:
+            self._last = now
+        if self._last + self._interval > now:
+            self._arm()
+            return
         run = self.run
-        loop = asyncio.get_running_loop()
-        interval = run.market.policy.quiet_interval_s
-        while True:
-            delay = self._last + interval - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-                continue
-            if self._sending or self._gone or self._closing:
-                self._last = loop.time()
-                continue
-            phase = run.phase
-            if phase == QUEUED and run.order is not None:
-                m = run.market
-                frame = sse.comment(
-                    f"queued level={sse.fmt_price(m.level())} position={max(m.position(run.order), 0)}"
-                )
-            elif phase == ADMITTED:
-                frame = sse.WAITING
-            elif phase == STREAMING:
-                frame = sse.KEEP_ALIVE
-            else:
-                return
-            self._sending = True
-            try:
-                await send(_body(frame))
-            finally:
-                self._sending = False
-                self._last = loop.time()
+        phase = run.phase
+        if phase == QUEUED and run.order is not None:
+            m = run.market
+            frame = sse.comment(
+                f"queued level={sse.fmt_price(m.level())} position={max(m.position(run.order), 0)}"
+            )
+        elif phase == ADMITTED:
+            frame = sse.WAITING
+        elif phase == STREAMING:
+            frame = sse.KEEP_ALIVE
+        else:
+            return
+        self._sending = True
+        self._ticking = asyncio.create_task(self._tick(frame))
+
+    async def _tick(self, frame: bytes) -> None:
+        assert self._send is not None and self._loop is not None
+        try:
+            await self._send(_body(frame))
+        finally:
+            self._sending = False
+            self._ticking = None
+            self._last = self._loop.time()
+            if not self._closing:
+                self._arm()
+
+    def _stop_ticking(self) -> None:
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._ticking is not None:
+            self._ticking.cancel()
+            self._ticking = None
 
     # -- streamed ---------------------------------------------------------------
 
@@ -188,8 +220,11 @@ class RunResponse:
         headers = [*_SSE_HEADERS, (b"x-request-id", run.request_id.encode()), *self._money_headers(None)]
         self.started = True
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        self._loop = loop
+        self._interval = run.market.policy.quiet_interval_s
+        self._send = send
         self._last = loop.time()
-        ticker = asyncio.create_task(self._tick(send))
+        self._arm()
         events = run.events()
         dumps = orjson.dumps
         together: list[bytes] = []  # frames of chunks that arrived with the next one
@@ -210,8 +245,7 @@ class RunResponse:
                         self._sending = False
                         self._last = loop.time()
                 elif type(ev) is Finished:
-                    self._closing = True
-                    ticker.cancel()
+                    self._stop_ticking()
                     if not self._gone:
                         tail = self._tail(ev)
                         if together:  # not expected: an engine's last chunk says no ``more``
@@ -226,8 +260,7 @@ class RunResponse:
                     await send(_body(sse.REQUEUED))
                     self._last = loop.time()
         finally:
-            self._closing = True
-            ticker.cancel()
+            self._stop_ticking()
             await events.aclose()
 
     def _tail(self, fin: Finished) -> bytes:
