@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from collections.abc import Sequence
@@ -48,12 +49,21 @@ def _serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    app = container.app()
+    # What is built by now (modules, models, the app) lives as long as the process:
+    # keep it out of the collector's full passes. Requests make few reference cycles,
+    # so the youngest generation is collected ten times less often than by default.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(7000, 10, 10)
     uvicorn.run(
-        container.app(),
+        app,
         host=host,
         port=port,
         log_level="warning" if server.log_level != "debug" else "debug",
         access_log=False,
+        # bourse never reads the client address: skip the X-Forwarded-* middleware
+        proxy_headers=False,
         timeout_graceful_shutdown=5,
         server_header=False,
     )

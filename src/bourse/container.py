@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from bourse.domain.book import Deployment, ProductBook
 from bourse.domain.breaker import CircuitBreaker
@@ -145,7 +145,7 @@ class Container:
             await engine.aclose()
         await self.store.close()
 
-    def app(self) -> Starlette:
+    def app(self) -> ASGIApp:
         return create_app(self)
 
 

@@ -1,6 +1,6 @@
 """The ``openai`` engine: any OpenAI-compatible HTTP upstream (vLLM, llama.cpp, SGLang, Ollama, ...).
 
-Owns the upstream side of the relay: one pooled HTTP client per deployment, the
+Owns the upstream side of the relay: one pooled HTTP client per deployment (aiohttp), the
 request it sends (the gateway's body, always streamed with usage), the mapping of
 upstream statuses and error envelopes to :class:`EngineFailure` (transient before
 any output for connect errors, timeouts, 5xx and 429; a refusal such as a context
@@ -15,12 +15,12 @@ The API key is sent only as a header; it never appears in a failure message.
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
+import yarl
 
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, UsageEvent
 
@@ -28,8 +28,6 @@ __all__ = ["OpenAIHTTPEngine"]
 
 _DONE = b"[DONE]"
 _MESSAGE_MAX = 300
-_MAX_SHARDS = 64
-_PER_SHARD = 64
 _TRANSIENT_CLIENT_STATUSES = frozenset({401, 403, 404, 408, 429})
 """4xx answers that say the deployment is wrong or busy, not that the request is."""
 
@@ -102,12 +100,51 @@ def _carries_tokens(choices: list[Any]) -> int:
     return 0
 
 
+class _SSEPayloads:
+    """The ``data`` payloads of an SSE byte stream, fed in pieces of any size.
+
+    Lines end in LF or CRLF; ``data:`` lines of one event are joined by LF; comments
+    and other fields are ignored; an event ends at a blank line.
+    """
+
+    __slots__ = ("_buffer", "_data")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._data: list[bytes] = []
+
+    def feed(self, piece: bytes) -> list[bytes]:
+        buffer = self._buffer + piece if self._buffer else piece
+        lines = buffer.split(b"\n")
+        self._buffer = lines.pop()
+        out: list[bytes] = []
+        data = self._data
+        for line in lines:
+            if line[-1:] == b"\r":
+                line = line[:-1]
+            if line:
+                if line[:5] == b"data:":
+                    data.append(line[6:] if line[5:6] == b" " else line[5:])
+                continue  # comments and other fields are ignored
+            if data:
+                out.append(data[0] if len(data) == 1 else b"\n".join(data))
+                data.clear()
+        return out
+
+    def end(self) -> list[bytes]:
+        """The end of the stream: an event not yet ended by a blank line counts."""
+        return self.feed(b"\n\n")
+
+
 class OpenAIHTTPEngine:
     """An engine that streams from ``{base_url}/chat/completions`` or ``/completions``.
 
-    ``first_byte_timeout_s`` bounds the wait from sending the request to the first
-    bytes of the answer body (a failure there is transient); ``read_timeout_s``
-    bounds each silence after that.
+    The HTTP client is one :class:`aiohttp.ClientSession` (its C HTTP parser, one
+    keep-alive connection pool of up to ``max_connections``), made on first use inside
+    the running event loop. ``first_byte_timeout_s`` bounds the wait from sending the
+    request to the first bytes of the answer body, including the wait for a free
+    connection (a failure there is transient); ``read_timeout_s`` bounds each silence
+    after that.
     """
 
     def __init__(
@@ -120,15 +157,16 @@ class OpenAIHTTPEngine:
         first_byte_timeout_s: float = 60,
         read_timeout_s: float = 300,
         max_connections: int = 4096,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         base = base_url.rstrip("/")
-        self._chat_url = base + "/chat/completions"
-        self._completion_url = base + "/completions"
+        self._chat_url = yarl.URL(base + "/chat/completions")
+        self._completion_url = yarl.URL(base + "/completions")
         self._model = model
         self._api_key = api_key or None
+        self._connect_timeout_s = connect_timeout_s
         self._first_byte_timeout_s = first_byte_timeout_s
         self._read_timeout_s = read_timeout_s
+        self._max_connections = max_connections
         headers = {
             "accept": "text/event-stream",
             "accept-encoding": "identity",
@@ -136,45 +174,28 @@ class OpenAIHTTPEngine:
         }
         if self._api_key:
             headers["authorization"] = f"Bearer {self._api_key}"
-        # httpcore scans every connection of a pool when it assigns a request, so one
-        # pool of thousands of streams costs O(n) per request. The connections are
-        # spread over shards instead (a request takes the less busy of two random
-        # shards), keeping each scan short.
-        shards = 1 if transport is not None else max(1, min(_MAX_SHARDS, max_connections // _PER_SHARD))
-        per_shard = max(1, -(-max_connections // shards))
-        self._clients = [
-            httpx.AsyncClient(
-                headers=headers,
-                timeout=httpx.Timeout(
-                    connect=connect_timeout_s,
-                    read=read_timeout_s,
-                    write=read_timeout_s,
-                    pool=first_byte_timeout_s,
-                ),
-                limits=httpx.Limits(
-                    max_connections=per_shard,
-                    max_keepalive_connections=per_shard,
-                    keepalive_expiry=30.0,
-                ),
-                transport=transport,
-                trust_env=False,
-            )
-            for _ in range(shards)
-        ]
-        self._client = self._clients[0]
-        self._busy = [0] * shards
-        self._rng = random.Random()
+        self._headers = headers
+        self._session: aiohttp.ClientSession | None = None
 
-    def _shard(self) -> int:
-        n = len(self._clients)
-        if n == 1:
-            return 0
-        a, b = self._rng.randrange(n), self._rng.randrange(n)
-        return a if self._busy[a] <= self._busy[b] else b
+    def _open_session(self) -> aiohttp.ClientSession:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=self._max_connections, limit_per_host=0, keepalive_timeout=30.0
+            ),
+            headers=self._headers,
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=self._connect_timeout_s, sock_read=self._read_timeout_s
+            ),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("user-agent",),
+            trust_env=False,
+        )
+        return self._session
 
     async def aclose(self) -> None:
-        for client in self._clients:
-            await client.aclose()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
     def _scrub(self, text: str) -> str:
         text = text if len(text) <= _MESSAGE_MAX else text[: _MESSAGE_MAX - 3] + "..."
@@ -221,62 +242,50 @@ class OpenAIHTTPEngine:
             {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
         )
         url = self._chat_url if request.kind == "chat" else self._completion_url
-        shard = self._shard()
-        client = self._clients[shard]
-        http_request = client.build_request(
-            "POST",
-            url,
-            content=orjson.dumps(body),
-            headers={"x-request-id": request.request_id, "x-bourse-attempt": str(request.attempt)},
-        )
-        response: httpx.Response | None = None
-        pieces: AsyncIterator[bytes] | None = None
-        self._busy[shard] += 1
+        session = self._session or self._open_session()
+        response: aiohttp.ClientResponse | None = None
+        released = False
         try:
             # Phase 1, nothing yielded: connect, status, first body bytes. All transient.
-            buffer = b""
             try:
                 async with asyncio.timeout(self._first_byte_timeout_s):
-                    response = await client.send(http_request, stream=True)
-                    if not 200 <= response.status_code < 300:
-                        content = await response.aread()
-                        raise self._status_failure(response.status_code, content)
-                    pieces = response.aiter_bytes()
-                    buffer = await anext(pieces, b"")
+                    response = await session.post(
+                        url,
+                        data=orjson.dumps(body),
+                        headers={
+                            "x-request-id": request.request_id,
+                            "x-bourse-attempt": str(request.attempt),
+                        },
+                    )
+                    if not 200 <= response.status < 300:
+                        content = await response.read()
+                        response.release()
+                        released = True
+                        raise self._status_failure(response.status, content)
+                    piece = await response.content.readany()
+            except aiohttp.ServerTimeoutError as exc:
+                raise EngineFailure(f"upstream timed out ({type(exc).__name__})", transient=True) from None
             except TimeoutError:
                 raise EngineFailure(
                     f"upstream sent nothing within {self._first_byte_timeout_s:g}s", transient=True
                 ) from None
-            except httpx.TimeoutException as exc:
-                raise EngineFailure(f"upstream timed out ({type(exc).__name__})", transient=True) from None
-            except httpx.HTTPError as exc:
+            except aiohttp.ClientError as exc:
                 raise EngineFailure(
                     self._scrub(f"upstream unreachable ({type(exc).__name__}: {exc})"), transient=True
                 ) from None
 
             # Phase 2: parse SSE events and relay each chunk as it comes.
-            assert response is not None and pieces is not None
+            content_stream = response.content
+            parser = _SSEPayloads()
             output_began = False
             done = False
-            eof = not buffer
-            if eof:
-                buffer = b"\n\n"
             usage: dict[str, Any] | None = None
-            data: list[bytes] = []
             while True:
-                lines = buffer.split(b"\n")
-                buffer = lines.pop()
-                for line in lines:
-                    if line[-1:] == b"\r":
-                        line = line[:-1]
-                    if line:
-                        if line[:5] == b"data:":
-                            data.append(line[6:] if line[5:6] == b" " else line[5:])
-                        continue  # comments and other fields are ignored
-                    if not data:
-                        continue
-                    payload = data[0] if len(data) == 1 else b"\n".join(data)
-                    data.clear()
+                payloads = parser.feed(piece) if piece else parser.end()
+                # the chunks of one read are yielded one behind, so that each but the
+                # last says ``more``: the relay writes chunks that arrived together at once
+                ready: ChunkEvent | None = None
+                for payload in payloads:
                     if done:
                         continue
                     if payload == _DONE:
@@ -287,55 +296,59 @@ class OpenAIHTTPEngine:
                         if not isinstance(chunk, dict):
                             raise TypeError
                         if chunk.get("error") is not None or chunk.get("object") == "error":
-                            raise self._stream_failure(chunk, output_began=output_began)
-                        if "usage" in chunk:
-                            chunk_usage = chunk.pop("usage")
-                            if isinstance(chunk_usage, dict):
-                                usage = chunk_usage
-                        choices = chunk.get("choices")
-                        tokens = _carries_tokens(choices) if choices else 0
+                            failure = self._stream_failure(chunk, output_began=output_began)
+                        else:
+                            failure = None
+                            if "usage" in chunk:
+                                chunk_usage = chunk.pop("usage")
+                                if isinstance(chunk_usage, dict):
+                                    usage = chunk_usage
+                            choices = chunk.get("choices")
+                            tokens = _carries_tokens(choices) if choices else 0
                     except (orjson.JSONDecodeError, TypeError, AttributeError):
-                        raise EngineFailure(
+                        failure = EngineFailure(
                             "upstream sent a malformed stream chunk", transient=not output_began
-                        ) from None
+                        )
+                    if failure is not None:
+                        if ready is not None:
+                            yield ready
+                        raise failure
                     if choices:
                         output_began = True
-                        yield ChunkEvent(chunk, tokens)
-                if eof:
+                        if ready is not None:
+                            ready.more = True
+                            yield ready
+                        ready = ChunkEvent(chunk, tokens)
+                if ready is not None:
+                    yield ready
+                if not piece:
                     break
                 try:
-                    piece = await anext(pieces, None)
-                except httpx.ReadTimeout:
+                    piece = await content_stream.readany()
+                except aiohttp.ServerTimeoutError:
                     raise EngineFailure(
                         f"upstream went silent for {self._read_timeout_s:g}s", transient=not output_began
                     ) from None
-                except httpx.HTTPError as exc:
+                except (aiohttp.ClientError, TimeoutError) as exc:
                     raise EngineFailure(
                         self._scrub(f"upstream stream broke ({type(exc).__name__})"),
                         transient=not output_began,
                     ) from None
-                if piece is None:
-                    eof = True
-                    buffer += b"\n\n"
-                else:
-                    buffer = buffer + piece if buffer else piece
 
             if not done:
                 if output_began:
                     raise EngineFailure("upstream closed the stream early", transient=False)
                 raise EngineFailure("upstream closed the stream before any output", transient=True)
-            # Fully read: closing now returns the connection to the pool.
-            await response.aclose()
+            # Fully read: releasing now returns the connection to the pool.
+            response.release()
+            released = True
             if usage is not None:
                 yield _usage_event(usage)
         finally:
-            self._busy[shard] -= 1
-            if pieces is not None:
-                aclose = getattr(pieces, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-            if response is not None:
-                await response.aclose()
+            if response is not None and not released:
+                # not read to its end (closed early, cancelled, failed): drop the
+                # connection, so the upstream sees it go and stops generating
+                response.close()
 
 
 def _usage_event(usage: dict[str, Any]) -> UsageEvent:

@@ -1,7 +1,9 @@
 """The ASGI application factory: routes, error mapping, lifespan.
 
 Routes are thin: read and check the body, hand it to a service, return a response.
-No middleware sits on the hot path (no ``BaseHTTPMiddleware``).
+No middleware sits on the hot path (no ``BaseHTTPMiddleware``): the two completion
+routes are served by :class:`~bourse.http.edge.HotRouter` in front of Starlette, which
+serves the rest.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from starlette.routing import Route
 from bourse.domain.errors import GatewayError, internal_error
 from bourse.http import account, admin, completions, jobs, market
 from bourse.http.deps import Services
+from bourse.http.edge import HotRouter
 from bourse.http.responses import JSON, error_response
 from bourse.services.ids import new_request_id
 
@@ -34,7 +37,7 @@ def _rid(request: Request) -> str:
     return rid
 
 
-def create_app(services: Services) -> Starlette:
+def create_app(services: Services) -> HotRouter:
     markets = services.completions.markets
 
     async def healthz(request: Request) -> Response:
@@ -83,8 +86,9 @@ def create_app(services: Services) -> Starlette:
         HTTPException: on_http_error,
         Exception: on_crash,
     }
+    hot = completions.hot_routes(services)
     routes = [
-        *completions.routes(services),
+        *completions.routes(hot),
         *market.routes(services),
         *account.routes(services),
         *jobs.routes(services),
@@ -92,4 +96,4 @@ def create_app(services: Services) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    return HotRouter(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), hot)

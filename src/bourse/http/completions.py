@@ -1,39 +1,55 @@
-"""Routes POST /v1/chat/completions and /v1/completions (with idempotency keys)."""
+"""Routes POST /v1/chat/completions and /v1/completions (with idempotency keys).
+
+They are raw ASGI routes (:mod:`bourse.http.edge`): the headers are read once from
+the scope, the body straight from ``receive``.
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from starlette.requests import Request
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bourse.http import idempotency
-from bourse.http.deps import Services, read_body
+from bourse.http.deps import Services
+from bourse.http.edge import HotRoute, read_body, serve
 from bourse.http.relay import RunResponse
 from bourse.http.responses import JSON
 from bourse.ports.engine import Kind
 from bourse.ports.stores import StoredResponse
-from bourse.services.ids import new_request_id
 from bourse.wire.requests import parse_body, validate
 
+PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
-def routes(services: Services) -> list[Route]:
+
+def hot_routes(services: Services) -> dict[str, HotRoute]:
+    """The two completion routes, by path, for :class:`~bourse.http.edge.HotRouter`."""
     completions = services.completions
     auth = services.auth
     store = services.store
     limit = services.max_body_bytes
 
-    async def complete(request: Request, kind: Kind) -> Any:
+    async def complete(kind: Kind, scope: Scope, receive: Receive, rid: str) -> ASGIApp:
         t0 = time.perf_counter()
-        rid = new_request_id(kind)
-        request.state.request_id = rid
-        headers = request.headers
-        principal = await auth.user(headers.get("authorization"))
-        raw = await read_body(request, limit)
+        authorization = idem = max_price = book_timeout = None
+        length: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"content-length":
+                length = value
+            elif name == b"idempotency-key":
+                idem = value.decode("latin-1")
+            elif name == b"x-max-price":
+                max_price = value.decode("latin-1")
+            elif name == b"x-book-timeout":
+                book_timeout = value.decode("latin-1")
+        principal = await auth.user(authorization)
+        raw = await read_body(receive, length, limit)
         body = parse_body(raw)
         req = validate(kind, body)
-        idem = headers.get("idempotency-key")
         account = principal.account_id
         replay = await idempotency.begin(services, account, idem, kind, raw)
         if replay is not None:
@@ -41,9 +57,8 @@ def routes(services: Services) -> list[Route]:
         if req.detached:
             try:
                 job = await services.jobs.submit(
-                    principal, "/v1/chat/completions" if kind == "chat" else "/v1/completions", body,
-                    max_price_header=headers.get("x-max-price"), timeout_header=headers.get("x-book-timeout"),
-                )  # fmt: skip
+                    principal, PATHS[kind], body, max_price_header=max_price, timeout_header=book_timeout
+                )
             except BaseException:
                 await idempotency.forget(services, account, idem)
                 raise
@@ -57,8 +72,8 @@ def routes(services: Services) -> list[Route]:
                 req,
                 principal,
                 request_id=rid,
-                max_price_header=headers.get("x-max-price"),
-                timeout_header=headers.get("x-book-timeout"),
+                max_price_header=max_price,
+                timeout_header=book_timeout,
                 t0=t0,
             )
         except BaseException:
@@ -76,13 +91,27 @@ def routes(services: Services) -> list[Route]:
 
         return RunResponse(run, on_done=on_done)
 
-    async def chat_completions(request: Request) -> Any:
-        return await complete(request, "chat")
+    async def chat(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
+        return await complete("chat", scope, receive, rid)
 
-    async def completions_legacy(request: Request) -> Any:
-        return await complete(request, "completion")
+    async def legacy(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
+        return await complete("completion", scope, receive, rid)
 
-    return [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions_legacy, methods=["POST"]),
-    ]
+    return {PATHS["chat"]: HotRoute("chat", chat), PATHS["completion"]: HotRoute("completion", legacy)}
+
+
+class _Endpoint:
+    """A hot route as a Starlette endpoint (a raw ASGI app), for the paths the
+    :class:`~bourse.http.edge.HotRouter` does not take (e.g. a mounted root path)."""
+
+    def __init__(self, route: HotRoute) -> None:
+        self._route = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await serve(self._route, scope, receive, send)
+
+
+def routes(hot: dict[str, HotRoute]) -> list[Route]:
+    """The same routes for Starlette: other methods get its 405 envelope there."""
+    out: list[Any] = [Route(path, _Endpoint(route), methods=["POST"]) for path, route in hot.items()]
+    return out

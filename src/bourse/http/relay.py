@@ -1,15 +1,18 @@
 """The relay: one ASGI response that runs a :class:`~bourse.services.completion.Run`
 and writes it to the client, as SSE frames or as one JSON body.
 
-Three tasks per streamed request: the relay itself (reads the run, writes frames),
-a listener (waits for ``http.disconnect``) and a ticker (writes the quiet-interval
-frames of SPEC section 4: ``: queued level=… position=…`` while in the book,
-``: waiting`` once admitted, ``: keep-alive`` once output began). A disconnect
+Two tasks per request: the relay itself (reads the run, writes frames) and a
+listener (waits for ``http.disconnect``). A streamed request also has a timer for
+the quiet-interval frames of SPEC section 4 (``: queued level=… position=…`` while
+in the book, ``: waiting`` once admitted, ``: keep-alive`` once output began): it
+fires once per quiet interval and starts a short task only to write such a frame. A disconnect
 cancels the relay, which stops the engine through the run; under the ``drain``
 policy an admitted run is read to its end instead, with nothing written.
 
 The per-chunk path is: rewrite (done by the run) -> ``orjson.dumps`` -> one
-``send``. Nothing is buffered beyond the chunk being written.
+``send``. Nothing waits: chunks that reached the engine together (one upstream read;
+the engine marks all but the last with ``more``) go out together in one ``send``,
+which saves a write per chunk and delays none.
 """
 
 from __future__ import annotations
@@ -48,7 +51,22 @@ def _body(data: bytes) -> Message:
 class RunResponse:
     """ASGI response for one run (streamed or not)."""
 
-    __slots__ = ("_closing", "_gone", "_last", "_main", "_sending", "_we_cancelled", "on_done", "run")
+    __slots__ = (
+        "_closing",
+        "_gone",
+        "_interval",
+        "_last",
+        "_loop",
+        "_main",
+        "_send",
+        "_sending",
+        "_ticking",
+        "_timer",
+        "_we_cancelled",
+        "on_done",
+        "run",
+        "started",
+    )
 
     def __init__(self, run: Run, on_done: OnDone | None = None) -> None:
         self.run = run
@@ -57,8 +75,15 @@ class RunResponse:
         self._sending = False
         self._closing = False
         self._last = 0.0
+        self._interval = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._send: Send | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._ticking: asyncio.Task[None] | None = None
         self._main: asyncio.Task[Any] | None = None
         self._we_cancelled = False
+        # True once the response head is sent: a failure after it cannot become an error response
+        self.started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._main = asyncio.current_task()
@@ -135,40 +160,73 @@ class RunResponse:
             self._we_cancelled = True
             self._main.cancel()
 
-    async def _tick(self, send: Send) -> None:
+    def _arm(self) -> None:
+        """Check for a quiet interval when the current one would end (a timer, not a task)."""
+        assert self._loop is not None
+        self._timer = self._loop.call_at(self._last + self._interval, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._closing:
+            return
+        assert self._loop is not None
+        now = self._loop.time()
+        if self._sending or self._gone:
+            self._last = now
+        if self._last + self._interval > now:
+            self._arm()
+            return
         run = self.run
-        loop = asyncio.get_running_loop()
-        interval = run.market.policy.quiet_interval_s
-        while True:
-            delay = self._last + interval - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-                continue
-            if self._sending or self._gone or self._closing:
-                self._last = loop.time()
-                continue
-            phase = run.phase
-            if phase == QUEUED and run.order is not None:
-                try:
-                    level, pos = await run.market.standing(run.order)
-                except Exception as exc:  # the shared book is unreachable: its last known view
-                    log.warning("queue position of %s: %s", run.request_id, exc)
-                    level, pos = run.market.level(), run.market.position(run.order)
-                if run.phase != QUEUED or self._sending or self._gone or self._closing:
-                    continue  # admitted (or gone) while we asked
-                frame = sse.comment(f"queued level={sse.fmt_price(level)} position={max(pos, 0)}")
-            elif phase == ADMITTED:
-                frame = sse.WAITING
-            elif phase == STREAMING:
-                frame = sse.KEEP_ALIVE
-            else:
-                return
-            self._sending = True
-            try:
-                await send(_body(frame))
-            finally:
-                self._sending = False
-                self._last = loop.time()
+        phase = run.phase
+        frame: bytes | None
+        if phase == QUEUED and run.order is not None:
+            frame = None  # the level and position are asked of the book first
+        elif phase == ADMITTED:
+            frame = sse.WAITING
+        elif phase == STREAMING:
+            frame = sse.KEEP_ALIVE
+        else:
+            return
+        self._sending = True
+        self._ticking = asyncio.create_task(self._tick(frame))
+
+    async def _tick(self, frame: bytes | None) -> None:
+        assert self._send is not None and self._loop is not None
+        try:
+            if frame is None:
+                frame = await self._queued_frame()
+                if frame is None:
+                    return
+            await self._send(_body(frame))
+        finally:
+            self._sending = False
+            self._ticking = None
+            self._last = self._loop.time()
+            if not self._closing:
+                self._arm()
+
+    async def _queued_frame(self) -> bytes | None:
+        """``: queued level=… position=…`` from the book (shared books answer over the
+        network); None if the order was admitted or the client left meanwhile."""
+        run = self.run
+        order = run.order
+        try:
+            level, pos = await run.market.standing(order)
+        except Exception as exc:  # the book is unreachable: its last known view
+            log.warning("queue position of %s: %s", run.request_id, exc)
+            level, pos = run.market.level(), -1 if order is None else run.market.position(order)
+        if run.phase != QUEUED or self._gone or self._closing:
+            return None
+        return sse.comment(f"queued level={sse.fmt_price(level)} position={max(pos, 0)}")
+
+    def _stop_ticking(self) -> None:
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._ticking is not None:
+            self._ticking.cancel()
+            self._ticking = None
 
     # -- streamed ---------------------------------------------------------------
 
@@ -176,30 +234,40 @@ class RunResponse:
         run = self.run
         loop = asyncio.get_running_loop()
         headers = [*_SSE_HEADERS, (b"x-request-id", run.request_id.encode()), *self._money_headers(None)]
+        self.started = True
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        self._loop = loop
+        self._interval = run.market.policy.quiet_interval_s
+        self._send = send
         self._last = loop.time()
-        ticker = asyncio.create_task(self._tick(send))
+        self._arm()
         events = run.events()
         dumps = orjson.dumps
+        together: list[bytes] = []  # frames of chunks that arrived with the next one
         try:
             async for ev in events:
                 if type(ev) is ChunkEvent:
                     if not self._gone:
+                        frame = b"data: %b\n\n" % dumps(ev.chunk)
+                        if ev.more:
+                            together.append(frame)
+                            continue
+                        if together:
+                            together.append(frame)
+                            frame = b"".join(together)
+                            together.clear()
                         self._sending = True
-                        await send(
-                            {
-                                "type": "http.response.body",
-                                "body": b"data: %b\n\n" % dumps(ev.chunk),
-                                "more_body": True,
-                            }
-                        )
+                        await send({"type": "http.response.body", "body": frame, "more_body": True})
                         self._sending = False
                         self._last = loop.time()
                 elif type(ev) is Finished:
-                    self._closing = True
-                    ticker.cancel()
+                    self._stop_ticking()
                     if not self._gone:
-                        await send({"type": "http.response.body", "body": self._tail(ev), "more_body": False})
+                        tail = self._tail(ev)
+                        if together:  # not expected: an engine's last chunk says no ``more``
+                            tail = b"".join(together) + tail
+                            together.clear()
+                        await send({"type": "http.response.body", "body": tail, "more_body": False})
                 elif type(ev) is Queued:
                     if not self._gone:
                         await send(_body(sse.comment(f"queued bid={sse.fmt_price(ev.bid)}")))
@@ -208,8 +276,7 @@ class RunResponse:
                     await send(_body(sse.REQUEUED))
                     self._last = loop.time()
         finally:
-            self._closing = True
-            ticker.cancel()
+            self._stop_ticking()
             await events.aclose()
 
     def _tail(self, fin: Finished) -> bytes:
@@ -285,5 +352,6 @@ class RunResponse:
         if self._gone:
             return
         headers.append((b"content-length", str(len(body)).encode()))
+        self.started = True
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -49,6 +49,9 @@ class ChunkEvent:
 
     chunk: dict[str, Any]
     tokens: int = 1
+    more: bool = False
+    """True when the engine already holds the next chunk and yields it without waiting
+    for I/O (they arrived together): the relay may write both in one send."""
 
 
 @dataclass(slots=True)

@@ -3,14 +3,15 @@
 One connection on one dedicated thread: every transaction is one function run
 there, so transactions are serialized without locks, and concurrent ones are
 group-committed (see ``_drain``): one hop off the event loop and one commit for a
-whole batch. WAL journal,
-``synchronous=NORMAL``. Statements use the shared ``$n`` parameters of
+whole batch. WAL journal, ``synchronous=NORMAL``, checkpoints off the commit path
+(see ``_checkpoint``). Statements use the shared ``$n`` parameters of
 :mod:`bourse.storage.sql`, rewritten to ``?n`` once per statement text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import sqlite3
 import time
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 from bourse.storage.sql import IntegrityError, Row, SqlStore
 
 T = TypeVar("T")
+log = logging.getLogger("bourse.storage")
 _PARAM = re.compile(r"\$(\d+)")
 
 
@@ -72,6 +74,11 @@ class SqliteStore(SqlStore):
         self._cache: dict[str, str] = {}
         self._queue: deque[tuple[Callable[..., Any], tuple[Any, ...], asyncio.Future[Any]]] = deque()
         self._draining = False
+        # checkpoints run on their own connection and thread (see _checkpoint)
+        self._checkpointer: ThreadPoolExecutor | None = None
+        self._checkpoint_conn: sqlite3.Connection | None = None
+        self._checkpointing = False
+        self._commits = 0
 
     def _connect(self) -> None:
         if self.path != ":memory:":
@@ -93,6 +100,9 @@ class SqliteStore(SqlStore):
                     time.sleep(0.02)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
+            if self.path != ":memory:":
+                # no checkpoint (and its fsyncs) inside a commit: _checkpoint does them
+                conn.execute("PRAGMA wal_autocheckpoint=0")
         except BaseException:
             conn.close()
             raise
@@ -101,10 +111,16 @@ class SqliteStore(SqlStore):
 
     async def open(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bourse-sqlite")
+        if self.path != ":memory:":
+            self._checkpointer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bourse-sqlite-wal")
         await asyncio.get_running_loop().run_in_executor(self._pool, self._connect)
         await self.migrate()
 
     async def close(self) -> None:
+        checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None:
+            checkpointer.submit(self._close_checkpoint_conn)
+            checkpointer.shutdown(wait=True)
         pool, conn = self._pool, self._conn
         self._pool = self._conn = self._exec = None
         if pool is not None:
@@ -116,9 +132,9 @@ class SqliteStore(SqlStore):
     #
     # Transactions queue up on the event loop side; the database thread takes every
     # queued one at once and runs them in a single SQLite transaction, each inside its
-    # own SAVEPOINT (a failing one rolls back alone), then answers them all with one
-    # wake-up of the event loop. Under load this turns N thread hops and N commits
-    # into one; alone, a transaction costs what it did.
+    # own SAVEPOINT (a failing one rolls back alone; a batch of one needs none), then
+    # answers them all with one wake-up of the event loop. Under load this turns N
+    # thread hops and N commits into one; alone, a transaction costs what it did.
 
     MAX_BATCH = 256
 
@@ -150,6 +166,43 @@ class SqliteStore(SqlStore):
                 loop.call_soon_threadsafe(_resolve, results)
             except RuntimeError:  # the loop is closed (shutdown)
                 return
+            self._commits += 1
+            if self._commits >= self.CHECKPOINT_EVERY and not self._checkpointing:
+                checkpointer = self._checkpointer
+                if checkpointer is not None:
+                    self._commits = 0
+                    self._checkpointing = True
+                    try:
+                        checkpointer.submit(self._checkpoint)
+                    except RuntimeError:  # shut down meanwhile
+                        self._checkpointing = False
+
+    # -- checkpoints -------------------------------------------------------------------------
+    #
+    # SQLite's automatic checkpoint runs inside the commit that crosses its threshold,
+    # with two fsyncs: that commit, and every transaction queued behind it, waits
+    # milliseconds. Here the commit thread only counts commits; every CHECKPOINT_EVERY
+    # of them a PASSIVE checkpoint (it never blocks writers) runs on a second connection
+    # in a second thread. Closing the last connection checkpoints what is left.
+
+    CHECKPOINT_EVERY = 256
+
+    def _checkpoint(self) -> None:
+        try:
+            conn = self._checkpoint_conn
+            if conn is None:
+                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+                self._checkpoint_conn = conn
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error:
+            log.exception("WAL checkpoint failed; the next one retries")
+        finally:
+            self._checkpointing = False
+
+    def _close_checkpoint_conn(self) -> None:
+        conn, self._checkpoint_conn = self._checkpoint_conn, None
+        if conn is not None:
+            conn.close()
 
     def _run_batch(
         self, batch: list[tuple[Callable[..., Any], tuple[Any, ...], asyncio.Future[Any]]]
@@ -161,6 +214,15 @@ class SqliteStore(SqlStore):
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             return [(fut, False, exc) for _, _, fut in batch]
+        if len(batch) == 1:  # alone (no load): its own transaction, no savepoint
+            fn, args, fut = batch[0]
+            try:
+                value = fn(ex, *args)
+            except Exception as exc:
+                conn.execute("ROLLBACK")
+                return [(fut, False, exc)]
+            out.append((fut, True, value))
+            batch = []
         for fn, args, fut in batch:
             conn.execute("SAVEPOINT op")
             try:

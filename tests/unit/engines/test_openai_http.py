@@ -1,19 +1,24 @@
-"""The openai engine against the sim upstream over a real socket, and against faked transports."""
+"""The openai engine against the sim upstream over a real socket, and against fake upstreams."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import httpx
 import orjson
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import RawTestServer
 from tests.support.servers import serve_app_in_thread
 
-from bourse.engines.openai_http import OpenAIHTTPEngine
+from bourse.engines.openai_http import OpenAIHTTPEngine, _SSEPayloads
 from bourse.engines.sim import SimEngine, SimSettings
 from bourse.engines.sim_server import create_sim_app
 from bourse.ports.engine import ChunkEvent, Engine, EngineFailure, GenerationRequest, Kind, UsageEvent
@@ -64,12 +69,6 @@ def _unused_port() -> int:
     return port
 
 
-def _mock_engine(handler: Callable[[httpx.Request], httpx.Response], **kwargs: Any) -> OpenAIHTTPEngine:
-    return OpenAIHTTPEngine(
-        "http://upstream.test/v1", "internal-model", SECRET, transport=httpx.MockTransport(handler), **kwargs
-    )
-
-
 def _sse(*payloads: object, done: bool = True) -> bytes:
     out = b"".join(b"data: " + orjson.dumps(p) + b"\n\n" for p in payloads)
     return out + (b"data: [DONE]\n\n" if done else b"")
@@ -86,9 +85,61 @@ def _chunk(content: str, finish: str | None = None, **extra: Any) -> dict[str, A
     }
 
 
-async def _pieces(data: bytes, size: int) -> AsyncIterator[bytes]:
-    for at in range(0, len(data), size):
-        yield data[at : at + size]
+@dataclass
+class Seen:
+    """A request as a fake upstream received it."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def _fake(
+    handler: Handler, *, api_key: str | None = SECRET, suffix: str = "/v1", **kwargs: Any
+) -> AsyncIterator[OpenAIHTTPEngine]:
+    """An engine pointed at ``handler`` served on a local socket (aiohttp's low-level server)."""
+    server = RawTestServer(handler, host="127.0.0.1")
+    await server.start_server()
+    engine = OpenAIHTTPEngine(str(server.make_url(suffix)), "internal-model", api_key, **kwargs)
+    try:
+        yield engine
+    finally:
+        await engine.aclose()
+        await server.close()
+
+
+def _answer(
+    status: int, body: bytes, seen: list[Seen] | None = None, content_type: str = "application/json"
+) -> Handler:
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        raw = await request.read()
+        if seen is not None:
+            seen.append(Seen(request.path, {k.lower(): v for k, v in request.headers.items()}, raw))
+        ctype = "text/event-stream" if status == 200 else content_type
+        return web.Response(status=status, body=body, headers={"content-type": ctype})
+
+    return handler
+
+
+def _streamed(data: bytes, size: int) -> Handler:
+    """A 200 SSE answer written in chunks of ``size`` bytes, each flushed."""
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for at in range(0, len(data), size):
+            await response.write(data[at : at + size])
+            await asyncio.sleep(0)
+        await response.write_eof()
+        return response
+
+    return handler
 
 
 # --- against the sim upstream over a socket ---------------------------------------
@@ -270,33 +321,26 @@ async def test_connect_refused_is_transient() -> None:
     assert SECRET not in info.value.message
 
 
-# --- against faked transports -------------------------------------------------------
+# --- against fake upstreams (a handler per test, on a real socket) ------------------
 
 
 async def test_request_is_built_without_mutating_the_callers_body() -> None:
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, content=_sse(_chunk("hi", "stop")))
-
+    seen: list[Seen] = []
     body = {"model": "product", "messages": [], "stream": False, "stream_options": {"other": 1}}
     original = orjson.loads(orjson.dumps(body))
-    engine = _mock_engine(handler)
-    try:
+    async with _fake(_answer(200, _sse(_chunk("hi", "stop")), seen)) as engine:
         await _collect(engine, _request(body, attempt=2, request_id="req-99"))
         await _collect(engine, _request({"prompt": "x"}, kind="completion"))
-    finally:
-        await engine.aclose()
     assert body == original
     sent = seen[0]
-    assert str(sent.url) == "http://upstream.test/v1/chat/completions"
-    assert str(seen[1].url) == "http://upstream.test/v1/completions"
+    assert sent.path == "/v1/chat/completions"
+    assert seen[1].path == "/v1/completions"
     assert sent.headers["authorization"] == f"Bearer {SECRET}"
     assert sent.headers["x-request-id"] == "req-99"
     assert sent.headers["x-bourse-attempt"] == "2"
     assert sent.headers["accept"] == "text/event-stream"
-    assert orjson.loads(sent.content) == {
+    assert sent.headers["content-type"] == "application/json"
+    assert orjson.loads(sent.body) == {
         "model": "internal-model",
         "messages": [],
         "stream": True,
@@ -305,70 +349,61 @@ async def test_request_is_built_without_mutating_the_callers_body() -> None:
 
 
 async def test_no_authorization_header_without_a_key() -> None:
-    seen: list[httpx.Request] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, content=_sse(_chunk("hi", "stop")))
-
-    engine = OpenAIHTTPEngine("http://u.test/v1/", "m", transport=httpx.MockTransport(handler))
-    try:
+    seen: list[Seen] = []
+    async with _fake(_answer(200, _sse(_chunk("hi", "stop")), seen), api_key=None, suffix="/v1/") as engine:
         await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
     assert "authorization" not in seen[0].headers
-    assert str(seen[0].url) == "http://u.test/v1/chat/completions"
+    assert seen[0].path == "/v1/chat/completions"
 
 
 async def test_429_is_transient_502() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        error = {
-            "error": {"message": "Rate limit reached for requests", "type": "requests", "code": "rate_limit"}
-        }
-        return httpx.Response(429, json=error)
-
-    engine = _mock_engine(handler)
-    try:
+    error = {
+        "error": {"message": "Rate limit reached for requests", "type": "requests", "code": "rate_limit"}
+    }
+    async with _fake(_answer(429, orjson.dumps(error))) as engine:
         with pytest.raises(EngineFailure) as info:
             await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
     failure = info.value
     assert (failure.transient, failure.status, failure.code) == (True, 502, "upstream_error")
     assert failure.message == "upstream answered HTTP 429: Rate limit reached for requests"
 
 
 async def test_500_with_a_text_body_is_transient() -> None:
-    engine = _mock_engine(lambda request: httpx.Response(500, text="Internal Server Error"))
-    try:
+    async with _fake(_answer(500, b"Internal Server Error", content_type="text/plain")) as engine:
         with pytest.raises(EngineFailure) as info:
             await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
     assert info.value.transient
     assert info.value.message == "upstream answered HTTP 500: Internal Server Error"
 
 
+async def test_error_answers_leave_the_pool_usable() -> None:
+    answers = [(503, b"busy"), (200, _sse(_chunk("a", "stop")))]
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        await request.read()
+        status, body = answers.pop(0)
+        return web.Response(status=status, body=body)
+
+    async with _fake(handler) as engine:
+        with pytest.raises(EngineFailure):
+            await _collect(engine, _request(CHAT))
+        chunks, _ = await _collect(engine, _request(CHAT))
+    assert len(chunks) == 1
+
+
 async def test_400_context_length_is_a_final_refusal() -> None:
     message = "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens."
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        error = {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": "messages",
-                "code": "context_length_exceeded",
-            }
+    error = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
         }
-        return httpx.Response(400, json=error)
-
-    engine = _mock_engine(handler)
-    try:
+    }
+    async with _fake(_answer(400, orjson.dumps(error))) as engine:
         with pytest.raises(EngineFailure) as info:
             await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
     failure = info.value
     assert (failure.transient, failure.status, failure.code, failure.error_type) == (
         False,
@@ -380,74 +415,74 @@ async def test_400_context_length_is_a_final_refusal() -> None:
 
 
 async def test_vllm_style_400_without_a_string_code() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            400,
-            json={"object": "error", "message": "maximum context length is 2048 tokens", "code": 400},
-        )
-
-    engine = _mock_engine(handler)
-    try:
+    error = {"object": "error", "message": "maximum context length is 2048 tokens", "code": 400}
+    async with _fake(_answer(400, orjson.dumps(error))) as engine:
         with pytest.raises(EngineFailure) as info:
             await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
     assert info.value.code == "context_length_exceeded"
     assert not info.value.transient
 
 
 async def test_upstream_auth_failure_is_transient_and_the_key_is_scrubbed() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(401, json={"error": {"message": f"Incorrect API key provided: {SECRET}"}})
-
-    engine = _mock_engine(handler)
-    try:
+    error = {"error": {"message": f"Incorrect API key provided: {SECRET}"}}
+    async with _fake(_answer(401, orjson.dumps(error))) as engine:
         with pytest.raises(EngineFailure) as info:
             await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
     assert info.value.transient
     assert SECRET not in info.value.message
     assert SECRET not in str(info.value)
     assert "***" in info.value.message
 
 
-async def test_sse_parsing_is_robust_to_framing() -> None:
-    usage_1 = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
-    usage_2 = {
-        "prompt_tokens": 3,
-        "completion_tokens": 2,
-        "total_tokens": 5,
-        "prompt_tokens_details": {"cached_tokens": 2},
-    }
-    stream = (
-        b": keep-alive\r\n\r\n"
-        + b"data: "
-        + orjson.dumps(_chunk("Hel", usage=usage_1))
-        + b"\r\n\r\n"
-        + b"event: message\ndata:"
-        + orjson.dumps(_chunk("lo", "stop", usage=usage_2))
-        + b"\n\n"
-        + b"data: "
-        + orjson.dumps({"id": "up-1", "choices": [], "usage": None})
-        + b"\n\n"
-        + b"data: [DONE]\n\n"
-    )
+_USAGE_1 = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+_USAGE_2 = {
+    "prompt_tokens": 3,
+    "completion_tokens": 2,
+    "total_tokens": 5,
+    "prompt_tokens_details": {"cached_tokens": 2},
+}
+_FRAMED = (
+    b": keep-alive\r\n\r\n"
+    + b"data: "
+    + orjson.dumps(_chunk("Hel", usage=_USAGE_1))
+    + b"\r\n\r\n"
+    + b"event: message\ndata:"
+    + orjson.dumps(_chunk("lo", "stop", usage=_USAGE_2))
+    + b"\n\n"
+    + b"data: "
+    + orjson.dumps({"id": "up-1", "choices": [], "usage": None})
+    + b"\n\n"
+    + b"data: [DONE]\n\n"
+)
 
-    for size in (1, 7, len(stream)):
 
-        def handler(request: httpx.Request, size: int = size) -> httpx.Response:
-            return httpx.Response(200, content=_pieces(stream, size))
+@pytest.mark.parametrize("size", [1, 7, len(_FRAMED)])
+def test_sse_payloads_are_robust_to_framing(size: int) -> None:
+    parser = _SSEPayloads()
+    payloads = [p for at in range(0, len(_FRAMED), size) for p in parser.feed(_FRAMED[at : at + size])]
+    payloads += parser.end()
+    assert [orjson.loads(p) if p != b"[DONE]" else p for p in payloads] == [
+        _chunk("Hel", usage=_USAGE_1),
+        _chunk("lo", "stop", usage=_USAGE_2),
+        {"id": "up-1", "choices": [], "usage": None},
+        b"[DONE]",
+    ]
 
-        engine = _mock_engine(handler)
-        try:
-            chunks, usages = await _collect(engine, _request(CHAT))
-        finally:
-            await engine.aclose()
-        assert [c.chunk["choices"][0]["delta"]["content"] for c in chunks] == ["Hel", "lo"]
-        assert all("usage" not in c.chunk for c in chunks)
-        assert [c.tokens for c in chunks] == [1, 1]
-        assert usages == [UsageEvent(3, 2, {"prompt_tokens_details": {"cached_tokens": 2}})]
+
+def test_sse_payloads_join_data_lines_and_end_an_unterminated_event() -> None:
+    parser = _SSEPayloads()
+    assert parser.feed(b"data: a\ndata: b\n\n: c\nid: 4\ndata:x") == [b"a\nb"]
+    assert parser.end() == [b"x"]
+
+
+@pytest.mark.parametrize("size", [7, len(_FRAMED)])
+async def test_sse_stream_in_pieces_gives_chunks_and_usage(size: int) -> None:
+    async with _fake(_streamed(_FRAMED, size)) as engine:
+        chunks, usages = await _collect(engine, _request(CHAT))
+    assert [c.chunk["choices"][0]["delta"]["content"] for c in chunks] == ["Hel", "lo"]
+    assert all("usage" not in c.chunk for c in chunks)
+    assert [c.tokens for c in chunks] == [1, 1]
+    assert usages == [UsageEvent(3, 2, {"prompt_tokens_details": {"cached_tokens": 2}})]
 
 
 async def test_openai_null_usage_on_chunks_is_dropped() -> None:
@@ -455,62 +490,46 @@ async def test_openai_null_usage_on_chunks_is_dropped() -> None:
     content = _sse(
         _chunk("a", usage=None), _chunk("", "stop", usage=None), {"id": "x", "choices": [], "usage": usage}
     )
-    engine = _mock_engine(lambda request: httpx.Response(200, content=content))
-    try:
+    async with _fake(_answer(200, content)) as engine:
         chunks, usages = await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
     assert [c.tokens for c in chunks] == [1, 0]
     assert all("usage" not in c.chunk for c in chunks)
     assert usages == [UsageEvent(1, 1, {})]
 
 
 async def test_missing_usage_yields_no_usage_event() -> None:
-    engine = _mock_engine(lambda request: httpx.Response(200, content=_sse(_chunk("a", "stop"))))
-    try:
+    async with _fake(_answer(200, _sse(_chunk("a", "stop")))) as engine:
         chunks, usages = await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
     assert len(chunks) == 1
     assert usages == []
 
 
 async def test_stream_ending_without_done_after_output_is_final() -> None:
-    engine = _mock_engine(lambda request: httpx.Response(200, content=_sse(_chunk("a"), done=False)))
     received = 0
-    try:
+    async with _fake(_answer(200, _sse(_chunk("a"), done=False))) as engine:
         with pytest.raises(EngineFailure) as info:
             async for _ in engine.generate(_request(CHAT)):
                 received += 1
-    finally:
-        await engine.aclose()
     assert received == 1
     assert not info.value.transient
     assert info.value.message == "upstream closed the stream early"
 
 
 async def test_empty_stream_is_transient() -> None:
-    engine = _mock_engine(lambda request: httpx.Response(200, content=b""))
-    try:
+    async with _fake(_answer(200, b"")) as engine:
         with pytest.raises(EngineFailure) as info:
             await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
     assert info.value.transient
 
 
 async def test_error_event_before_output_is_transient_and_after_output_final() -> None:
     error = {"error": {"message": "engine overloaded", "type": "server_error", "code": "upstream_error"}}
-    before = _mock_engine(lambda request: httpx.Response(200, content=_sse(error, done=False)))
-    after = _mock_engine(lambda request: httpx.Response(200, content=_sse(_chunk("a"), error, done=False)))
-    try:
+    async with _fake(_answer(200, _sse(error, done=False))) as before:
         with pytest.raises(EngineFailure) as first:
             await _collect(before, _request(CHAT))
+    async with _fake(_answer(200, _sse(_chunk("a"), error, done=False))) as after:
         with pytest.raises(EngineFailure) as second:
             await _collect(after, _request(CHAT))
-    finally:
-        await before.aclose()
-        await after.aclose()
     assert first.value.transient
     assert not second.value.transient
     assert "engine overloaded" in second.value.message
@@ -518,35 +537,106 @@ async def test_error_event_before_output_is_transient_and_after_output_final() -
 
 async def test_in_stream_refusal_before_output_is_a_400() -> None:
     error = {"error": {"message": "prompt too long", "type": "invalid_request_error", "code": None}}
-    engine = _mock_engine(lambda request: httpx.Response(200, content=_sse(error, done=False)))
-    try:
+    async with _fake(_answer(200, _sse(error, done=False))) as engine:
         with pytest.raises(EngineFailure) as info:
             await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
     assert (info.value.transient, info.value.status, info.value.code) == (False, 400, "invalid_request")
 
 
 async def test_malformed_chunk_after_output_is_final() -> None:
     content = _sse(_chunk("a"), done=False) + b"data: {not json\n\n"
-    engine = _mock_engine(lambda request: httpx.Response(200, content=content))
-    try:
+    async with _fake(_answer(200, content)) as engine:
         with pytest.raises(EngineFailure) as info:
             await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
     assert not info.value.transient
 
 
-async def test_transport_connect_error_is_transient() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused", request=request)
+async def test_connection_dropped_without_an_answer_is_transient() -> None:
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.close()
 
-    engine = _mock_engine(handler)
+    server = await asyncio.start_server(drop, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    engine = OpenAIHTTPEngine(f"http://127.0.0.1:{port}/v1", "m", SECRET)
     try:
         with pytest.raises(EngineFailure) as info:
             await _collect(engine, _request(CHAT))
     finally:
         await engine.aclose()
+        server.close()
+        await server.wait_closed()
     assert info.value.transient
     assert info.value.code == "upstream_error"
+    assert SECRET not in info.value.message
+
+
+async def test_a_broken_chunked_body_after_output_is_final() -> None:
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse()
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(_sse(_chunk("a"), done=False))
+        assert request.transport is not None
+        request.transport.abort()
+        return response
+
+    received = 0
+    async with _fake(handler) as engine:
+        with pytest.raises(EngineFailure) as info:
+            async for _ in engine.generate(_request(CHAT)):
+                received += 1
+    assert received == 1
+    assert not info.value.transient
+
+
+async def test_chunks_read_together_say_more_but_the_last() -> None:
+    usage = {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+    content = _sse(_chunk("a"), _chunk("b"), _chunk("c", "stop"), {"id": "x", "choices": [], "usage": usage})
+    async with _fake(_answer(200, content)) as engine:
+        chunks, usages = await _collect(engine, _request(CHAT))
+    assert [(c.chunk["choices"][0]["delta"]["content"], c.more) for c in chunks] == [
+        ("a", True),
+        ("b", True),
+        ("c", False),
+    ]
+    assert usages == [UsageEvent(1, 3, {})]
+
+
+async def test_chunks_read_apart_do_not_say_more() -> None:
+    first, second = _sse(_chunk("a"), done=False), _sse(_chunk("b", "stop"))
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(first)
+        await gate.wait()
+        await response.write(second)
+        await response.write_eof()
+        return response
+
+    gate = asyncio.Event()
+    async with _fake(handler) as engine:
+        events = engine.generate(_request(CHAT))
+        one = await anext(events)
+        gate.set()
+        rest = [ev async for ev in events]
+    assert isinstance(one, ChunkEvent) and not one.more
+    assert [
+        (ev.chunk["choices"][0]["delta"]["content"], ev.more) for ev in rest if isinstance(ev, ChunkEvent)
+    ] == [("b", False)]
+
+
+async def test_a_chunk_read_with_an_error_is_yielded_before_the_failure() -> None:
+    error = {"error": {"message": "engine overloaded", "type": "server_error"}}
+    async with _fake(_answer(200, _sse(_chunk("a"), _chunk("b"), error, done=False))) as engine:
+        got: list[ChunkEvent] = []
+        with pytest.raises(EngineFailure) as info:
+            async for ev in engine.generate(_request(CHAT)):
+                assert isinstance(ev, ChunkEvent)
+                got.append(ev)
+    assert [(c.chunk["choices"][0]["delta"]["content"], c.more) for c in got] == [("a", True), ("b", False)]
+    assert not info.value.transient
