@@ -47,8 +47,18 @@ class RedisHub:
         self.lease_ms = int(lease_s * 1000)
         self.replica = replica or "r" + os.urandom(6).hex()
         self.channel_prefix = f"{prefix}:admit:"
+        # calls: bounded, so a half-dead connection cannot stall a request forever
         self.redis: aioredis.Redis = aioredis.from_url(
-            url, decode_responses=True, health_check_interval=30, max_connections=512
+            url,
+            decode_responses=True,
+            health_check_interval=30,
+            max_connections=512,
+            socket_timeout=5,
+            socket_connect_timeout=5,
+        )
+        # the admission channel waits for messages without a read timeout
+        self._sub: aioredis.Redis = aioredis.from_url(
+            url, decode_responses=True, health_check_interval=30, socket_connect_timeout=5
         )
         self._books: dict[str, ReplicaBook] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -96,7 +106,7 @@ class RedisHub:
         channel = self.channel_prefix + self.replica
         backoff = 0.05
         while True:
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = self._sub.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
                 self._subscribed.set()
@@ -154,25 +164,28 @@ class RedisHub:
         return await self.script[name](keys=keys, args=args)
 
     async def aclose(self) -> None:
+        """Give back this replica's orders and slots, stop the tasks, close the
+        connections; every step is bounded (Redis may be gone)."""
         for book in list(self._books.values()):
             try:
-                await book.aclose()
+                await asyncio.wait_for(book.aclose(), timeout=5)
             except Exception:
                 log.exception("cluster: closing the book of %s", book.product)
         if self._background:
             await asyncio.wait(list(self._background), timeout=5)
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
         try:
-            await self.redis.zrem(self.key("replicas"), self.replica)
+            await asyncio.wait_for(self.redis.zrem(self.key("replicas"), self.replica), timeout=5)
         except Exception:
             pass
-        await self.redis.aclose()
+        for client in (self.redis, self._sub):
+            try:
+                await asyncio.wait_for(client.aclose(), timeout=5)
+            except Exception:
+                pass
 
 
 def _safe_url(url: str) -> str:
