@@ -128,9 +128,10 @@ def nginx(stack: Stack) -> Iterator[None]:
         yield
 
 
-def bourse_config(stack: Stack, variants: dict[str, str]) -> str:
+def bourse_config(stack: Stack, variants: dict[str, str], always_stream: frozenset[str] = frozenset()) -> str:
     out = ['[server]\nlog_level = "info"\n']
     for product, variant in variants.items():
+        extra = "always_stream = true\n" if product in always_stream else ""
         out.append(
             f"""
 [products.{product}]
@@ -143,14 +144,18 @@ slots = 100000
 max_connections = 20000
 floor = 0.10
 first_byte_timeout_s = 120
-"""
+{extra}"""
         )
     return "".join(out)
 
 
 @contextlib.contextmanager
 def bourse(stack: Stack) -> Iterator[None]:
-    cfg = bourse_config(stack, {"bench": "fast", "bench-one": "one", "bench-delay": "delay"})
+    cfg = bourse_config(
+        stack,
+        {"bench": "fast", "bench-streamed": "fast", "bench-delay": "delay"},
+        always_stream=frozenset({"bench-streamed"}),
+    )
     with gateway_process(cfg, cpu=GATEWAY_CPU, log=LOGS / "bourse.log") as (base, key, proc):
         auth = {"authorization": f"Bearer {key}"}
         stack.gateways["bourse"] = Gateway(
@@ -161,10 +166,10 @@ def bourse(stack: Stack) -> Iterator[None]:
             pid=proc.pid,
         )
         stack.gateways["bourse-one"] = Gateway(
-            "bourse, 1-chunk upstream stream",
+            "bourse, always_stream (16-chunk upstream stream)",
             base + "/chat/completions",
             headers=auth,
-            models={"fast": "bench-one"},
+            models={"fast": "bench-streamed"},
             pid=proc.pid,
         )
         yield
@@ -686,9 +691,9 @@ def write_results(
     add(
         "- bourse: metering on (a funded account and API key made through the admin API; every request holds "
         'and settles on SQLite, floor $0.10/1M tokens), `log_level = "info"`, `openai` engine products with '
-        "100,000 slots. bourse always asks its upstream for a stream (and assembles non-streamed answers), so "
-        "its non-streamed requests relay the 16-chunk stream; the row *1-chunk upstream stream* points at "
-        "`/one/v1`, which streams the same answer as one chunk."
+        "100,000 slots. A non-streamed request asks the upstream for one non-streamed answer (the fixed "
+        "`chat.completion`); the row *always_stream* is a product with `always_stream = true`, which asks "
+        "the upstream for the 16-chunk stream and assembles it, as bourse did before."
     )
     add(
         "- LiteLLM proxy: `litellm --num_workers 1`, master key, no database (so no spend tracking), models "

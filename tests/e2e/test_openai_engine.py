@@ -76,6 +76,14 @@ base_url = "{up}/v1"
 model = "{INTERNAL_MODEL}"
 api_key_env = "UPSTREAM_KEY"
 
+[products.streamed]
+[[products.streamed.deployments]]
+engine = "openai"
+name = "streamed-main"
+base_url = "{up}/v1"
+model = "{INTERNAL_MODEL}"
+always_stream = true
+
 [products.fallback]
 [[products.fallback.deployments]]
 engine = "openai"
@@ -96,16 +104,52 @@ floor = 0.02
             yield gw, rec
 
 
-def test_upstream_gets_internal_name_streaming_and_usage(setup: tuple[Gateway, Recorder]) -> None:
+def test_upstream_gets_internal_name_and_one_answer_for_a_non_streamed_client(
+    setup: tuple[Gateway, Recorder],
+) -> None:
     gw, rec = setup
     n = len(rec.bodies)
-    whole = gw.client().chat.completions.create(model="remote", messages=USER, seed=3)
+    whole = gw.client().chat.completions.create(
+        model="remote", messages=USER, seed=3, extra_body={"sim": {"output_tokens": 9}}
+    )
     assert whole.model == "remote"
     sent = rec.bodies[n]
     assert sent["model"] == INTERNAL_MODEL
-    assert sent["stream"] is True  # always streamed upstream, even for a non-streamed client
-    assert sent["stream_options"]["include_usage"] is True
+    assert sent["stream"] is False  # one answer asked of the upstream, not a stream
+    assert "stream_options" not in sent  # OpenAI refuses stream_options without stream
     assert rec.headers[n].get("authorization") == "Bearer sk-upstream-secret"
+    assert rec.headers[n].get("accept") == "application/json"
+    # the same answer and exact usage as the streamed request gets
+    streamed = collect_sse(
+        gw,
+        {
+            "model": "remote",
+            "seed": 3,
+            "sim": {"output_tokens": 9},
+            "stream_options": {"include_usage": True},
+        },
+    )
+    assert rec.bodies[n + 1]["stream"] is True
+    assert rec.bodies[n + 1]["stream_options"]["include_usage"] is True
+    assert whole.choices[0].message.content == "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in streamed.chunks if c.get("choices")
+    )
+    assert whole.usage is not None and whole.usage.completion_tokens == 9
+    assert streamed.chunks[-1]["usage"]["completion_tokens"] == 9
+    assert whole.usage.prompt_tokens == streamed.chunks[-1]["usage"]["prompt_tokens"]
+
+
+def test_always_stream_asks_for_a_stream_even_for_a_non_streamed_client(
+    setup: tuple[Gateway, Recorder],
+) -> None:
+    gw, rec = setup
+    n = len(rec.bodies)
+    whole = gw.client().chat.completions.create(model="streamed", messages=USER, seed=3)
+    assert whole.choices[0].message.content
+    sent = rec.bodies[n]
+    assert sent["stream"] is True
+    assert sent["stream_options"]["include_usage"] is True
+    assert rec.headers[n].get("accept") == "text/event-stream"
 
 
 def test_upstream_gets_usage_request_but_client_gets_no_usage_chunk(setup: tuple[Gateway, Recorder]) -> None:

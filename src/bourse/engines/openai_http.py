@@ -1,7 +1,9 @@
 """The ``openai`` engine: any OpenAI-compatible HTTP upstream (vLLM, llama.cpp, SGLang, Ollama, ...).
 
 Owns the upstream side of the relay: one pooled HTTP client per deployment (aiohttp), the
-request it sends (the gateway's body, always streamed with usage), the mapping of
+request it sends (the gateway's body, streamed with usage when the client streams; for
+a client that asked for one answer, one non-streamed upstream answer, handed on as one
+chunk whose ``delta`` is the message, then its usage), the mapping of
 upstream statuses and error envelopes to :class:`EngineFailure` (transient before
 any output for connect errors, timeouts, 5xx and 429; a refusal such as a context
 length error is final), and a small SSE parser on the hot path that hands each
@@ -137,14 +139,19 @@ class _SSEPayloads:
 
 
 class OpenAIHTTPEngine:
-    """An engine that streams from ``{base_url}/chat/completions`` or ``/completions``.
+    """An engine that streams from ``{base_url}/chat/completions`` or ``/completions``,
+    or, for a request that is not streamed (``GenerationRequest.stream`` false) and
+    when ``unary`` is on, asks there for one non-streamed answer.
 
     The HTTP client is one :class:`aiohttp.ClientSession` (its C HTTP parser, one
     keep-alive connection pool of up to ``max_connections``), made on first use inside
     the running event loop. ``first_byte_timeout_s`` bounds the wait from sending the
     request to the first bytes of the answer body, including the wait for a free
     connection (a failure there is transient); ``read_timeout_s`` bounds each silence
-    after that.
+    after that. A non-streamed answer arrives only once it is generated: its wait
+    (connection, request, the whole answer) is bounded by the larger of the two, and a
+    failure or timeout before it is complete is transient (no output was relayed), so
+    the gateway requeues it.
     """
 
     def __init__(
@@ -157,6 +164,7 @@ class OpenAIHTTPEngine:
         first_byte_timeout_s: float = 60,
         read_timeout_s: float = 300,
         max_connections: int = 4096,
+        unary: bool = True,
     ) -> None:
         base = base_url.rstrip("/")
         self._chat_url = yarl.URL(base + "/chat/completions")
@@ -167,6 +175,8 @@ class OpenAIHTTPEngine:
         self._first_byte_timeout_s = first_byte_timeout_s
         self._read_timeout_s = read_timeout_s
         self._max_connections = max_connections
+        self._unary = unary
+        self._answer_timeout_s = max(first_byte_timeout_s, read_timeout_s)
         headers = {
             "accept": "text/event-stream",
             "accept-encoding": "identity",
@@ -233,14 +243,85 @@ class OpenAIHTTPEngine:
             )
         return EngineFailure(f"upstream error: {message}", transient=not output_began)
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
-        body = dict(request.body)
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        if not request.stream and self._unary:
+            return self._answer(request)
+        return self._stream(request)
+
+    async def _answer(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        """One non-streamed upstream answer, as one chunk (``delta`` = the message) and its usage."""
+        body = {k: v for k, v in request.body.items() if k != "stream_options"}
         body["model"] = self._model
-        body["stream"] = True
+        body["stream"] = False
+        chat = request.kind == "chat"
+        url = self._chat_url if chat else self._completion_url
+        session = self._session or self._open_session()
+        response: aiohttp.ClientResponse | None = None
+        released = False
+        try:
+            try:
+                async with asyncio.timeout(self._answer_timeout_s):
+                    response = await session.post(
+                        url,
+                        data=orjson.dumps(body),
+                        headers={
+                            "accept": "application/json",
+                            "x-request-id": request.request_id,
+                            "x-bourse-attempt": str(request.attempt),
+                        },
+                    )
+                    content = await response.read()
+                    response.release()
+                    released = True
+            except aiohttp.ServerTimeoutError as exc:
+                raise EngineFailure(f"upstream timed out ({type(exc).__name__})", transient=True) from None
+            except TimeoutError:
+                raise EngineFailure(
+                    f"upstream sent no answer within {self._answer_timeout_s:g}s", transient=True
+                ) from None
+            except aiohttp.ClientError as exc:
+                raise EngineFailure(
+                    self._scrub(f"upstream unreachable ({type(exc).__name__}: {exc})"), transient=True
+                ) from None
+            if not 200 <= response.status < 300:
+                raise self._status_failure(response.status, content)
+            try:
+                doc = orjson.loads(content)
+                if not isinstance(doc, dict):
+                    raise TypeError
+                if doc.get("error") is not None or doc.get("object") == "error":
+                    raise self._stream_failure(doc, output_began=False)
+                usage = doc.pop("usage", None)
+                choices = doc.get("choices")
+                tokens = _answer_chunk(doc, chat) if choices else 0
+            except (orjson.JSONDecodeError, TypeError, AttributeError, KeyError):
+                raise EngineFailure("upstream sent a malformed answer", transient=True) from None
+            usage_event = _usage_event(usage) if isinstance(usage, dict) else None
+            if choices:
+                if usage_event is not None and usage_event.completion_tokens > 0:
+                    tokens = usage_event.completion_tokens
+                yield ChunkEvent(doc, tokens)
+            if usage_event is not None:
+                yield usage_event
+        finally:
+            if response is not None and not released:
+                response.close()
+
+    async def _stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        body = request.body
         options = body.get("stream_options")
-        body["stream_options"] = (
-            {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
-        )
+        if not (
+            body.get("stream") is True
+            and body.get("model") == self._model
+            and isinstance(options, dict)
+            and options.get("include_usage") is True
+        ):  # the gateway sends it so; anything else gets a copy with these set
+            body = dict(body)
+            body["model"] = self._model
+            body["stream"] = True
+            body["stream_options"] = (
+                {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
+            )
         url = self._chat_url if request.kind == "chat" else self._completion_url
         session = self._session or self._open_session()
         response: aiohttp.ClientResponse | None = None
@@ -349,6 +430,33 @@ class OpenAIHTTPEngine:
                 # not read to its end (closed early, cancelled, failed): drop the
                 # connection, so the upstream sees it go and stops generating
                 response.close()
+
+
+def _answer_chunk(doc: dict[str, Any], chat: bool) -> int:
+    """Turn a non-streamed answer into a stream chunk in place (each chat choice's
+    ``message`` becomes its ``delta``; tool calls get their ``index``); returns an
+    estimate of the completion tokens it carries (UTF-8 bytes / 4), for when the
+    upstream gives no usage."""
+    nbytes = 0
+    for choice in doc["choices"]:
+        if chat:
+            doc["object"] = "chat.completion.chunk"
+            message = choice.pop("message", None) or {}
+            choice["delta"] = message
+            for key in ("content", "reasoning_content", "reasoning", "refusal"):
+                text = message.get(key)
+                if isinstance(text, str):
+                    nbytes += len(text.encode())
+            calls = message.get("tool_calls")
+            if calls:
+                for i, call in enumerate(calls):
+                    call.setdefault("index", i)
+                    nbytes += len(str((call.get("function") or {}).get("arguments") or "").encode())
+        else:
+            text = choice.get("text")
+            if isinstance(text, str):
+                nbytes += len(text.encode())
+    return nbytes // 4 + 1 if nbytes else 0
 
 
 def _usage_event(usage: dict[str, Any]) -> UsageEvent:

@@ -107,7 +107,34 @@ class _CompletionsEndpoint:
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
             await self._stream(receive, send, events, request_id, include_usage)
         else:
-            response = await self._aggregate(events, request_id)
+            await self._answer(scope, receive, send, events, request_id)
+
+    async def _answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        events: AsyncGenerator[EngineEvent, None],
+        request_id: str,
+    ) -> None:
+        """One JSON answer; a client that disconnects meanwhile cancels the generation
+        (as vLLM does for non-streamed requests)."""
+        response: Response | None = None
+        async with anyio.create_task_group() as tg:
+
+            async def watch_disconnect() -> None:
+                while True:
+                    message: Message = await receive()
+                    if message["type"] == "http.disconnect":
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(watch_disconnect)
+            try:
+                response = await self._aggregate(events, request_id)
+            finally:
+                tg.cancel_scope.cancel()
+        if response is not None:
             await response(scope, receive, send)
 
     async def _stream(

@@ -79,6 +79,8 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
         except BaseException:
             await idempotency.forget(services, account, idem)
             raise
+        if not run.stream:
+            run.engine_stream = False  # one answer: the engine may ask its upstream for one
         on_done = None
         if idem is not None:
             key = idem

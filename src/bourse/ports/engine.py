@@ -40,6 +40,11 @@ class GenerationRequest:
     body: dict[str, Any]
     attempt: int = 0
     """0 for the first attempt of this request, 1 after the first requeue, ..."""
+    stream: bool = True
+    """False when the client asked for one answer, not a stream: an engine may then
+    produce the whole answer at once (the ``openai`` engine asks its upstream for a
+    non-streamed answer) and yield it as one chunk per choice whose ``delta`` is the
+    message, then its usage. The body is the same either way."""
 
 
 @dataclass(slots=True)

@@ -280,6 +280,10 @@ class Run:
     include_usage: bool
     t0: float
     max_output_tokens: int = 0
+    engine_stream: bool = True
+    """False: the engine may produce the answer at once (``GenerationRequest.stream``);
+    set for the relay's non-streamed requests. Jobs keep the stream: their progress and
+    a cancel's charge count the tokens as they come."""
     request_id: str = field(default_factory=lambda: new_request_id("chat"))
     created_at: float = field(default_factory=time.time)
     created: int = 0
@@ -365,7 +369,9 @@ class Run:
                         self.on_admit(self)
                 self.body["model"] = self.service.models[adm.deployment]
                 it = m.engines[adm.deployment].generate(
-                    GenerationRequest(rid, self.kind, self.body, attempt=order.requeues)
+                    GenerationRequest(
+                        rid, self.kind, self.body, attempt=order.requeues, stream=self.engine_stream
+                    )
                 )
                 self._engine_iter = it
                 try:

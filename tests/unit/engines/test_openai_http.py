@@ -640,3 +640,158 @@ async def test_a_chunk_read_with_an_error_is_yielded_before_the_failure() -> Non
                 got.append(ev)
     assert [(c.chunk["choices"][0]["delta"]["content"], c.more) for c in got] == [("a", True), ("b", False)]
     assert not info.value.transient
+
+
+# --- one non-streamed answer (GenerationRequest.stream false) -----------------------
+
+
+def _one(body: dict[str, Any], kind: Kind = "chat", attempt: int = 0) -> GenerationRequest:
+    return GenerationRequest(request_id="req-1", kind=kind, body=body, attempt=attempt, stream=False)
+
+
+def _whole(message: dict[str, Any], usage: dict[str, Any] | None = None, **extra: Any) -> bytes:
+    doc: dict[str, Any] = {
+        "id": "up-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "internal-model",
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}],
+        **extra,
+    }
+    if usage is not None:
+        doc["usage"] = usage
+    return orjson.dumps(doc)
+
+
+async def test_a_non_streamed_request_asks_for_one_answer_and_a_streamed_one_for_a_stream() -> None:
+    seen: list[Seen] = []
+    answer = _whole({"role": "assistant", "content": "hello"}, {"prompt_tokens": 5, "completion_tokens": 2})
+    async with _fake(_answer(200, answer, seen)) as engine:
+        chunks, usages = await _collect(engine, _one(CHAT))
+    sent = orjson.loads(seen[0].body)
+    assert sent["stream"] is False
+    assert "stream_options" not in sent  # OpenAI refuses stream_options without stream
+    assert sent["model"] == "internal-model"
+    assert seen[0].headers["accept"] == "application/json"
+    assert CHAT["stream"] is True  # the caller's body is not mutated
+    assert len(chunks) == 1
+    chunk = chunks[0].chunk
+    assert chunk["object"] == "chat.completion.chunk"
+    assert chunk["choices"] == [
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": "hello"},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ]
+    assert "usage" not in chunk
+    assert chunks[0].tokens == 2  # the usage's completion tokens
+    assert usages == [UsageEvent(5, 2, {})]
+    # with unary off (always_stream), the same request streams
+    seen.clear()
+    async with _fake(_answer(200, _sse(_chunk("hi", "stop")), seen), unary=False) as engine:
+        chunks, _ = await _collect(engine, _one(CHAT))
+    assert orjson.loads(seen[0].body)["stream"] is True
+    assert [c.chunk["choices"][0]["delta"] for c in chunks] == [{"content": "hi"}]
+
+
+async def test_a_non_streamed_answer_keeps_tool_calls_reasoning_and_estimates_without_usage() -> None:
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+        {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+    ]
+    message = {"role": "assistant", "content": None, "reasoning": "think " * 10, "tool_calls": calls}
+    async with _fake(_answer(200, _whole(message, system_fingerprint="fp"))) as engine:
+        chunks, usages = await _collect(engine, _one(CHAT))
+    assert usages == []
+    delta = chunks[0].chunk["choices"][0]["delta"]
+    assert delta["reasoning"] == "think " * 10
+    assert [c["index"] for c in delta["tool_calls"]] == [0, 1]  # the aggregator keys calls by index
+    assert chunks[0].chunk["system_fingerprint"] == "fp"
+    assert chunks[0].tokens == (60 + 8 + 2) // 4 + 1  # UTF-8 bytes / 4 of what it carries
+
+
+async def test_a_non_streamed_completion_is_one_text_chunk() -> None:
+    doc = {
+        "id": "up-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": "internal-model",
+        "choices": [{"index": 0, "text": "abc", "logprobs": None, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
+    }
+    seen: list[Seen] = []
+    async with _fake(_answer(200, orjson.dumps(doc), seen)) as engine:
+        chunks, usages = await _collect(engine, _one({"prompt": "x", "stream": True}, kind="completion"))
+    assert seen[0].path == "/v1/completions"
+    assert [c.chunk["choices"] for c in chunks] == [doc["choices"]]
+    assert chunks[0].chunk["object"] == "text_completion"
+    assert usages == [UsageEvent(1, 3, {})]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "transient", "code"),
+    [
+        (500, b'{"error": {"message": "boom"}}', True, "upstream_error"),
+        (503, b"busy", True, "upstream_error"),
+        (400, b'{"error": {"message": "too long", "code": "context_length_exceeded"}}', False,
+         "context_length_exceeded"),
+        (200, b'{"error": {"message": "overloaded", "type": "server_error"}}', True, "upstream_error"),
+        (200, b'{"choices": [{"message": "not an object"', True, "upstream_error"),
+        (200, b"[1, 2]", True, "upstream_error"),
+    ],
+)  # fmt: skip
+async def test_a_failed_non_streamed_answer_is_mapped(
+    status: int, body: bytes, transient: bool, code: str
+) -> None:
+    async with _fake(_answer(status, body)) as engine:
+        with pytest.raises(EngineFailure) as info:
+            await _collect(engine, _one(CHAT))
+    assert info.value.transient is transient
+    assert info.value.code == code
+
+
+async def test_a_non_streamed_answer_that_takes_too_long_is_transient(upstream: str) -> None:
+    engine = OpenAIHTTPEngine(upstream + "/v1", "sim-upstream", first_byte_timeout_s=0.1, read_timeout_s=0.2)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(EngineFailure) as info:
+            await _collect(engine, _one({**CHAT, "sim": {"ttft_ms": 2000}}))
+        assert 0.15 < time.monotonic() - t0 < 1.5  # bounded by the larger of the two timeouts
+    finally:
+        await engine.aclose()
+    assert info.value.transient
+
+
+async def test_a_non_streamed_answer_equals_the_aggregated_stream(upstream: str) -> None:
+    from bourse.wire.chunks import Aggregator
+
+    engine = OpenAIHTTPEngine(upstream + "/v1", "sim-upstream")
+    body = {**CHAT, "sim": {"output_tokens": 12, "reasoning": True}}
+    try:
+        whole, whole_usage = await _collect(engine, _one(body))
+        streamed, streamed_usage = await _collect(engine, _request(body))
+    finally:
+        await engine.aclose()
+    built = []
+    for chunks in (whole, streamed):
+        agg = Aggregator("chat")
+        for c in chunks:
+            agg.add(c.chunk)
+        built.append(agg.build("id", "m", 0, None))
+    assert built[0] == built[1]
+    assert built[0]["choices"][0]["message"]["reasoning_content"]
+    assert whole_usage == streamed_usage
+
+
+async def test_cancelling_a_non_streamed_answer_closes_the_upstream(upstream: str) -> None:
+    engine = OpenAIHTTPEngine(upstream + "/v1", "sim-upstream")
+    async with httpx.AsyncClient(base_url=upstream) as probe:
+        await probe.post("/sim/reset")
+        try:
+            with anyio.move_on_after(0.3):
+                await _collect(engine, _one({**CHAT, "sim": {"output_tokens": 1000, "tokens_per_s": 50}}))
+            assert (await _wait_cancelled(probe))["cancelled"] == 1
+        finally:
+            await engine.aclose()
