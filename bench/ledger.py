@@ -23,17 +23,20 @@ from bourse.storage.sql import SqlStore
 from bourse.storage.sqlite import SqliteStore
 
 
-async def run(store: SqlStore, n: int, concurrency: int) -> dict[str, float]:
+async def run(store: SqlStore, n: int, concurrency: int, accounts: int = 1) -> dict[str, float]:
     await store.open()
     now = time.time()
-    account = "bench" + os.urandom(4).hex()
-    await store.create_account(account, 10**12, now)
+    base = "bench" + os.urandom(4).hex()
+    names = [f"{base}-{k}" for k in range(accounts)]
+    for name in names:
+        await store.create_account(name, 10**12, now)
     hold_ms: list[float] = []
     settle_ms: list[float] = []
     sem = asyncio.Semaphore(concurrency)
 
     async def one(i: int) -> None:
         async with sem:
+            account = names[i % accounts]
             rid = f"r{i}-{account}"
             t0 = time.perf_counter()
             await store.place_hold(
@@ -78,20 +81,21 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--concurrency", default="1,32")
     ap.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
+    ap.add_argument("--accounts", type=int, default=1, help="spread the requests over this many accounts")
     args = ap.parse_args()
     print(
         f"{'store':10} {'conc':>5} {'settled/s':>10} {'hold p50':>9} {'settle p50':>11} {'hold p99':>9} {'settle p99':>11}  (ms)"
     )
     for c in (int(x) for x in args.concurrency.split(",")):
         with tempfile.TemporaryDirectory() as d:
-            r = await run(SqliteStore(os.path.join(d, "b.db")), args.n, c)
+            r = await run(SqliteStore(os.path.join(d, "b.db")), args.n, c, args.accounts)
         print(
             f"{'sqlite':10} {c:5} {r['settled_per_s']:10.0f} {r['hold_p50_ms']:9.2f} {r['settle_p50_ms']:11.2f} "
             f"{r['hold_p99_ms']:9.2f} {r['settle_p99_ms']:11.2f}"
         )
         dsn = await fresh_pg(args.postgres)
         try:
-            r = await run(PostgresStore(dsn, max_size=max(2, min(c, 20))), args.n, c)
+            r = await run(PostgresStore(dsn, max_size=max(2, min(c, 20))), args.n, c, args.accounts)
         finally:
             await drop_pg(args.postgres, dsn)
         print(
