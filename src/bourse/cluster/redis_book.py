@@ -119,8 +119,8 @@ class RedisBook:
         self._grant(order_id, deployment, float(price), float(level), attempt)
 
     def _admitted(self, oid: str, held: str) -> None:
-        dep, _replica, price, level, attempt = held.split("|", 4)
-        self._grant(oid, dep, float(price), float(level), int(attempt))
+        dep, price, level, attempt = _held_terms(held)
+        self._grant(oid, dep, price, level, attempt)
 
     def _grant(self, oid: str, dep: str, price: float, level: float, attempt: int) -> None:
         entry = self._waiting.get(oid)
@@ -132,7 +132,7 @@ class RedisBook:
         if entry is None:
             if oid not in self._held:
                 # nobody waits for it any more (client left at this instant)
-                self.hub.spawn(self._release(oid, 0))
+                self.hub.spawn(self._release(oid))
             return
         order, fut = entry
         adm = Admission(order, dep, price, level)
@@ -140,7 +140,7 @@ class RedisBook:
         self._level = level
         if fut.done():
             self._held.pop(oid, None)
-            self.hub.spawn(self._release(oid, 0))
+            self.hub.spawn(self._release(oid))
             return
         br = self._breakers.get(dep)
         if br is not None:
@@ -168,8 +168,8 @@ class RedisBook:
             if fut.done() and not fut.cancelled():
                 return fut.result()
             if res[0] == "held":  # admitted at the deadline
-                dep, _r, price, level, _attempt = res[1].split("|", 4)
-                adm = Admission(order, dep, float(price), float(level))
+                dep, price, level, _attempt = _held_terms(res[1])
+                adm = Admission(order, dep, price, level)
                 self._held[order.id] = adm
                 return adm
             raise
@@ -192,7 +192,7 @@ class RedisBook:
     async def _withdraw(self, oid: str) -> None:
         res = await self._call("REMOVE", oid)
         if res[0] == "held":
-            await self._release(oid, 0)
+            await self._release(oid)
 
     def release(self, admission: Admission) -> None:
         oid = admission.order.id
@@ -200,10 +200,10 @@ class RedisBook:
         br = self._breakers.get(admission.deployment)
         if br is not None:
             br.trial_running = False
-        self.hub.spawn(self._release(oid, 0))
+        self.hub.spawn(self._release(oid))
 
-    async def _release(self, oid: str, cool_until_ms: int) -> None:
-        await self._call("RELEASE", oid, cool_until_ms)
+    async def _release(self, oid: str) -> None:
+        await self._call("RELEASE", oid)
 
     async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
         dep = admission.deployment
@@ -321,7 +321,13 @@ class RedisBook:
         for oid in list(self._waiting):
             await self._call("REMOVE", oid)
         for oid in list(self._held):
-            await self._release(oid, 0)
+            await self._release(oid)
         self._waiting.clear()
         self._resting.clear()
         self._held.clear()
+
+
+def _held_terms(held: str) -> tuple[str, float, float, int]:
+    """(deployment, price, level, attempt) of a ``held`` entry (see the scripts' key layout)."""
+    dep, _replica, price, level, attempt = held.split("|", 4)
+    return dep, float(price), float(level), int(attempt)

@@ -53,6 +53,11 @@ end
 local function busy_of(name) return tonumber(redis.call('HGET', busy, name) or '0') end
 local function cool_of(name) return tonumber(redis.call('HGET', cool, name) or '0') end
 
+local function cool_until(name, t)
+  -- a replica's breaker opened: no clear uses ``name`` before ``t`` (ms)
+  if t > 0 and t > cool_of(name) then redis.call('HSET', cool, name, t) end
+end
+
 local function free_slot(name)
   local b = redis.call('HINCRBY', busy, name, -1)
   if b < 0 then redis.call('HSET', busy, name, 0) end
@@ -168,12 +173,8 @@ SUBMIT = (
 -- the order rests again with its arrival in the same step, so no later order of
 -- equal bid can take its place in between.
 local oid, bid_s, seq, avoid, replica = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9]
-local cool_until = tonumber(ARGV[11] or '0')
 local h = redis.call('HGET', held, oid)
-if h and cool_until > 0 then
-  local dep = split(h)[1]
-  if cool_until > cool_of(dep) then redis.call('HSET', cool, dep, cool_until) end
-end
+if h then cool_until(split(h)[1], tonumber(ARGV[11] or '0')) end
 drop(oid)   -- the slot of a requeued order, or an earlier life of it (a job resumed after a crash)
 prune()
 if redis.call('ZCARD', book) >= tonumber(ARGV[10]) then
@@ -214,14 +215,10 @@ return {'gone'}
 RELEASE = (
     _COMMON
     + r"""
--- ARGV[5]: order_id; ARGV[6]: cool the deployment until this time (ms; 0: no)
-local oid, cool_until = ARGV[5], tonumber(ARGV[6])
+-- ARGV[5]: order_id. Gives its slot back (a no-op if its lease already did).
+local oid = ARGV[5]
 local h = redis.call('HGET', held, oid)
-if h then
-  local dep = split(h)[1]
-  if cool_until > 0 and cool_until > cool_of(dep) then redis.call('HSET', cool, dep, cool_until) end
-  drop(oid)
-end
+if h then drop(oid) end
 prune()
 dispatch()
 if h then return 1 end
@@ -236,8 +233,8 @@ COOL = (
 local dep, untilms = ARGV[5], tonumber(ARGV[6])
 if untilms == 0 then
   redis.call('HDEL', cool, dep)
-elseif untilms > cool_of(dep) then
-  redis.call('HSET', cool, dep, untilms)
+else
+  cool_until(dep, untilms)
 end
 prune()
 dispatch()

@@ -243,6 +243,16 @@ class OpenAIHTTPEngine:
             )
         return EngineFailure(f"upstream error: {message}", transient=not output_began)
 
+    def _early_failure(self, exc: BaseException, waited: str) -> EngineFailure:
+        """A failure before any output (connect, status, first bytes): always transient."""
+        if isinstance(exc, aiohttp.ServerTimeoutError):  # also a TimeoutError: checked first
+            return EngineFailure(f"upstream timed out ({type(exc).__name__})", transient=True)
+        if isinstance(exc, TimeoutError):
+            return EngineFailure(f"upstream sent {waited}", transient=True)
+        return EngineFailure(
+            self._scrub(f"upstream unreachable ({type(exc).__name__}: {exc})"), transient=True
+        )
+
     def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         if not request.stream and self._unary:
             return self._answer(request)
@@ -273,16 +283,8 @@ class OpenAIHTTPEngine:
                     content = await response.read()
                     response.release()
                     released = True
-            except aiohttp.ServerTimeoutError as exc:
-                raise EngineFailure(f"upstream timed out ({type(exc).__name__})", transient=True) from None
-            except TimeoutError:
-                raise EngineFailure(
-                    f"upstream sent no answer within {self._answer_timeout_s:g}s", transient=True
-                ) from None
-            except aiohttp.ClientError as exc:
-                raise EngineFailure(
-                    self._scrub(f"upstream unreachable ({type(exc).__name__}: {exc})"), transient=True
-                ) from None
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise self._early_failure(exc, f"no answer within {self._answer_timeout_s:g}s") from None
             if not 200 <= response.status < 300:
                 raise self._status_failure(response.status, content)
             try:
@@ -344,16 +346,8 @@ class OpenAIHTTPEngine:
                         released = True
                         raise self._status_failure(response.status, content)
                     piece = await response.content.readany()
-            except aiohttp.ServerTimeoutError as exc:
-                raise EngineFailure(f"upstream timed out ({type(exc).__name__})", transient=True) from None
-            except TimeoutError:
-                raise EngineFailure(
-                    f"upstream sent nothing within {self._first_byte_timeout_s:g}s", transient=True
-                ) from None
-            except aiohttp.ClientError as exc:
-                raise EngineFailure(
-                    self._scrub(f"upstream unreachable ({type(exc).__name__}: {exc})"), transient=True
-                ) from None
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise self._early_failure(exc, f"nothing within {self._first_byte_timeout_s:g}s") from None
 
             # Phase 2: parse SSE events and relay each chunk as it comes.
             content_stream = response.content

@@ -209,12 +209,7 @@ class RunResponse:
         """``: queued level=… position=…`` from the book (shared books answer over the
         network); None if the order was admitted or the client left meanwhile."""
         run = self.run
-        order = run.order
-        try:
-            level, pos = await run.market.standing(order)
-        except Exception as exc:  # the book is unreachable: its last known view
-            log.warning("queue position of %s: %s", run.request_id, exc)
-            level, pos = run.market.level(), -1 if order is None else run.market.position(order)
+        level, pos = await run.market.standing(run.order)  # its last known view if unreachable
         if run.phase != QUEUED or self._gone or self._closing:
             return None
         return sse.comment(f"queued level={sse.fmt_price(level)} position={max(pos, 0)}")
