@@ -29,8 +29,8 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # the HTTP client logs every upstream request at INFO: one line per request on
-    # the hot path; bourse reports failures itself
+    # httpx (webhook delivery) logs every request it sends at INFO; bourse reports
+    # failures itself (the upstream client of the openai engine is aiohttp)
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     env = read_environment()
