@@ -103,8 +103,11 @@ class AdminService:
             raise GatewayError(404, "not_found", f"No hold '{hold_id}'.")
         if amount_micros is None:
             amount_micros = await self._suggested_charge(hold)
-        if amount_micros < 0:
-            raise invalid_request("amount_micros: must not be negative", param="amount_micros")
+        if not 0 <= amount_micros <= hold.amount_micros:
+            raise invalid_request(
+                f"amount_micros: expected 0 to {hold.amount_micros} (the hold), got {amount_micros}",
+                param="amount_micros",
+            )
         try:
             return hold_view(await self.store.settle(hold_id, amount_micros, None, time.time()))
         except HoldNotOpen:
