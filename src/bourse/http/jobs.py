@@ -31,7 +31,7 @@ def routes(services: Services) -> list[Route]:
         p = await auth.user(request.headers.get("authorization"))
         raw = await read_body(request, services.max_body_bytes)
         body = parse_model(raw, NewJob)
-        key = request.headers.get("idempotency-key")
+        key = idempotency.scoped(p, request.headers.get("idempotency-key"))
         replay = await idempotency.begin(services, p.account_id, key, "job", raw)
         if replay is not None:
             return replay
