@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -10,6 +12,7 @@ from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import micros_to_usd
 from bourse.http.deps import Services, page_limit
 from bourse.http.responses import JSON
+from bourse.wire.requests import check_id, optional_id
 
 
 def _float(request: Request, name: str) -> float | None:
@@ -17,9 +20,12 @@ def _float(request: Request, name: str) -> float | None:
     if v is None:
         return None
     try:
-        return float(v)
+        t = float(v)
     except ValueError:
-        raise invalid_request(f"{name}: expected a unix time in seconds, got {v!r}", param=name) from None
+        t = math.nan
+    if not math.isfinite(t):
+        raise invalid_request(f"{name}: expected a unix time in seconds, got {v!r}", param=name)
+    return t
 
 
 def routes(services: Services) -> list[Route]:
@@ -66,7 +72,7 @@ def routes(services: Services) -> list[Route]:
             before=_float(request, "before"),
             since=_float(request, "since"),
             until=_float(request, "until"),
-            after=request.query_params.get("after"),
+            after=optional_id(request.query_params.get("after"), "after"),
         )
         page = rows[:limit]
         more = len(rows) > limit
@@ -81,7 +87,7 @@ def routes(services: Services) -> list[Route]:
 
     async def usage_one(request: Request) -> Response:
         p = await auth.user(request.headers.get("authorization"))
-        rid = request.path_params["request_id"]
+        rid = check_id(request.path_params["request_id"], "request_id")
         rec = await store.usage(p.account_id, rid)
         if rec is None:
             raise GatewayError(404, "not_found", f"No usage record '{rid}' for this account.")

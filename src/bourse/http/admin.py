@@ -12,6 +12,10 @@ from starlette.routing import Route
 from bourse.domain.errors import invalid_request
 from bourse.http.deps import Services, json_model
 from bourse.http.responses import JSON
+from bourse.wire.requests import INT64_MAX, IdText, check_id, optional_id
+
+INT32_MAX = 2**31 - 1
+"""The largest key limit (``rpm``, ``tpm``, ``max_streams``): their columns are INTEGER."""
 
 
 class _In(BaseModel):
@@ -28,15 +32,16 @@ class Credit(_In):
 
 
 class NewKey(_In):
-    account: str = Field(min_length=1, max_length=128)
-    products: list[str] | None = None
-    rpm: int | None = Field(default=None, ge=1)
-    tpm: int | None = Field(default=None, ge=1)
-    max_streams: int | None = Field(default=None, ge=1)
+    account: IdText
+    products: list[IdText] | None = Field(default=None, max_length=10_000)
+    rpm: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    tpm: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    max_streams: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
 
 class SettleHold(_In):
-    amount_micros: int | None = Field(default=None, ge=0)
+    amount_micros: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    """What to charge, at most the hold (default: its usage estimate, else the whole hold)."""
 
 
 def routes(services: Services) -> list[Route]:
@@ -53,12 +58,13 @@ def routes(services: Services) -> list[Route]:
 
     async def get_account(request: Request) -> Response:
         guard(request)
-        return JSON(await admin.account(request.path_params["account_id"]))
+        return JSON(await admin.account(check_id(request.path_params["account_id"], "account_id")))
 
     async def credit(request: Request) -> Response:
         guard(request)
+        account = check_id(request.path_params["account_id"], "account_id")
         body = await json_model(request, Credit)
-        return JSON(await admin.credit(request.path_params["account_id"], body.amount_usd))
+        return JSON(await admin.credit(account, body.amount_usd))
 
     async def create_key(request: Request) -> Response:
         guard(request)
@@ -71,7 +77,7 @@ def routes(services: Services) -> list[Route]:
         state = request.query_params.get("state")
         if state not in (None, "open", "settled", "released", "reconciling"):
             raise invalid_request("state: expected open, settled, released or reconciling", param="state")
-        account = request.query_params.get("account")
+        account = optional_id(request.query_params.get("account"), "account")
         try:
             limit = int(request.query_params.get("limit", "100"))
         except ValueError:
@@ -81,12 +87,13 @@ def routes(services: Services) -> list[Route]:
 
     async def settle(request: Request) -> Response:
         guard(request)
+        hold_id = check_id(request.path_params["hold_id"], "hold_id")
         body = await json_model(request, SettleHold)
-        return JSON(await admin.settle_hold(request.path_params["hold_id"], body.amount_micros))
+        return JSON(await admin.settle_hold(hold_id, body.amount_micros))
 
     async def release(request: Request) -> Response:
         guard(request)
-        return JSON(await admin.release_hold(request.path_params["hold_id"]))
+        return JSON(await admin.release_hold(check_id(request.path_params["hold_id"], "hold_id")))
 
     async def totals(request: Request) -> Response:
         guard(request)

@@ -47,6 +47,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
             elif name == b"x-book-timeout":
                 book_timeout = value.decode("latin-1")
         principal = await auth.user(authorization)
+        idem = idempotency.scoped(principal, idem)
         raw = await read_body(receive, length, limit)
         body = parse_body(raw)
         req = validate(kind, body)

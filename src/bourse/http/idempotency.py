@@ -1,5 +1,9 @@
 """Idempotency keys at the edge (Stripe's rules): the same key and body replay the
-stored answer; another body, or the same key still in flight, is a 409."""
+stored answer; another body, or the same key still in flight, is a 409.
+
+A key belongs to the API key that sent it (:func:`scoped`): a sibling key of the same
+account, which may be limited to other products, never replays its answers.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,31 @@ import time
 
 from starlette.responses import Response
 
-from bourse.domain.errors import GatewayError, invalid_request
+from bourse.domain.errors import GatewayError
 from bourse.http.deps import Services
 from bourse.ports.stores import StoredResponse
+from bourse.services.auth import Principal
+from bourse.wire.requests import check_id
 
 MAX_IDEMPOTENCY_KEY = 255
 
 
+def scoped(principal: Principal, header: str | None) -> str | None:
+    """The stored name of the ``Idempotency-Key`` header of a request made with
+    ``principal``'s API key (the name :func:`begin`, :func:`keep` and :func:`forget`
+    take); None without the header, a 400 when it is not 1 to 255 characters without
+    control characters."""
+    if header is None:
+        return None
+    check_id(header, "Idempotency-Key", MAX_IDEMPOTENCY_KEY)
+    return f"{principal.key.id}/{header}"
+
+
 async def begin(services: Services, account: str, key: str | None, scope: str, raw: bytes) -> Response | None:
-    """Claim ``key`` for this request; a stored answer to replay, or None to go ahead."""
+    """Claim ``key`` (a :func:`scoped` name) for this request; a stored answer to replay,
+    or None to go ahead."""
     if key is None:
         return None
-    if not key or len(key) > MAX_IDEMPOTENCY_KEY:
-        raise invalid_request(f"Idempotency-Key: expected 1 to {MAX_IDEMPOTENCY_KEY} characters")
     digest = hashlib.sha256(scope.encode() + b"\0" + raw).hexdigest()
     begun = await services.store.idem_begin(account, key, digest, time.time(), services.idempotency_ttl_s)
     if begun.state == "conflict":

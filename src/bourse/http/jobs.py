@@ -12,6 +12,7 @@ from starlette.routing import Route
 from bourse.http import idempotency
 from bourse.http.deps import Services, page_limit, parse_model, read_body
 from bourse.http.responses import JSON
+from bourse.wire.requests import check_id, optional_id
 
 
 class NewJob(BaseModel):
@@ -30,7 +31,7 @@ def routes(services: Services) -> list[Route]:
         p = await auth.user(request.headers.get("authorization"))
         raw = await read_body(request, services.max_body_bytes)
         body = parse_model(raw, NewJob)
-        key = request.headers.get("idempotency-key")
+        key = idempotency.scoped(p, request.headers.get("idempotency-key"))
         replay = await idempotency.begin(services, p.account_id, key, "job", raw)
         if replay is not None:
             return replay
@@ -49,16 +50,17 @@ def routes(services: Services) -> list[Route]:
 
     async def get(request: Request) -> Response:
         p = await auth.user(request.headers.get("authorization"))
-        return JSON(await jobs.get(request.path_params["job_id"], p.account_id))
+        return JSON(await jobs.get(check_id(request.path_params["job_id"], "job_id"), p.account_id))
 
     async def list_jobs(request: Request) -> Response:
         p = await auth.user(request.headers.get("authorization"))
         limit = page_limit(request)
-        return JSON(await jobs.list(p.account_id, limit, request.query_params.get("after")))
+        after = optional_id(request.query_params.get("after"), "after")
+        return JSON(await jobs.list(p.account_id, limit, after))
 
     async def cancel(request: Request) -> Response:
         p = await auth.user(request.headers.get("authorization"))
-        return JSON(await jobs.cancel(request.path_params["job_id"], p.account_id))
+        return JSON(await jobs.cancel(check_id(request.path_params["job_id"], "job_id"), p.account_id))
 
     return [
         Route("/v1/jobs", submit, methods=["POST"]),

@@ -14,6 +14,7 @@ from bourse.domain.errors import model_not_found
 from bourse.http.deps import Services
 from bourse.http.responses import JSON
 from bourse.services.market import Market
+from bourse.wire.requests import check_id
 
 
 def _buckets(bids: list[float]) -> list[dict[str, Any]]:
@@ -102,7 +103,7 @@ def routes(services: Services) -> list[Route]:
         )
 
     async def market_one(request: Request) -> Response:
-        name = request.path_params["product"]
+        name = check_id(request.path_params["product"], "product")
         m = markets.get(name)
         if m is None:
             raise model_not_found(name)

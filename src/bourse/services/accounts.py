@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bourse.domain.errors import GatewayError, invalid_request
-from bourse.domain.money import charge, price_units, usd_to_micros
+from bourse.domain.money import charge, micros_to_usd, price_units, usd_to_micros
 from bourse.ports.stores import (
     AccountExists,
     Hold,
@@ -24,6 +24,7 @@ from bourse.ports.stores import (
     KeyStore,
     LedgerStore,
     UnknownAccount,
+    UsageRecord,
     UsageStore,
 )
 from bourse.services.auth import Authenticator, hash_key, new_secret
@@ -98,30 +99,42 @@ class AdminService:
         return [hold_view(h) for h in await self.store.holds(state, account_id, limit)]
 
     async def settle_hold(self, hold_id: str, amount_micros: int | None) -> dict[str, Any]:
+        """Charge a hold (default: its usage estimate, else the whole hold) and write the
+        charge into the request's usage record, in one transaction."""
         hold = await self.store.hold(hold_id)
         if hold is None:
             raise GatewayError(404, "not_found", f"No hold '{hold_id}'.")
+        existing = await self.store.usage(hold.account_id, hold.request_id)
         if amount_micros is None:
-            amount_micros = await self._suggested_charge(hold)
-        if amount_micros < 0:
-            raise invalid_request("amount_micros: must not be negative", param="amount_micros")
+            amount_micros = self._suggested_charge(hold, existing)
+        if not 0 <= amount_micros <= hold.amount_micros:
+            raise invalid_request(
+                f"amount_micros: expected 0 to {hold.amount_micros} (the hold), got {amount_micros}",
+                param="amount_micros",
+            )
+        now = time.time()
+        usage = reconciled_usage(hold, existing, "settled", amount_micros, now)
         try:
-            return hold_view(await self.store.settle(hold_id, amount_micros, None, time.time()))
+            return hold_view(await self.store.settle(hold_id, amount_micros, usage, now))
         except HoldNotOpen:
             raise GatewayError(409, "hold_closed", f"The hold '{hold_id}' is already {hold.state}.") from None
 
     async def release_hold(self, hold_id: str) -> dict[str, Any]:
+        """Give a hold back and note in the request's usage record that nothing was charged."""
         hold = await self.store.hold(hold_id)
         if hold is None:
             raise GatewayError(404, "not_found", f"No hold '{hold_id}'.")
+        existing = await self.store.usage(hold.account_id, hold.request_id)
+        now = time.time()
+        usage = reconciled_usage(hold, existing, "released", 0, now)
         try:
-            return hold_view(await self.store.release(hold_id, None, time.time()))
+            return hold_view(await self.store.release(hold_id, usage, now))
         except HoldNotOpen:
             raise GatewayError(409, "hold_closed", f"The hold '{hold_id}' is already {hold.state}.") from None
 
-    async def _suggested_charge(self, hold: Hold) -> int:
+    @staticmethod
+    def _suggested_charge(hold: Hold, rec: UsageRecord | None) -> int:
         """The usage record's estimate at its cleared price, else the whole hold."""
-        rec = await self.store.usage(hold.account_id, hold.request_id)
         if rec is None:
             return hold.amount_micros
         usage = rec.record.get("usage") or {}
@@ -135,6 +148,42 @@ class AdminService:
             price_units(float(price)),
             hold.amount_micros,
         )
+
+
+def reconciled_usage(
+    hold: Hold, existing: UsageRecord | None, action: str, charged_micros: int, now: float
+) -> UsageRecord:
+    """The usage record of a hold an operator closed: the request's own record (or, when
+    its run left none, a new one) with the charge written in and the decision noted
+    under ``reconciliation``. Every charge has its usage record."""
+    doc: dict[str, Any] = (
+        dict(existing.record)
+        if existing is not None
+        else {
+            "id": hold.request_id,
+            "object": "bourse.usage",
+            "created": int(hold.created_at),
+            "model": hold.product,
+            "outcome": "reconciling",
+            "receipt": {"outcome": "reconciling", "quote_micros": hold.amount_micros},
+        }
+    )
+    doc["usage"] = {
+        **(doc.get("usage") or {}),
+        "cost": micros_to_usd(charged_micros),
+        "cost_micros": charged_micros,
+    }
+    doc["receipt"] = {**(doc.get("receipt") or {}), "cost_micros": charged_micros}
+    doc["reconciliation"] = {"action": action, "charged_micros": charged_micros, "at": now, "note": hold.note}
+    return UsageRecord(
+        request_id=hold.request_id,
+        account_id=hold.account_id,
+        product=hold.product,
+        created_at=hold.created_at if existing is None else existing.created_at,
+        outcome="reconciling" if existing is None else existing.outcome,
+        cost_micros=charged_micros,
+        record=doc,
+    )
 
 
 def admin_key_hash(data_dir: Path, env_key: str | None) -> tuple[str, str | None]:

@@ -30,7 +30,7 @@ from bourse.services.billing import Billing, prompt_bytes_and_messages
 from bourse.services.ids import new_request_id
 from bourse.services.limits import retry_after_header
 from bourse.services.market import Market
-from bourse.wire.requests import GATEWAY_FIELDS, ChatCompletionRequest, CompletionRequest
+from bourse.wire.requests import GATEWAY_FIELDS, ChatCompletionRequest, CompletionRequest, bounded_header
 
 log = logging.getLogger("bourse.completion")
 
@@ -263,7 +263,7 @@ def _header_number(value: str | None, name: str) -> float | None:
         raise invalid_request(f"{name}: expected a positive number, got {value!r}", param=name) from None
     if not f > 0 or f == float("inf"):
         raise invalid_request(f"{name}: expected a positive number, got {value!r}", param=name)
-    return f
+    return bounded_header(name, f)
 
 
 @dataclass(slots=True, eq=False)

@@ -1,14 +1,20 @@
-"""Validation of client request bodies (chat and legacy completions).
+"""Validation of client input at the edge: request bodies, numbers, ids.
 
 Bodies are parsed to plain dicts (the dict is what is forwarded upstream, so fields
 the gateway does not own pass through unchanged) and checked against pydantic
 models that follow OpenAI's shapes with ``extra="allow"``. A failure names the
 field: ``messages.0.role: Input should be ...``.
+
+Every number a client sends is bounded here so that the ledger's arithmetic stays
+inside int64 (:data:`MAX_PRICE`, :data:`INT64_MAX`), and every id or cursor a route
+takes goes through :func:`check_id` (no NUL, which PostgreSQL refuses in text, nor any
+other control character; at most :data:`MAX_ID_CHARS`). Each failure is a 400.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -16,6 +22,34 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from bourse.domain.errors import GatewayError, invalid_request
 
 Kind = Literal["chat", "completion"]
+
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+
+MAX_QUOTE_TOKENS = 2**32
+"""Above any request's quote. A quote counts one token per prompt byte, 8 per message,
+64 per content part without text, 8 per request, and the output budget
+(:func:`bourse.domain.money.quote_tokens`). The densest body is a list of
+``{"type":""}`` parts, 12 bytes for 64 tokens (< 6 tokens per byte); a body is at most
+512 MiB (the ceiling of ``server.max_body_bytes``) and an output budget at most 10^7
+tokens (``max_output_tokens``), so a quote is below 6 * 2^29 + 10^7 + 8 < 2^32."""
+
+MAX_PRICE = 1_000_000.0
+"""The highest ``max_price`` (and ``X-Max-Price``) a request may name, in USD per 1M
+tokens: one dollar a token. A hold is ``ceil(tokens * price * 10^6 / 10^6)`` micro-USD,
+so the largest is ``MAX_QUOTE_TOKENS * MAX_PRICE`` = 2^32 * 10^6 ~ 4.3e15 micro-USD, about
+2,000 times below int64 (9.2e18): a hold, and sums of many holds, fit the ledger's
+BIGINT columns, and ``price * 10^6`` (1e12) is exact in a double."""
+
+MAX_ID_CHARS = 256
+"""The longest id or cursor a route takes (every id the gateway issues is far shorter)."""
+
+_CONTROLS = r"\x00-\x1f\x7f-\x9f"
+"""C0 and C1 control characters and DEL (as a regex class body; NUL is the first)."""
+_CONTROL = re.compile(f"[{_CONTROLS}]")
+IdText = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, pattern=f"^[^{_CONTROLS}]+$")]
+"""An id in a JSON body: the rule of :func:`check_id`, as a pydantic type."""
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 GATEWAY_FIELDS = ("max_price", "timeout", "detached")
 """Request extensions that the gateway owns and never forwards upstream."""
@@ -67,12 +101,12 @@ class _Common(_Open):
     model: str = Field(min_length=1, max_length=256)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    seed: int | None = None
+    n: Int64 | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    seed: Int64 | None = None
     user: str | None = None
     # gateway extensions
-    max_price: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
+    max_price: float | None = Field(default=None, gt=0, le=MAX_PRICE, allow_inf_nan=False, strict=True)
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
     detached: bool = False
     sim: dict[str, Any] | None = None
@@ -80,7 +114,7 @@ class _Common(_Open):
 
 class ChatCompletionRequest(_Common):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     reasoning_effort: str | None = None
@@ -89,7 +123,7 @@ class ChatCompletionRequest(_Common):
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int]
     echo: bool | None = None
-    best_of: int | None = None
+    best_of: Int64 | None = None
     suffix: str | None = None
 
 
@@ -140,6 +174,33 @@ def validate(kind: Kind, body: dict[str, Any]) -> ChatCompletionRequest | Comple
         if req.best_of not in (None, 1):
             raise invalid_request("best_of: only best_of=1 is supported.", param="best_of")
     return req
+
+
+_HEADER_BOUNDS = {"X-Max-Price": MAX_PRICE}
+
+
+def bounded_header(name: str, value: float) -> float:
+    """A positive number read from a gateway header (``X-Max-Price``, ``X-Book-Timeout``),
+    held to the bound of its body field; a 400 naming the header past it."""
+    most = _HEADER_BOUNDS.get(name)
+    if most is not None and value > most:
+        raise invalid_request(f"{name}: expected at most {most:g}, got {value:g}", param=name)
+    return value
+
+
+def check_id(value: str, param: str, most: int = MAX_ID_CHARS) -> str:
+    """``value``, an id or cursor from a path, query or header, or a 400 naming ``param``:
+    1 to ``most`` characters, none of them a control character (NUL included)."""
+    if not 0 < len(value) <= most or _CONTROL.search(value) is not None:
+        raise invalid_request(
+            f"{param}: expected an id of 1 to {most} characters without control characters", param=param
+        )
+    return value
+
+
+def optional_id(value: str | None, param: str) -> str | None:
+    """:func:`check_id` for an optional query parameter (a cursor such as ``after``)."""
+    return None if value is None else check_id(value, param)
 
 
 def check_size(length: int, limit: int) -> None:

@@ -1,0 +1,1 @@
+"""The fault suite: hostile input, crashes, lost services, exhausted resources."""
