@@ -64,23 +64,9 @@ class SSEParser:
         self._data: list[bytes] = []
         self._event: bytes | None = None
 
-    def payloads(self, piece: bytes) -> list[bytes]:
-        """The ``data`` payloads of the events ``piece`` completes."""
-        return self._scan(piece, None)
-
-    def end(self) -> list[bytes]:
-        """The payloads completed by the end of the stream."""
-        return self._scan(b"\n\n", None)
-
-    def feed(self, piece: bytes) -> list[Event]:
-        """Every event and comment ``piece`` completes, in order."""
-        events: list[Event] = []
-        self._scan(piece, events)
-        return events
-
-    def _scan(self, piece: bytes, events: list[Event] | None) -> list[bytes]:
-        """Split off the complete lines; payloads are returned, or, with ``events``,
-        appended to it as :class:`Event` objects together with the comments."""
+    def payloads(self, piece: bytes, events: list[Event] | None = None) -> list[bytes]:
+        """The ``data`` payloads of the events ``piece`` completes; given ``events``, the
+        events are appended there instead, decoded, comments included (see :meth:`feed`)."""
         buffer = self._buffer + piece if self._buffer else piece
         lines = buffer.split(b"\n")
         self._buffer = lines.pop()
@@ -104,6 +90,16 @@ class SSEParser:
             elif events is not None:
                 self._field(line, events)
         return out
+
+    def end(self) -> list[bytes]:
+        """The payloads completed by the end of the stream."""
+        return self.payloads(b"\n\n")
+
+    def feed(self, piece: bytes) -> list[Event]:
+        """Every event and comment ``piece`` completes, in order."""
+        events: list[Event] = []
+        self.payloads(piece, events)
+        return events
 
     def _field(self, line: bytes, events: list[Event]) -> None:
         """A line other than ``data``: a comment, or the event's name (others are ignored)."""
