@@ -131,9 +131,9 @@ class _Sampling(NamedTuple):
         temp, top_p, seed = body.get("temperature"), body.get("top_p"), body.get("seed")
         return cls(
             limit=max(0, min(int(limit), room)),
-            stop=[stops]
-            if isinstance(stops, str)
-            else [s for s in (stops or []) if isinstance(s, str) and s],
+            stop=[
+                s for s in ([stops] if isinstance(stops, str) else stops or []) if isinstance(s, str) and s
+            ],
             temperature=0.8 if temp is None else float(temp),
             top_p=0.95 if top_p is None else float(top_p),
             seed=seed if isinstance(seed, int) else None,

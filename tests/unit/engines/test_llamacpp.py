@@ -152,7 +152,7 @@ async def test_a_stop_string_across_tokens_is_cut_and_never_shown(
 ) -> None:
     engine, fake = llm_engine
     fake.script = [b"Hel", b"lo E", b"N", b"D more", b"never", EOS]
-    chunks, usages = await _run(engine, _request({"prompt": "x", "stop": ["END", "zz"]}))
+    chunks, usages = await _run(engine, _request({"prompt": "x", "stop": ["END", "", "zz"]}))  # "": ignored
     assert "".join(_texts(chunks)) == "Hello "
     assert _finish(chunks)[-1] == "stop"
     assert usages[0].completion_tokens == 4  # the token that held the stop string counts
