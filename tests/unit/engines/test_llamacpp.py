@@ -152,11 +152,21 @@ async def test_a_stop_string_across_tokens_is_cut_and_never_shown(
 ) -> None:
     engine, fake = llm_engine
     fake.script = [b"Hel", b"lo E", b"N", b"D more", b"never", EOS]
-    chunks, usages = await _run(engine, _request({"prompt": "x", "stop": ["END", "", "zz"]}))  # "": ignored
+    chunks, usages = await _run(engine, _request({"prompt": "x", "stop": ["END", "zz"]}))
     assert "".join(_texts(chunks)) == "Hello "
     assert _finish(chunks)[-1] == "stop"
     assert usages[0].completion_tokens == 4  # the token that held the stop string counts
     assert fake.closed.wait(5)
+
+
+@pytest.mark.parametrize("stop", ["", [""], None, []])
+async def test_an_empty_stop_string_stops_nothing(
+    llm_engine: tuple[LlamaCppEngine, FakeLlama], stop: str | list[str] | None
+) -> None:
+    engine, fake = llm_engine
+    fake.script = [b"a", b"b", EOS]
+    chunks, _ = await _run(engine, _request({"prompt": "x", "stop": stop}))
+    assert _texts(chunks) == ["a", "b"]
 
 
 @pytest.mark.parametrize(
