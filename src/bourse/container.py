@@ -109,9 +109,7 @@ class Container:
 
     async def start(self) -> None:
         for engine in self.engines.values():
-            start = getattr(engine, "start", None)
-            if start is not None:
-                await start()
+            await engine.start()
         await self.store.open()
         if self.hub is not None:
             await self.hub.start()

@@ -4,15 +4,18 @@
   logged); a missing or corrupt file leaves the engine *broken* with one clear
   message, and the rest of the gateway serves on.
 - ``slots`` model instances, one worker thread each: a generation runs token by
-  token on its thread and each piece crosses to the event loop through a queue.
+  token on its thread and crosses to the event loop through a queue as typed
+  messages (:class:`_Text`, then one :class:`_Finished` or :class:`_Failed`).
   Closing the iterator sets a flag the worker checks between tokens, so the slot
-  is free again within one token.
+  is free again within one token; a model goes back to the pool only once its
+  worker has stopped.
 - Chat prompts use the model's chat template (llama-cpp-python's ``gemma`` format
   by default); usage is counted with the model's own tokenizer: prompt tokens are
   the templated prompt's tokens, completion tokens the tokens generated (the stop
   token excluded).
-- ``max_tokens`` and ``stop`` are honoured; ``temperature``, ``top_p`` and ``seed``
-  are passed to the sampler.
+- ``max_tokens`` and ``stop`` are honoured (text that may begin a stop string is held
+  back until it is known not to); ``temperature``, ``top_p`` and ``seed`` are passed
+  to the sampler.
 """
 
 from __future__ import annotations
@@ -25,12 +28,20 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
+from bourse.ports.engine import (
+    ChunkEvent,
+    Engine,
+    EngineEvent,
+    EngineFailure,
+    GenerationRequest,
+    Kind,
+    UsageEvent,
+)
+from bourse.wire.chunks import stream_chunk
 
 log = logging.getLogger("bourse.llamacpp")
 
@@ -76,15 +87,139 @@ def _size_mb(path: str) -> float:
     return os.path.getsize(path) / 1e6 if os.path.exists(path) else 0.0
 
 
-@dataclass(slots=True)
-class _End:
+class _Text(NamedTuple):
+    """Worker message: answer text, and how many generated tokens made it (0 for text
+    held back earlier; more than 1 when tokens before it made no text yet)."""
+
+    text: str
+    tokens: int
+
+
+class _Finished(NamedTuple):
+    """Worker message, the last of an answer: its finish reason and its exact usage."""
+
+    reason: str
     prompt_tokens: int
     completion_tokens: int
 
 
-@dataclass(slots=True)
-class _Fail:
+class _Failed(NamedTuple):
+    """Worker message, the last of a failed generation; ``refusal``: the request cannot
+    fit (a 400), not a failure of the engine."""
+
     message: str
+    refusal: bool = False
+
+
+_Message = _Text | _Finished | _Failed
+
+
+class _Sampling(NamedTuple):
+    """What a request's body asks of one generation."""
+
+    limit: int
+    stop: list[str]
+    temperature: float
+    top_p: float
+    seed: int | None
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any], room: int) -> _Sampling:
+        """The body's settings; the output limit is at most ``room`` (what the context has left)."""
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or room
+        stops = body.get("stop")
+        temp, top_p, seed = body.get("temperature"), body.get("top_p"), body.get("seed")
+        return cls(
+            limit=max(0, min(int(limit), room)),
+            stop=[
+                s for s in ([stops] if isinstance(stops, str) else stops or []) if isinstance(s, str) and s
+            ],
+            temperature=0.8 if temp is None else float(temp),
+            top_p=0.95 if top_p is None else float(top_p),
+            seed=seed if isinstance(seed, int) else None,
+        )
+
+
+class _StopStrings:
+    """Cuts the answer at the first stop string; text that may be the start of one is
+    held back until the next piece shows it is not."""
+
+    __slots__ = ("_held", "_stops")
+
+    def __init__(self, stops: list[str]) -> None:
+        self._stops = stops
+        self._held = ""
+
+    def push(self, piece: str) -> tuple[str, bool]:
+        """The text that can be shown now, and whether a stop string ended the answer
+        (the stop string and anything after it are dropped)."""
+        if not self._stops:
+            return piece, False
+        text = self._held + piece
+        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self._held = ""
+            return text[:cut], True
+        keep = max(self._overlap(text, s) for s in self._stops)
+        self._held = text[len(text) - keep :]
+        return text[: len(text) - keep], False
+
+    @staticmethod
+    def _overlap(text: str, stop: str) -> int:
+        """The length of the longest end of ``text`` that begins ``stop``."""
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:k]):
+                return k
+        return 0
+
+    def flush(self) -> str:
+        """The text still held: the answer ended without completing a stop string."""
+        held, self._held = self._held, ""
+        return held
+
+
+class _AnswerChunks:
+    """The stream chunks of one answer, the latest held back so that the finish reason
+    rides on the last one; a chat answer's first chunk says its role."""
+
+    __slots__ = ("_created", "_first", "_held", "_kind", "_model", "_request_id")
+
+    def __init__(self, request: GenerationRequest, model: str) -> None:
+        self._kind = request.kind
+        self._request_id = request.request_id
+        self._model = model
+        self._created = int(time.time())
+        self._first = True
+        self._held: ChunkEvent | None = None
+
+    def _chunk(self, text: str | None, finish: str | None) -> dict[str, Any]:
+        if self._kind == "completion":
+            piece: dict[str, Any] | str = text or ""
+        else:
+            piece = {"role": "assistant"} if self._first else {}
+            if text is not None:
+                piece["content"] = text
+        self._first = False
+        return stream_chunk(self._kind, self._request_id, self._model, self._created, piece, finish)
+
+    def add(self, text: _Text) -> ChunkEvent | None:
+        """Hold a chunk for ``text``; the chunk held before it, if any, is ready."""
+        ready, self._held = self._held, ChunkEvent(self._chunk(text.text, None), text.tokens)
+        return ready
+
+    def last(self, reason: str) -> ChunkEvent:
+        """The held chunk with the finish reason (an empty chunk if no text came)."""
+        if self._held is None:
+            return ChunkEvent(self._chunk(None, reason), 0)
+        self._held.chunk["choices"][0]["finish_reason"] = reason
+        return self._held
+
+
+def _failure(failed: _Failed) -> EngineFailure:
+    if failed.refusal:
+        return EngineFailure(failed.message, transient=False, status=400, code="context_length_exceeded",
+                             error_type="invalid_request_error")  # fmt: skip
+    return EngineFailure(failed.message, transient=False)
 
 
 def _text_of(content: Any) -> str:
@@ -115,8 +250,10 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
     return out
 
 
-class LlamaCppEngine:
-    """An in-process llama.cpp engine for one deployment."""
+class LlamaCppEngine(Engine):
+    """An in-process llama.cpp engine for one deployment. Implements the whole port:
+    :meth:`start` loads the model, ``loaded`` and ``broken`` say how that went, and
+    :class:`~bourse.ports.engine.TokenCounter` (``count_prompt_tokens``, ``context_length``)."""
 
     def __init__(
         self,
@@ -134,8 +271,8 @@ class LlamaCppEngine:
         self.n_threads = n_threads or max(1, min(os.cpu_count() or 1, 4))
         self.chat_format = chat_format
         self.name = name
-        self.broken: str | None = None
-        self.loaded = False
+        self._broken: str | None = None
+        self._loaded = False
         self._models: asyncio.Queue[Any] | None = None
         self._vocab: Any = None
         self._pool: ThreadPoolExecutor | None = None
@@ -143,6 +280,16 @@ class LlamaCppEngine:
         self._formatter: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def loaded(self) -> bool:
+        """True once :meth:`start` has loaded every slot's model."""
+        return self._loaded
+
+    @property
+    def broken(self) -> str | None:
+        """Why the model could not be loaded (one clear message), or None."""
+        return self._broken
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -169,13 +316,13 @@ class LlamaCppEngine:
             self._vocab = models[0]
             self._setup(models[0])
         except Exception as exc:  # missing file, corrupt file, llama_cpp not installed
-            self.broken = f"the model of {self.name} could not be loaded: {exc}"
-            log.error("%s", self.broken)
+            self._broken = f"the model of {self.name} could not be loaded: {exc}"
+            log.error("%s", self._broken)
             return
         self._models = asyncio.Queue()
         for m in models:
             self._models.put_nowait(m)
-        self.loaded = True
+        self._loaded = True
         log.info("%s: ready in %.1f s", self.name, time.perf_counter() - t0)
 
     def _load(self, path: str, vocab_only: bool) -> Any:
@@ -239,7 +386,7 @@ class LlamaCppEngine:
         return list(self._vocab.tokenize(text.encode(), add_bos=True, special=True))
 
     async def count_prompt_tokens(self, kind: Kind, body: dict[str, Any]) -> int | None:
-        if not self.loaded or self._pool is None:
+        if not self._loaded or self._pool is None:
             return None
         loop = asyncio.get_running_loop()
         tokens = await loop.run_in_executor(self._pool, self.prompt_tokens, kind, body)
@@ -251,158 +398,106 @@ class LlamaCppEngine:
 
     # -- generation --------------------------------------------------------------------
 
-    def _work(self, llm: Any, request: GenerationRequest, cancel: threading.Event) -> Iterator[Any]:
-        body = request.body
-        prompt = self.prompt_tokens(request.kind, body)
+    def _work(self, llm: Any, request: GenerationRequest, cancel: threading.Event) -> Iterator[_Message]:
+        """The worker's messages for one generation (run on a worker thread)."""
+        prompt = self.prompt_tokens(request.kind, request.body)
         room = self.n_ctx - len(prompt)
         if room <= 0:
-            yield _Fail(f"the prompt is {len(prompt)} tokens; the context is {self.n_ctx}")
+            yield _Failed(f"the prompt is {len(prompt)} tokens; the context is {self.n_ctx}", refusal=True)
             return
-        limit = body.get("max_completion_tokens") or body.get("max_tokens") or room
-        limit = max(0, min(int(limit), room))
-        stops = body.get("stop")
-        stop_strings = (
-            [stops] if isinstance(stops, str) else [s for s in (stops or []) if isinstance(s, str) and s]
-        )
-        temp = body.get("temperature")
-        top_p = body.get("top_p")
-        seed = body.get("seed")
-        if isinstance(seed, int):
-            llm.set_seed(seed)
-        decoder = codecs.getincrementaldecoder("utf-8")("ignore")
-        held = ""  # text held back while it may be the start of a stop string
-        emitted = 0
-        finish = "length"
-        gen = llm.generate(
-            prompt,
-            temp=0.8 if temp is None else float(temp),
-            top_p=0.95 if top_p is None else float(top_p),
-            top_k=40,
-            reset=True,
-        )
+        sampling = _Sampling.of(request.body, room)
+        if sampling.seed is not None:
+            llm.set_seed(sampling.seed)
+        tokens = llm.generate(prompt, temp=sampling.temperature, top_p=sampling.top_p, top_k=40, reset=True)
         try:
-            for token in gen:
-                if cancel.is_set():
-                    return
-                if int(token) in self._stop_ids:
-                    finish = "stop"
-                    break
-                emitted += 1
-                piece = decoder.decode(llm.detokenize([token]))
-                text = held + piece
-                cut = -1
-                for s in stop_strings:
-                    i = text.find(s)
-                    if i >= 0 and (cut < 0 or i < cut):
-                        cut = i
-                if cut >= 0:
-                    if cut:
-                        yield text[:cut]
-                    finish = "stop"
-                    break
-                keep = 0
-                for s in stop_strings:
-                    for k in range(min(len(s) - 1, len(text)), 0, -1):
-                        if text.endswith(s[:k]):
-                            keep = max(keep, k)
-                            break
-                out, held = (text[:-keep], text[-keep:]) if keep else (text, "")
-                yield out if out else None  # None: a token that produced no text yet
-                if emitted >= limit:
-                    break
-            else:
-                finish = "stop"
-            if finish == "length" and held:
-                yield held
+            finish, emitted = yield from self._answer(llm, tokens, sampling, cancel)
         finally:
-            gen.close()
-        yield ("finish", finish)
-        yield _End(len(prompt), emitted)
+            tokens.close()
+        if finish is not None:
+            yield _Finished(finish, len(prompt), emitted)
 
-    def _chunk(
-        self, request: GenerationRequest, text: str | None, finish: str | None, first: bool
-    ) -> dict[str, Any]:
-        created = int(time.time())
-        if request.kind == "completion":
-            return {"id": request.request_id, "object": "text_completion", "created": created, "model": self.name,
-                    "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]}  # fmt: skip
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if text is not None:
-            delta["content"] = text
-        return {"id": request.request_id, "object": "chat.completion.chunk", "created": created, "model": self.name,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}  # fmt: skip
+    def _answer(
+        self, llm: Any, tokens: Iterator[int], sampling: _Sampling, cancel: threading.Event
+    ) -> Generator[_Text, None, tuple[str | None, int]]:
+        """The answer's text as the tokens come; returns its finish reason (None when
+        cancelled) and how many tokens it took (the stop token excluded)."""
+        decoder = codecs.getincrementaldecoder("utf-8")("ignore")
+        stops = _StopStrings(sampling.stop)
+        emitted = unsent = 0  # unsent: tokens whose text is not out yet
+        finish = "stop"  # the model's end token, or the end of its generator
+        for token in tokens:
+            if cancel.is_set():
+                return None, emitted
+            if int(token) in self._stop_ids:
+                break
+            emitted += 1
+            unsent += 1
+            text, stopped = stops.push(decoder.decode(llm.detokenize([token])))
+            if text:
+                yield _Text(text, unsent)
+                unsent = 0
+            if stopped:
+                return "stop", emitted
+            if emitted >= sampling.limit:
+                finish = "length"
+                break
+        held = stops.flush()
+        if held:
+            yield _Text(held, unsent)
+        return finish, emitted
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
-        if self.broken is not None:
-            raise EngineFailure(self.broken, transient=False, status=503, code="no_capacity",
+    async def _messages(self, request: GenerationRequest) -> AsyncGenerator[_Message, None]:
+        """One free model's worker messages, up to the last; closing this stops the
+        worker within one token. The model goes back to the pool when its worker ends."""
+        if self._broken is not None:
+            raise EngineFailure(self._broken, transient=False, status=503, code="no_capacity",
                                 error_type="service_unavailable")  # fmt: skip
-        if self._models is None or self._pool is None:
+        models, pool = self._models, self._pool
+        if models is None or pool is None:
             raise EngineFailure(f"{self.name} is still loading its model", transient=True, status=503,
                                 code="no_capacity", error_type="service_unavailable")  # fmt: skip
-        llm = await self._models.get()
+        llm = await models.get()
         loop = asyncio.get_running_loop()
-        q: asyncio.Queue[Any] = asyncio.Queue()
+        queue: asyncio.Queue[_Message] = asyncio.Queue()
         cancel = threading.Event()
-        done = object()
 
-        def put(item: Any) -> None:
+        def put(message: _Message) -> None:
             try:
-                loop.call_soon_threadsafe(q.put_nowait, item)
+                loop.call_soon_threadsafe(queue.put_nowait, message)
             except RuntimeError:  # the loop is gone (shutdown)
                 cancel.set()
 
         def work() -> None:
             try:
-                for item in self._work(llm, request, cancel):
+                for message in self._work(llm, request, cancel):
                     if cancel.is_set():
                         break
-                    put(item)
+                    put(message)
             except Exception as exc:
-                put(_Fail(f"llama.cpp failed: {type(exc).__name__}: {exc}"))
-            finally:
-                put(done)
+                put(_Failed(f"llama.cpp failed: {type(exc).__name__}: {exc}"))
 
-        fut = loop.run_in_executor(self._pool, work)
-        first = True
-        owed = 0
-        pending: ChunkEvent | None = None  # one chunk held so the finish reason rides on the last one
+        worker = loop.run_in_executor(pool, work)
+        worker.add_done_callback(lambda _: models.put_nowait(llm))
         try:
             while True:
-                item = await q.get()
-                if item is done:
-                    break
-                if isinstance(item, _Fail):
-                    raise EngineFailure(item.message, transient=False, status=400 if "context" in item.message else 502,
-                                        code="context_length_exceeded" if "context" in item.message else "upstream_error",
-                                        error_type="invalid_request_error" if "context" in item.message else "upstream_error")  # fmt: skip
-                if isinstance(item, _End):
-                    if pending is not None:
-                        yield pending
-                        pending = None
-                    yield UsageEvent(item.prompt_tokens, item.completion_tokens)
-                    continue
-                if isinstance(item, tuple):
-                    finish = item[1]
-                    if pending is None:
-                        pending = ChunkEvent(
-                            self._chunk(request, None if request.kind == "chat" else "", finish, first), 0
-                        )
-                    else:
-                        pending.chunk["choices"][0]["finish_reason"] = finish
-                    continue
-                if item is None:  # a token that made no text yet: counted with the next piece
-                    owed += 1
-                    continue
-                if pending is not None:
-                    yield pending
-                    pending = None
-                pending = ChunkEvent(self._chunk(request, item, None, first), 1 + owed)
-                owed = 0
-                first = False
+                message = await queue.get()
+                yield message
+                if not isinstance(message, _Text):
+                    return
         finally:
             cancel.set()
-            try:
-                await asyncio.shield(fut)  # the worker stops within one token
-            except Exception:
-                pass
-            self._models.put_nowait(llm)
+            await asyncio.shield(worker)  # the worker stops within one token
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        chunks = _AnswerChunks(request, self.name)
+        async with contextlib.aclosing(self._messages(request)) as messages:
+            async for message in messages:
+                if isinstance(message, _Text):
+                    ready = chunks.add(message)
+                    if ready is not None:
+                        yield ready
+                elif isinstance(message, _Finished):
+                    yield chunks.last(message.reason)
+                    yield UsageEvent(message.prompt_tokens, message.completion_tokens)
+                else:
+                    raise _failure(message)

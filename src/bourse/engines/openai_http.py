@@ -6,9 +6,10 @@ a client that asked for one answer, one non-streamed upstream answer, handed on 
 chunk whose ``delta`` is the message, then its usage), the mapping of
 upstream statuses and error envelopes to :class:`EngineFailure` (transient before
 any output for connect errors, timeouts, 5xx and 429; a refusal such as a context
-length error is final), and a small SSE parser on the hot path that hands each
-upstream chunk on as it arrives and turns the upstream's usage chunk into a
-:class:`UsageEvent`. Closing the generator closes the upstream response, so the
+length error is final), and the stream's three steps: connect (send, status, first
+bytes), parse (the project's SSE parser, on the hot path, hands each upstream chunk on
+as it arrives and keeps the upstream's usage aside) and finish (``[DONE]`` seen, the
+usage as a :class:`UsageEvent`). Closing the generator closes the upstream response, so the
 upstream sees its connection go away and aborts the generation.
 
 The API key is sent only as a header; it never appears in a failure message.
@@ -17,14 +18,22 @@ The API key is sent only as a header; it never appears in a failure message.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import aiohttp
 import orjson
 import yarl
 
-from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, UsageEvent
+from bourse.ports.engine import (
+    ChunkEvent,
+    Engine,
+    EngineEvent,
+    EngineFailure,
+    GenerationRequest,
+    UsageEvent,
+)
+from bourse.wire.sse import SSEParser
 
 __all__ = ["OpenAIHTTPEngine"]
 
@@ -102,43 +111,80 @@ def _carries_tokens(choices: list[Any]) -> int:
     return 0
 
 
-class _SSEPayloads:
-    """The ``data`` payloads of an SSE byte stream, fed in pieces of any size.
+class _StreamParse:
+    """The parse step of one upstream stream: each read's SSE payloads into chunk events.
 
-    Lines end in LF or CRLF; ``data:`` lines of one event are joined by LF; comments
-    and other fields are ignored; an event ends at a blank line.
+    It keeps what the finish step needs: whether ``[DONE]`` came, whether output began
+    (a failure after that is final) and the upstream's usage, popped off the chunk that
+    carried it. An upstream error or a malformed chunk ends a read's events and is kept
+    in ``failure`` for the caller to raise once those events are relayed.
     """
 
-    __slots__ = ("_buffer", "_data")
+    __slots__ = ("_failure_of", "_sse", "done", "failure", "output_began", "usage")
 
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._data: list[bytes] = []
+    def __init__(self, failure_of: Callable[[object, bool], EngineFailure]) -> None:
+        self._sse = SSEParser()
+        self._failure_of = failure_of
+        self.done = False
+        self.output_began = False
+        self.usage: dict[str, Any] | None = None
+        self.failure: EngineFailure | None = None
 
-    def feed(self, piece: bytes) -> list[bytes]:
-        buffer = self._buffer + piece if self._buffer else piece
-        lines = buffer.split(b"\n")
-        self._buffer = lines.pop()
-        out: list[bytes] = []
-        data = self._data
-        for line in lines:
-            if line[-1:] == b"\r":
-                line = line[:-1]
-            if line:
-                if line[:5] == b"data:":
-                    data.append(line[6:] if line[5:6] == b" " else line[5:])
-                continue  # comments and other fields are ignored
-            if data:
-                out.append(data[0] if len(data) == 1 else b"\n".join(data))
-                data.clear()
+    def events(self, piece: bytes) -> list[ChunkEvent]:
+        """The chunk events of one read (``b""`` at the end of the stream). All but the
+        last say ``more``: the relay may write chunks that arrived together at once."""
+        out: list[ChunkEvent] = []
+        if self.done:
+            return out  # anything after [DONE] is ignored
+        for payload in self._sse.payloads(piece) if piece else self._sse.end():
+            if payload == _DONE:
+                self.done = True
+                break
+            event = self._event(payload)
+            if event is not None:
+                if out:
+                    out[-1].more = True
+                out.append(event)
+            elif self.failure is not None:
+                break
         return out
 
-    def end(self) -> list[bytes]:
-        """The end of the stream: an event not yet ended by a blank line counts."""
-        return self.feed(b"\n\n")
+    def _event(self, payload: bytes) -> ChunkEvent | None:
+        """One payload's chunk event; None for a chunk without choices (the usage
+        chunk) or, with ``failure`` set, for an error."""
+        try:
+            chunk = orjson.loads(payload)
+            if not isinstance(chunk, dict):
+                raise TypeError
+            if chunk.get("error") is not None or chunk.get("object") == "error":
+                self.failure = self._failure_of(chunk, self.output_began)
+                return None
+            if "usage" in chunk:
+                usage = chunk.pop("usage")
+                if isinstance(usage, dict):
+                    self.usage = usage
+            choices = chunk.get("choices")
+            if not choices:
+                return None
+            tokens = _carries_tokens(choices)
+        except (orjson.JSONDecodeError, TypeError, AttributeError):
+            self.failure = EngineFailure(
+                "upstream sent a malformed stream chunk", transient=not self.output_began
+            )
+            return None
+        self.output_began = True
+        return ChunkEvent(chunk, tokens)
+
+    def finish(self) -> UsageEvent | None:
+        """The finish step, at the end of the stream: it must have said ``[DONE]``; its usage."""
+        if not self.done:
+            if self.output_began:
+                raise EngineFailure("upstream closed the stream early", transient=False)
+            raise EngineFailure("upstream closed the stream before any output", transient=True)
+        return None if self.usage is None else _usage_event(self.usage)
 
 
-class OpenAIHTTPEngine:
+class OpenAIHTTPEngine(Engine):
     """An engine that streams from ``{base_url}/chat/completions`` or ``/completions``,
     or, for a request that is not streamed (``GenerationRequest.stream`` false) and
     when ``unary`` is on, asks there for one non-streamed answer.
@@ -152,6 +198,9 @@ class OpenAIHTTPEngine:
     (connection, request, the whole answer) is bounded by the larger of the two, and a
     failure or timeout before it is complete is transient (no output was relayed), so
     the gateway requeues it.
+
+    It has nothing to load: the port's defaults for ``start``, ``loaded`` and
+    ``broken`` apply (an unreachable upstream shows per request, as a transient failure).
     """
 
     def __init__(
@@ -230,7 +279,7 @@ class OpenAIHTTPEngine:
             error_type="invalid_request_error",
         )
 
-    def _stream_failure(self, error: object, *, output_began: bool) -> EngineFailure:
+    def _stream_failure(self, error: object, output_began: bool) -> EngineFailure:
         message, code, error_type = _error_details(error)
         message = self._scrub(message or "upstream reported an error")
         if not output_began and _is_refusal(error, code, error_type):
@@ -258,172 +307,117 @@ class OpenAIHTTPEngine:
             return self._answer(request)
         return self._stream(request)
 
+    async def _post(
+        self, request: GenerationRequest, body: dict[str, Any], *, json: bool
+    ) -> aiohttp.ClientResponse:
+        """Send ``body`` to the request kind's URL; ``json``: ask for a JSON answer, not a stream."""
+        headers = {"x-request-id": request.request_id, "x-bourse-attempt": str(request.attempt)}
+        if json:
+            headers["accept"] = "application/json"
+        url = self._chat_url if request.kind == "chat" else self._completion_url
+        session = self._session or self._open_session()
+        return await session.post(url, data=orjson.dumps(body), headers=headers)
+
     async def _answer(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """One non-streamed upstream answer, as one chunk (``delta`` = the message) and its usage."""
         body = {k: v for k, v in request.body.items() if k != "stream_options"}
         body["model"] = self._model
         body["stream"] = False
-        chat = request.kind == "chat"
-        url = self._chat_url if chat else self._completion_url
-        session = self._session or self._open_session()
-        response: aiohttp.ClientResponse | None = None
-        released = False
-        try:
-            try:
-                async with asyncio.timeout(self._answer_timeout_s):
-                    response = await session.post(
-                        url,
-                        data=orjson.dumps(body),
-                        headers={
-                            "accept": "application/json",
-                            "x-request-id": request.request_id,
-                            "x-bourse-attempt": str(request.attempt),
-                        },
-                    )
-                    content = await response.read()
-                    response.release()
-                    released = True
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                raise self._early_failure(exc, f"no answer within {self._answer_timeout_s:g}s") from None
-            if not 200 <= response.status < 300:
-                raise self._status_failure(response.status, content)
-            try:
-                doc = orjson.loads(content)
-                if not isinstance(doc, dict):
-                    raise TypeError
-                if doc.get("error") is not None or doc.get("object") == "error":
-                    raise self._stream_failure(doc, output_began=False)
-                usage = doc.pop("usage", None)
-                choices = doc.get("choices")
-                tokens = _answer_chunk(doc, chat) if choices else 0
-            except (orjson.JSONDecodeError, TypeError, AttributeError, KeyError):
-                raise EngineFailure("upstream sent a malformed answer", transient=True) from None
-            usage_event = _usage_event(usage) if isinstance(usage, dict) else None
-            if choices:
-                if usage_event is not None and usage_event.completion_tokens > 0:
-                    tokens = usage_event.completion_tokens
-                yield ChunkEvent(doc, tokens)
-            if usage_event is not None:
-                yield usage_event
-        finally:
-            if response is not None and not released:
-                response.close()
+        response, content = await self._connect(request, body, json=True)
+        response.release()  # read to its end: the connection goes back to the pool
+        chunk, usage = self._parse_answer(content, request.kind == "chat")
+        if chunk is not None:
+            yield chunk
+        if usage is not None:
+            yield usage
 
-    async def _stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
-        body = request.body
+    def _parse_answer(self, content: bytes, chat: bool) -> tuple[ChunkEvent | None, UsageEvent | None]:
+        """A non-streamed answer as a chunk event (None without choices) and its usage.
+        The chunk's token count is the upstream's completion tokens, else an estimate."""
+        try:
+            doc = orjson.loads(content)
+            if not isinstance(doc, dict):
+                raise TypeError
+            if doc.get("error") is not None or doc.get("object") == "error":
+                raise self._stream_failure(doc, False)
+            usage = doc.pop("usage", None)
+            tokens = _answer_chunk(doc, chat) if doc.get("choices") else None
+        except (orjson.JSONDecodeError, TypeError, AttributeError, KeyError):
+            raise EngineFailure("upstream sent a malformed answer", transient=True) from None
+        usage_event = _usage_event(usage) if isinstance(usage, dict) else None
+        if tokens is None:
+            return None, usage_event
+        if usage_event is not None and usage_event.completion_tokens > 0:
+            tokens = usage_event.completion_tokens
+        return ChunkEvent(doc, tokens), usage_event
+
+    def _stream_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The body to stream: the gateway's as it is when it already asks this model
+        for a stream with usage (it does), else a copy with those set."""
         options = body.get("stream_options")
-        if not (
+        if (
             body.get("stream") is True
             and body.get("model") == self._model
             and isinstance(options, dict)
             and options.get("include_usage") is True
-        ):  # the gateway sends it so; anything else gets a copy with these set
-            body = dict(body)
-            body["model"] = self._model
-            body["stream"] = True
-            body["stream_options"] = (
-                {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
-            )
-        url = self._chat_url if request.kind == "chat" else self._completion_url
-        session = self._session or self._open_session()
-        response: aiohttp.ClientResponse | None = None
-        released = False
-        try:
-            # Phase 1, nothing yielded: connect, status, first body bytes. All transient.
-            try:
-                async with asyncio.timeout(self._first_byte_timeout_s):
-                    response = await session.post(
-                        url,
-                        data=orjson.dumps(body),
-                        headers={
-                            "x-request-id": request.request_id,
-                            "x-bourse-attempt": str(request.attempt),
-                        },
-                    )
-                    if not 200 <= response.status < 300:
-                        content = await response.read()
-                        response.release()
-                        released = True
-                        raise self._status_failure(response.status, content)
-                    piece = await response.content.readany()
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                raise self._early_failure(exc, f"nothing within {self._first_byte_timeout_s:g}s") from None
+        ):
+            return body
+        options = {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
+        return {**body, "model": self._model, "stream": True, "stream_options": options}
 
-            # Phase 2: parse SSE events and relay each chunk as it comes.
-            content_stream = response.content
-            parser = _SSEPayloads()
-            output_began = False
-            done = False
-            usage: dict[str, Any] | None = None
+    async def _connect(
+        self, request: GenerationRequest, body: dict[str, Any], *, json: bool
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        """The connect step, nothing yielded yet: send ``body``, check the status, then
+        read the first body bytes of a stream, or the whole answer (``json``). Bounded by
+        ``first_byte_timeout_s`` (a stream) or the answer's timeout; every failure is
+        transient, and closes the response."""
+        timeout_s = self._answer_timeout_s if json else self._first_byte_timeout_s
+        response: aiohttp.ClientResponse | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await self._post(request, body, json=json)
+                if not 200 <= response.status < 300:
+                    raise self._status_failure(response.status, await response.read())
+                return response, await (response.read() if json else response.content.readany())
+        except BaseException as exc:
+            if response is not None:
+                response.close()  # (an error answer, read to its end, is already back in the pool)
+            if isinstance(exc, TimeoutError | aiohttp.ClientError):
+                waited = f"no answer within {timeout_s:g}s" if json else f"nothing within {timeout_s:g}s"
+                raise self._early_failure(exc, waited) from None
+            raise
+
+    async def _stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        """Connect, then relay each read's chunks as they come (the parse step), then the
+        usage once the stream has ended well (the finish step)."""
+        response, piece = await self._connect(request, self._stream_body(request.body), json=False)
+        parse = _StreamParse(self._stream_failure)
+        try:
             while True:
-                payloads = parser.feed(piece) if piece else parser.end()
-                # the chunks of one read are yielded one behind, so that each but the
-                # last says ``more``: the relay writes chunks that arrived together at once
-                ready: ChunkEvent | None = None
-                for payload in payloads:
-                    if done:
-                        continue
-                    if payload == _DONE:
-                        done = True
-                        continue
-                    try:
-                        chunk = orjson.loads(payload)
-                        if not isinstance(chunk, dict):
-                            raise TypeError
-                        if chunk.get("error") is not None or chunk.get("object") == "error":
-                            failure = self._stream_failure(chunk, output_began=output_began)
-                        else:
-                            failure = None
-                            if "usage" in chunk:
-                                chunk_usage = chunk.pop("usage")
-                                if isinstance(chunk_usage, dict):
-                                    usage = chunk_usage
-                            choices = chunk.get("choices")
-                            tokens = _carries_tokens(choices) if choices else 0
-                    except (orjson.JSONDecodeError, TypeError, AttributeError):
-                        failure = EngineFailure(
-                            "upstream sent a malformed stream chunk", transient=not output_began
-                        )
-                    if failure is not None:
-                        if ready is not None:
-                            yield ready
-                        raise failure
-                    if choices:
-                        output_began = True
-                        if ready is not None:
-                            ready.more = True
-                            yield ready
-                        ready = ChunkEvent(chunk, tokens)
-                if ready is not None:
-                    yield ready
+                for event in parse.events(piece):
+                    yield event
+                if parse.failure is not None:
+                    raise parse.failure
                 if not piece:
                     break
                 try:
-                    piece = await content_stream.readany()
+                    piece = await response.content.readany()
                 except aiohttp.ServerTimeoutError:
-                    raise EngineFailure(
-                        f"upstream went silent for {self._read_timeout_s:g}s", transient=not output_began
-                    ) from None
+                    silent = f"upstream went silent for {self._read_timeout_s:g}s"
+                    raise EngineFailure(silent, transient=not parse.output_began) from None
                 except (aiohttp.ClientError, TimeoutError) as exc:
-                    raise EngineFailure(
-                        self._scrub(f"upstream stream broke ({type(exc).__name__})"),
-                        transient=not output_began,
-                    ) from None
-
-            if not done:
-                if output_began:
-                    raise EngineFailure("upstream closed the stream early", transient=False)
-                raise EngineFailure("upstream closed the stream before any output", transient=True)
-            # Fully read: releasing now returns the connection to the pool.
-            response.release()
-            released = True
-            if usage is not None:
-                yield _usage_event(usage)
-        finally:
-            if response is not None and not released:
-                # not read to its end (closed early, cancelled, failed): drop the
-                # connection, so the upstream sees it go and stops generating
-                response.close()
+                    broke = self._scrub(f"upstream stream broke ({type(exc).__name__})")
+                    raise EngineFailure(broke, transient=not parse.output_began) from None
+        except BaseException:
+            # not read to its end (closed early, cancelled, failed): drop the connection,
+            # so the upstream sees it go and stops generating
+            response.close()
+            raise
+        response.release()  # read to its end: the connection goes back to the pool
+        usage = parse.finish()
+        if usage is not None:
+            yield usage
 
 
 def _answer_chunk(doc: dict[str, Any], chat: bool) -> int:

@@ -25,7 +25,15 @@ from bourse.engines.simtext import (
     seed_of,
     sim_tokens,
 )
-from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, UsageEvent
+from bourse.ports.engine import (
+    ChunkEvent,
+    Engine,
+    EngineEvent,
+    EngineFailure,
+    GenerationRequest,
+    UsageEvent,
+)
+from bourse.wire.chunks import stream_chunk
 
 __all__ = ["REASONING_TOKENS", "SimEngine", "SimSettings"]
 
@@ -184,10 +192,42 @@ def _chat_deltas(settings: SimSettings, body: Mapping[str, Any], seed: int) -> l
     return deltas
 
 
-class SimEngine:
+def _answer(settings: SimSettings, chat: bool, body: Mapping[str, Any]) -> tuple[list[Any], str]:
+    """The pieces of the answer (chat deltas or completion texts, one token each), cut
+    at the engine's and the body's limits, and its finish reason."""
+    seed = seed_of(body)
+    pieces: list[Any]
+    if chat:
+        pieces = _chat_deltas(settings, body, seed)
+        finish_reason = "tool_calls" if "tool_calls" in pieces[-1] else "stop"
+    else:
+        natural = settings.output_tokens if settings.output_tokens is not None else natural_length(seed)
+        pieces = sim_tokens(seed, min(natural, settings.max_output_tokens + 1))
+        finish_reason = "stop"
+    limit = settings.max_output_tokens
+    body_limit = _body_limit(body)
+    if body_limit is not None and body_limit < limit:
+        limit = max(body_limit, 1)
+    if len(pieces) > limit:
+        del pieces[limit:]
+        finish_reason = "length"
+    return pieces, finish_reason
+
+
+async def _before_output(settings: SimSettings, attempt: int) -> None:
+    """The wait for the first chunk, and the scripted failure before any output."""
+    if settings.ttft_ms > 0:
+        await asyncio.sleep(settings.ttft_ms / 1000)
+    k = settings.fail_before_output
+    if k == -1 or attempt < k:
+        raise EngineFailure("simulated failure before output", transient=True, status=502)
+
+
+class SimEngine(Engine):
     """The simulated engine. ``stats`` counts generations started, completed (the
     last chunk was handed out) and cancelled (closed before that); failures count
-    as neither completed nor cancelled."""
+    as neither completed nor cancelled. It has nothing to load: the port's defaults
+    for ``start``, ``loaded``, ``broken`` and ``aclose`` apply."""
 
     def __init__(self, settings: SimSettings, model_name: str = "sim") -> None:
         self.settings = settings
@@ -206,8 +246,21 @@ class SimEngine:
                 self.stats[key] = 0
         self.stats["peak_running"] = self.stats["running"]
 
-    async def aclose(self) -> None:
-        return None
+    def _settings_for(self, body: Mapping[str, Any]) -> SimSettings:
+        """The deployment's settings with the body's ``sim`` object applied."""
+        overrides = body.get("sim")
+        if overrides is None:
+            return self.settings
+        try:
+            return self.settings.merged(overrides)
+        except ValueError as exc:
+            raise EngineFailure(
+                str(exc),
+                transient=False,
+                status=400,
+                code="invalid_request",
+                error_type="invalid_request_error",
+            ) from None
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         stats = self.stats
@@ -218,48 +271,10 @@ class SimEngine:
         finished = False
         try:
             body = request.body
-            settings = self.settings
-            overrides = body.get("sim")
-            if overrides is not None:
-                try:
-                    settings = settings.merged(overrides)
-                except ValueError as exc:
-                    raise EngineFailure(
-                        str(exc),
-                        transient=False,
-                        status=400,
-                        code="invalid_request",
-                        error_type="invalid_request_error",
-                    ) from None
-            seed = seed_of(body)
-            chat = request.kind == "chat"
-            pieces: list[Any]
-            if chat:
-                pieces = _chat_deltas(settings, body, seed)
-                natural_finish = "tool_calls" if "tool_calls" in pieces[-1] else "stop"
-            else:
-                natural = (
-                    settings.output_tokens if settings.output_tokens is not None else natural_length(seed)
-                )
-                pieces = sim_tokens(seed, min(natural, settings.max_output_tokens + 1))
-                natural_finish = "stop"
-            limit = settings.max_output_tokens
-            body_limit = _body_limit(body)
-            if body_limit is not None and body_limit < limit:
-                limit = max(body_limit, 1)
-            finish_reason = natural_finish
-            if len(pieces) > limit:
-                del pieces[limit:]
-                finish_reason = "length"
-
-            if settings.ttft_ms > 0:
-                await asyncio.sleep(settings.ttft_ms / 1000)
-            k = settings.fail_before_output
-            if k == -1 or request.attempt < k:
-                raise EngineFailure("simulated failure before output", transient=True, status=502)
-
-            request_id = request.request_id
-            model = self.model_name
+            settings = self._settings_for(body)
+            pieces, finish_reason = _answer(settings, request.kind == "chat", body)
+            await _before_output(settings, request.attempt)
+            kind, request_id, model = request.kind, request.request_id, self.model_name
             created = int(time.time())
             delay = 1 / settings.tokens_per_s if settings.tokens_per_s > 0 else 0.0
             fail_at = settings.fail_after_tokens
@@ -270,31 +285,14 @@ class SimEngine:
                     raise EngineFailure(f"simulated failure after {i} tokens", transient=False, status=502)
                 if i == stall_at:
                     await asyncio.sleep(settings.stall_s)
-                if i:
-                    if delay:
-                        await asyncio.sleep(delay)
-                    elif not i % _COOPERATE_EVERY:
-                        await asyncio.sleep(0)
-                finish = None
-                if i == last:
-                    finish = finish_reason
-                    finished = True
-                if chat:
-                    chunk: dict[str, Any] = {
-                        "id": request_id,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": model,
-                        "choices": [{"index": 0, "delta": piece, "logprobs": None, "finish_reason": finish}],
-                    }
-                else:
-                    chunk = {
-                        "id": request_id,
-                        "object": "text_completion",
-                        "created": created,
-                        "model": model,
-                        "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}],
-                    }
+                if delay and i:
+                    await asyncio.sleep(delay)
+                elif not i % _COOPERATE_EVERY and i:
+                    await asyncio.sleep(0)
+                finished = i == last
+                chunk = stream_chunk(
+                    kind, request_id, model, created, piece, finish_reason if finished else None
+                )
                 yield ChunkEvent(chunk, 1)
             if not settings.omit_usage:
                 yield UsageEvent(count_prompt_tokens(request.kind, body), len(pieces))

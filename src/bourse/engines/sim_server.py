@@ -28,6 +28,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from bourse.engines.sim import SimEngine, SimSettings
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
+from bourse.wire.chunks import Aggregator
 
 __all__ = ["DEFAULT_MODEL_NAME", "create_sim_app", "serve_sim_upstream"]
 
@@ -214,10 +215,7 @@ class _CompletionsEndpoint:
 
     async def _aggregate(self, events: AsyncGenerator[EngineEvent, None], request_id: str) -> Response:
         """One ``chat.completion`` / ``text_completion`` built from the engine's chunks."""
-        texts: list[str] = []
-        reasoning: list[str] = []
-        tool_calls: dict[int, dict[str, Any]] = {}
-        finish_reason: str | None = None
+        answer = Aggregator(self._kind)
         usage: UsageEvent | None = None
         created = int(time.time())
         chunks = 0
@@ -228,69 +226,14 @@ class _CompletionsEndpoint:
                         usage = event
                         continue
                     chunks += 1
-                    choice = event.chunk["choices"][0]
                     created = event.chunk["created"]
-                    if choice["finish_reason"] is not None:
-                        finish_reason = choice["finish_reason"]
-                    if self._kind == "completion":
-                        texts.append(choice["text"])
-                        continue
-                    delta = choice["delta"]
-                    if "content" in delta:
-                        texts.append(delta["content"])
-                    if "reasoning_content" in delta:
-                        reasoning.append(delta["reasoning_content"])
-                    for call in delta.get("tool_calls", ()):
-                        _merge_tool_call(tool_calls, call)
+                    answer.add(event.chunk)
             except EngineFailure as exc:
                 return _failure_response(exc, request_id, after_output=chunks > 0)
-        answer: dict[str, Any] = {
-            "id": request_id,
-            "object": "chat.completion" if self._kind == "chat" else "text_completion",
-            "created": created,
-            "model": self._engine.model_name,
-        }
-        if self._kind == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
-            if reasoning:
-                message["reasoning_content"] = "".join(reasoning)
-            if tool_calls:
-                message["tool_calls"] = [tool_calls[i] for i in sorted(tool_calls)]
-            choice_out: dict[str, Any] = {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        else:
-            choice_out = {
-                "index": 0,
-                "text": "".join(texts),
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        answer["choices"] = [choice_out]
-        if usage is not None:
-            answer["usage"] = _usage_body(usage)
-        return _JSON(answer, headers={"x-request-id": request_id})
-
-
-def _merge_tool_call(calls: dict[int, dict[str, Any]], fragment: dict[str, Any]) -> None:
-    index = fragment.get("index", 0)
-    call = calls.get(index)
-    function = fragment.get("function") or {}
-    if call is None:
-        calls[index] = {
-            "id": fragment.get("id"),
-            "type": fragment.get("type", "function"),
-            "function": {"name": function.get("name"), "arguments": function.get("arguments") or ""},
-        }
-        return
-    if fragment.get("id"):
-        call["id"] = fragment["id"]
-    if function.get("name"):
-        call["function"]["name"] = function["name"]
-    call["function"]["arguments"] += function.get("arguments") or ""
+        body = answer.build(
+            request_id, self._engine.model_name, created, None if usage is None else _usage_body(usage)
+        )
+        return _JSON(body, headers={"x-request-id": request_id})
 
 
 def create_sim_app(settings: SimSettings, *, model_name: str = DEFAULT_MODEL_NAME) -> Starlette:

@@ -1,7 +1,8 @@
 """The engine port: how the gateway asks a deployment for a generation.
 
-An engine turns a :class:`GenerationRequest` into an async iterator of
-:class:`EngineEvent` values. The iterator is the whole interface:
+An :class:`Engine` turns a :class:`GenerationRequest` into an async iterator of
+:class:`EngineEvent` values; around that it has a small life (``start``, ``loaded``,
+``broken``, ``aclose``: see :class:`Engine`). The iterator carries the generation:
 
 - each :class:`ChunkEvent` carries one OpenAI-shaped stream chunk as a ``dict``
   (``chat.completion.chunk`` or ``text_completion``) exactly as the engine made it;
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 Kind = Literal["chat", "completion"]
 
@@ -97,20 +98,58 @@ class EngineFailure(Exception):
 
 
 class Engine(Protocol):
-    """A deployment's engine. One instance per deployment."""
+    """A deployment's engine. One instance per deployment.
+
+    Its life: :meth:`start` once when the gateway starts, then any number of
+    :meth:`generate` calls, concurrently, then :meth:`aclose` at shutdown. An engine
+    class subclasses this port and overrides what applies to it; the defaults fit an
+    engine with nothing to load (the ``sim`` and ``openai`` engines):
+
+    ============  ================================================  ===========
+    member        meaning                                           default
+    ============  ================================================  ===========
+    ``generate``  one generation (required)                         (none)
+    ``start``     load what serving needs (a model), off the loop   nothing
+    ``loaded``    true once ``start`` has finished loading          ``True``
+    ``broken``    why it can never serve (its model failed to       ``None``
+                  load), else ``None``; a product whose engines
+                  are all broken answers 503 at once
+    ``aclose``    release pooled resources at shutdown              nothing
+    ============  ================================================  ===========
+
+    An engine that can also count prompt tokens exactly implements :class:`TokenCounter`.
+    """
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
         """Start a generation; iterate the result; ``aclose()`` it to cancel."""
         ...
 
+    async def start(self) -> None:
+        """Load what the engine needs before it can serve; called once, in the running
+        loop, before the gateway takes requests. A failure to load is not raised: the
+        engine reports it through :attr:`broken` and the rest of the gateway serves on."""
+        return None
+
+    @property
+    def loaded(self) -> bool:
+        """True once the engine is ready to serve (its model is loaded)."""
+        return True
+
+    @property
+    def broken(self) -> str | None:
+        """Why this engine can never serve (e.g. its model file is missing), or None."""
+        return None
+
     async def aclose(self) -> None:
         """Release pooled resources at shutdown."""
-        ...
+        return None
 
 
+@runtime_checkable
 class TokenCounter(Protocol):
     """Optional engine capability: the exact prompt size, to refuse a prompt that
-    cannot fit before it enters the book."""
+    cannot fit before it enters the book. Probed with ``isinstance`` once per engine
+    (the ``llamacpp`` engine has it); the count is asked for only once :attr:`Engine.loaded`."""
 
     @property
     def context_length(self) -> int: ...

@@ -38,6 +38,7 @@ class Market:
         self.product = product
         self.book = book
         self.engines = engines
+        self._counters = [e for e in engines.values() if isinstance(e, TokenCounter)]
         self.policy = policy
         self.default_bid = default_bid
         self.context_length = context_length
@@ -135,15 +136,16 @@ class Market:
 
     def broken_reason(self) -> str | None:
         """Why no deployment of this product can run at all (e.g. its model failed to load)."""
-        reasons = [getattr(e, "broken", None) for e in self.engines.values()]
+        reasons = [e.broken for e in self.engines.values()]
         if reasons and all(reasons):
             return "; ".join(str(r) for r in reasons)
         return None
 
     def token_counter(self) -> TokenCounter | None:
-        for e in self.engines.values():
-            if hasattr(e, "count_prompt_tokens") and getattr(e, "loaded", False):
-                return e  # type: ignore[return-value]
+        """An engine of this product that counts prompt tokens exactly and is loaded."""
+        for e in self._counters:
+            if e.loaded:
+                return e
         return None
 
     def failure_after_requeues(self, last: str) -> GatewayError:

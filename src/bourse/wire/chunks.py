@@ -1,5 +1,6 @@
-"""OpenAI response shapes the gateway builds itself: the aggregated (non-stream)
-completion, the usage chunk, and the error frame.
+"""OpenAI response shapes built in process: the stream chunk the in-process engines
+make (:func:`stream_chunk`), and those the gateway builds itself: the aggregated
+(non-stream) completion, the usage chunk, and the error frame.
 
 Chunks from engines are relayed as they come; only metering looks inside them.
 :class:`Aggregator` folds a stream of chunks back into one ``chat.completion`` or
@@ -57,31 +58,36 @@ class Aggregator:
                 text = choice.get("text")
                 if text:
                     self._content.append(text)
-                continue
-            delta = choice.get("delta") or {}
-            text = delta.get("content")
-            if text:
-                self._content.append(text)
-            r = delta.get(self._reasoning_key)
-            if r:
-                self._reasoning.append(r)
-            ref = delta.get("refusal")
-            if ref:
-                self._refusal.append(ref)
-            for tc in delta.get("tool_calls") or ():
-                slot = self._tools.setdefault(
-                    tc.get("index", 0),
-                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
-                )
-                if tc.get("id"):
-                    slot["id"] = tc["id"]
-                if tc.get("type"):
-                    slot["type"] = tc["type"]
-                fn = tc.get("function") or {}
-                if fn.get("name"):
-                    slot["function"]["name"] += fn["name"]
-                if fn.get("arguments"):
-                    slot["function"]["arguments"] += fn["arguments"]
+            else:
+                self._add_delta(choice.get("delta") or {})
+
+    def _add_delta(self, delta: dict[str, Any]) -> None:
+        text = delta.get("content")
+        if text:
+            self._content.append(text)
+        r = delta.get(self._reasoning_key)
+        if r:
+            self._reasoning.append(r)
+        ref = delta.get("refusal")
+        if ref:
+            self._refusal.append(ref)
+        for tc in delta.get("tool_calls") or ():
+            self._add_tool_call(tc)
+
+    def _add_tool_call(self, tc: dict[str, Any]) -> None:
+        slot = self._tools.setdefault(
+            tc.get("index", 0),
+            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        if tc.get("id"):
+            slot["id"] = tc["id"]
+        if tc.get("type"):
+            slot["type"] = tc["type"]
+        fn = tc.get("function") or {}
+        if fn.get("name"):
+            slot["function"]["name"] += fn["name"]
+        if fn.get("arguments"):
+            slot["function"]["arguments"] += fn["arguments"]
 
     def _add_logprobs(self, lp: Any) -> None:
         if self._logprobs is None:
@@ -134,6 +140,34 @@ class Aggregator:
         if usage is not None:
             out["usage"] = usage
         return out
+
+
+def stream_chunk(
+    kind: str,
+    request_id: str,
+    model: str,
+    created: int,
+    piece: dict[str, Any] | str,
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
+    """One stream chunk of choice 0: for ``chat`` a ``chat.completion.chunk`` whose
+    ``delta`` is ``piece`` (a dict), for ``completion`` a ``text_completion`` whose
+    ``text`` is ``piece`` (a str)."""
+    if kind == "chat":
+        return {
+            "id": request_id,
+            "object": CHAT_CHUNK,
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": piece, "logprobs": None, "finish_reason": finish_reason}],
+        }
+    return {
+        "id": request_id,
+        "object": TEXT,
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason}],
+    }
 
 
 def usage_chunk(

@@ -1,13 +1,13 @@
 """Server-sent events framing: bytes out, events in.
 
 The relay writes frames with these helpers so that SSE framing never appears in
-business logic. :class:`SSEParser` reads a byte stream back into events (used by the
-HTTP engine's tests, the benchmark client and the test-suite's raw reader).
+business logic. :class:`SSEParser`, the project's one SSE parser, reads a byte stream
+back: the HTTP engine takes its upstream's payloads from it (the hot path); the
+test-suite's raw reader and the benchmark client take events and comments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 DONE = b"data: [DONE]\n\n"
@@ -42,36 +42,72 @@ class Event:
 
 
 class SSEParser:
-    """Incremental SSE parser: feed bytes, get complete events.
+    """The one incremental SSE parser: feed bytes in pieces of any size, get what they complete.
 
-    Comments are reported as events with ``comment`` set, so a test can check the
-    keep-alive and queue frames the contract names.
+    Lines end in LF or CRLF; the ``data`` lines of one event are joined by LF; an event
+    ends at a blank line. Two ways out of one scan:
+
+    - :meth:`payloads` (the HTTP engine's hot path): the ``data`` of each event as
+      bytes; comments and other fields are skipped;
+    - :meth:`feed` (tests and the benchmark client): every :class:`Event`, decoded,
+      comments included as events with ``comment`` set (so a test can check the
+      keep-alive and queue frames the contract names), with its ``event`` name.
+
+    :meth:`end` marks the end of the stream: an event not yet ended by a blank line counts.
+    Use one of the two ways for a given stream.
     """
 
-    def __init__(self) -> None:
-        self._buf = b""
-        self._data: list[str] = []
-        self._event: str | None = None
+    __slots__ = ("_buffer", "_data", "_event")
 
-    def feed(self, chunk: bytes) -> Iterator[Event]:
-        self._buf += chunk
-        while True:
-            nl = self._buf.find(b"\n")
-            if nl < 0:
-                return
-            line = self._buf[:nl].rstrip(b"\r").decode()
-            self._buf = self._buf[nl + 1 :]
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._data: list[bytes] = []
+        self._event: bytes | None = None
+
+    def payloads(self, piece: bytes, events: list[Event] | None = None) -> list[bytes]:
+        """The ``data`` payloads of the events ``piece`` completes; given ``events``, the
+        events are appended there instead, decoded, comments included (see :meth:`feed`)."""
+        buffer = self._buffer + piece if self._buffer else piece
+        lines = buffer.split(b"\n")
+        self._buffer = lines.pop()
+        out: list[bytes] = []
+        data = self._data
+        for line in lines:
+            if line[-1:] == b"\r":
+                line = line[:-1]
             if not line:
-                if self._data or self._event is not None:
-                    yield Event(data="\n".join(self._data), event=self._event)
-                self._data = []
-                self._event = None
-            elif line.startswith(":"):
-                yield Event(comment=line[1:].strip())
-            else:
-                name, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if name == "data":
-                    self._data.append(value)
-                elif name == "event":
-                    self._event = value
+                if data:
+                    payload = data[0] if len(data) == 1 else b"\n".join(data)
+                    data.clear()
+                    if events is None:
+                        out.append(payload)
+                    else:
+                        events.append(self._event_of(payload))
+                else:
+                    self._event = None  # an event without data is not dispatched
+            elif line[:5] == b"data:":
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif events is not None:
+                self._field(line, events)
+        return out
+
+    def end(self) -> list[bytes]:
+        """The payloads completed by the end of the stream."""
+        return self.payloads(b"\n\n")
+
+    def feed(self, piece: bytes) -> list[Event]:
+        """Every event and comment ``piece`` completes, in order."""
+        events: list[Event] = []
+        self.payloads(piece, events)
+        return events
+
+    def _field(self, line: bytes, events: list[Event]) -> None:
+        """A line other than ``data``: a comment, or the event's name (others are ignored)."""
+        if line[:1] == b":":
+            events.append(Event(comment=line[1:].strip().decode()))
+        elif line[:6] == b"event:":
+            self._event = line[7:] if line[6:7] == b" " else line[6:]
+
+    def _event_of(self, payload: bytes) -> Event:
+        name, self._event = self._event, None
+        return Event(data=payload.decode(), event=None if name is None else name.decode())

@@ -18,10 +18,11 @@ from aiohttp import web
 from aiohttp.test_utils import RawTestServer
 from tests.support.servers import serve_app_in_thread
 
-from bourse.engines.openai_http import OpenAIHTTPEngine, _SSEPayloads
+from bourse.engines.openai_http import OpenAIHTTPEngine
 from bourse.engines.sim import SimEngine, SimSettings
 from bourse.engines.sim_server import create_sim_app
 from bourse.ports.engine import ChunkEvent, Engine, EngineFailure, GenerationRequest, Kind, UsageEvent
+from bourse.wire.sse import Event, SSEParser
 
 pytestmark = pytest.mark.anyio
 
@@ -458,8 +459,8 @@ _FRAMED = (
 
 @pytest.mark.parametrize("size", [1, 7, len(_FRAMED)])
 def test_sse_payloads_are_robust_to_framing(size: int) -> None:
-    parser = _SSEPayloads()
-    payloads = [p for at in range(0, len(_FRAMED), size) for p in parser.feed(_FRAMED[at : at + size])]
+    parser = SSEParser()
+    payloads = [p for at in range(0, len(_FRAMED), size) for p in parser.payloads(_FRAMED[at : at + size])]
     payloads += parser.end()
     assert [orjson.loads(p) if p != b"[DONE]" else p for p in payloads] == [
         _chunk("Hel", usage=_USAGE_1),
@@ -470,9 +471,29 @@ def test_sse_payloads_are_robust_to_framing(size: int) -> None:
 
 
 def test_sse_payloads_join_data_lines_and_end_an_unterminated_event() -> None:
-    parser = _SSEPayloads()
-    assert parser.feed(b"data: a\ndata: b\n\n: c\nid: 4\ndata:x") == [b"a\nb"]
+    parser = SSEParser()
+    assert parser.payloads(b"data: a\ndata: b\n\n: c\nid: 4\ndata:x") == [b"a\nb"]
     assert parser.end() == [b"x"]
+
+
+@pytest.mark.parametrize("size", [1, 7, len(_FRAMED)])
+def test_sse_events_keep_comments_and_event_names_in_order(size: int) -> None:
+    parser = SSEParser()
+    events = [e for at in range(0, len(_FRAMED), size) for e in parser.feed(_FRAMED[at : at + size])]
+    assert [(e.comment, e.event) for e in events] == [
+        ("keep-alive", None),
+        (None, None),
+        (None, "message"),
+        (None, None),
+        (None, None),
+    ]
+    assert [e.data for e in events[1:]] == [
+        orjson.dumps(_chunk("Hel", usage=_USAGE_1)).decode(),
+        orjson.dumps(_chunk("lo", "stop", usage=_USAGE_2)).decode(),
+        orjson.dumps({"id": "up-1", "choices": [], "usage": None}).decode(),
+        "[DONE]",
+    ]
+    assert parser.feed(b"event: ping\n\ndata: \xc3\xa9\r\n\r\n") == [Event(data="é")]  # no data: no event
 
 
 @pytest.mark.parametrize("size", [7, len(_FRAMED)])
