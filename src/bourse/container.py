@@ -286,7 +286,7 @@ def build(
     jobs = JobService(
         store,
         service,
-        HttpWebhookSender(),
+        HttpWebhookSender(allow_private=j.allow_private_webhooks, allow_loopback=j.allow_loopback_webhooks),
         JobLimits(
             ttl_s=j.ttl_s,
             max_ttl_s=j.max_ttl_s,
