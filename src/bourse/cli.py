@@ -48,10 +48,10 @@ def _serve_on(args: argparse.Namespace, config: Config, sock: socket.socket) -> 
 
     from bourse.container import build, unreachable_services
     from bourse.settings import read_environment
+    from bourse.storage.private import private_folder
 
     server = config.server
-    data_dir = Path(args.data_dir or "./data")
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = private_folder(Path(args.data_dir or "./data"))
     logging.basicConfig(
         level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -59,6 +59,7 @@ def _serve_on(args: argparse.Namespace, config: Config, sock: socket.socket) -> 
     # the hot path; bourse reports failures itself
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    _allow_open_files(server.max_connections + 1024)
     env = read_environment()
     problems = unreachable_services(config, env, args.database)
     if problems:
@@ -70,6 +71,7 @@ def _serve_on(args: argparse.Namespace, config: Config, sock: socket.socket) -> 
     except ValueError as exc:
         print(f"bourse: {exc}", file=sys.stderr)
         return 2
+    container.data_dir = data_dir
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(
@@ -87,6 +89,19 @@ def _serve_on(args: argparse.Namespace, config: Config, sock: socket.socket) -> 
     uvicorn_server = uvicorn.Server(server_config(app, server))  # listens on sock
     uvicorn_server.run(sockets=[sock])
     return 0 if uvicorn_server.started else 3
+
+
+def _allow_open_files(wanted: int) -> None:
+    """Raise the soft limit on open files towards ``wanted`` (connections, files, upstreams)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            logging.getLogger("bourse").warning("cannot raise the open-files limit above %d", soft)
 
 
 def server_config(app: Any, server: ServerConfig) -> uvicorn.Config:

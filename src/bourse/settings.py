@@ -314,6 +314,8 @@ class Environment:
     url: str | None = None
     api_key: str | None = None
     redis_url: str | None = None
+    secret_key: str | None = None
+    """``BOURSE_SECRET_KEY``: the Fernet key sealing webhook secrets (default: the data folder's)."""
 
 
 def read_environment(env: Mapping[str, str] | None = None) -> Environment:
@@ -324,4 +326,5 @@ def read_environment(env: Mapping[str, str] | None = None) -> Environment:
         url=env.get("BOURSE_URL") or None,
         api_key=env.get("BOURSE_API_KEY") or None,
         redis_url=env.get("BOURSE_REDIS_URL") or None,
+        secret_key=env.get("BOURSE_SECRET_KEY") or None,
     )

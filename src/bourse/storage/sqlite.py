@@ -3,7 +3,7 @@
 One connection on one dedicated thread: every transaction is one function run
 there, so transactions are serialized without locks, and concurrent ones are
 group-committed (see ``_drain``): one hop off the event loop and one commit for a
-whole batch. WAL journal, ``synchronous=NORMAL``, checkpoints off the commit path and a WAL kept
+whole batch. The database files are the owner's only (0600). WAL journal, ``synchronous=NORMAL``, checkpoints off the commit path and a WAL kept
 bounded (see ``_checkpoint``). Statements use the shared ``$n`` parameters of
 :mod:`bourse.storage.sql`, rewritten to ``?n`` once per statement text.
 """
@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bourse.storage.private import narrow_files, private_file
 from bourse.storage.sql import IntegrityError, Row, SqlStore
 
 T = TypeVar("T")
@@ -100,7 +101,10 @@ class SqliteStore(SqlStore):
 
     def _connect(self) -> None:
         if self.path != ":memory:":
+            # owner-only: SQLite gives the -wal and -shm files the database file's mode
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            private_file(Path(self.path))
+            narrow_files(Path(self.path + "-wal"), Path(self.path + "-shm"))
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
         try:
             conn.row_factory = sqlite3.Row
