@@ -267,6 +267,9 @@ def build(
         )
     store = build_store(database, data)
     store.secret_box = SecretBox.for_folder(data, env.secret_key)
+    if not store.single_node and not env.secret_key:
+        log.warning("webhook secrets are sealed with this replica's key (%s); replicas sharing the "
+                    "database need the same BOURSE_SECRET_KEY", data / "secret_key")  # fmt: skip
     admin_hash, generated = admin_key_hash(data, env.admin_key)
     auth = Authenticator(store, admin_hash)
     billing = Billing(store, owner=owner, lease_s=max(15.0, config.cluster.lease_s * 5))

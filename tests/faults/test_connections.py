@@ -225,9 +225,16 @@ def test_a_slow_body_gets_408_and_the_connection_is_closed(
 def test_connections_over_the_cap_get_503_and_are_closed(tmp_path: Path, clients: Clients) -> None:
     with serve_process(tmp_path, "capped", CAPPED, tmp_path / "data", ADMIN_KEY) as (url, _proc):
         served = Served(url, "")
-        held = clients.open(served, CAP)  # idle, within their (long) idle timeout
-        clients.poll(0.5)
-        assert len(clients.open_sockets) == CAP, "connections within the cap stay open"
+        # CAP idle connections, within their (long) idle timeout; one refused because the
+        # start-up's health checks were still being closed is replaced
+        held: list[socket.socket] = []
+        for _ in range(10):
+            held = [s for s in held if s not in clients.closed_at]
+            if len(held) == CAP:
+                break
+            held += clients.open(served, CAP - len(held))
+            clients.poll(0.3)
+        assert len(held) == CAP and len(clients.open_sockets) == CAP, "connections within the cap stay open"
         extra = clients.open(served, 5)
         clients.poll(SLACK_S, watch=extra)
         for s in extra:
