@@ -5,27 +5,53 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from bourse.settings import Config, ServerConfig
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from bourse.container import build, unreachable_services
-    from bourse.settings import ConfigError, load_config, read_environment
+    from bourse.settings import ConfigError, load_config
 
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"bourse: {exc}", file=sys.stderr)
         return 2
+    host = args.host or config.server.host
+    port = config.server.port if args.port is None else args.port
+    # the port first: a start that cannot listen writes nothing (no data folder, no key)
+    try:
+        sock = listen(host, port)
+    except OSError as exc:
+        print(f"bourse: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    with sock:
+        return _serve_on(args, config, sock)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv6 when the host is an IPv6 address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
+def _serve_on(args: argparse.Namespace, config: Config, sock: socket.socket) -> int:
+    import uvicorn
+
+    from bourse.container import build, unreachable_services
+    from bourse.settings import read_environment
+    from bourse.storage.private import private_folder
+
     server = config.server
-    host = args.host or server.host
-    port = server.port if args.port is None else args.port
-    data_dir = Path(args.data_dir or "./data")
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = private_folder(Path(args.data_dir or "./data"))
     logging.basicConfig(
         level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -33,6 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
     # failures itself (the upstream client of the openai engine is aiohttp)
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    _allow_open_files(server.max_connections + 1024)
     env = read_environment()
     problems = unreachable_services(config, env, args.database)
     if problems:
@@ -44,8 +71,11 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"bourse: {exc}", file=sys.stderr)
         return 2
+    container.data_dir = data_dir
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
     print(
-        f"bourse: serving {', '.join(config.products)} on http://{host}:{port}/v1",
+        f"bourse: serving {', '.join(config.products)} on http://{shown}:{port}/v1",
         file=sys.stderr,
         flush=True,
     )
@@ -56,10 +86,39 @@ def _serve(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(7000, 10, 10)
-    uvicorn.run(
+    uvicorn_server = uvicorn.Server(server_config(app, server))  # listens on sock
+    uvicorn_server.run(sockets=[sock])
+    return 0 if uvicorn_server.started else 3
+
+
+def _allow_open_files(wanted: int) -> None:
+    """Raise the soft limit on open files towards ``wanted`` (connections, files, upstreams)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            logging.getLogger("bourse").warning("cannot raise the open-files limit above %d", soft)
+
+
+def server_config(app: Any, server: ServerConfig) -> uvicorn.Config:
+    """The uvicorn configuration of ``bourse serve``: its connection limits from ``[server]``."""
+    import uvicorn
+
+    from bourse.http.connections import ConnectionLimits, bounded_protocol
+
+    limits = ConnectionLimits(
+        header_timeout_s=server.header_timeout_s,
+        body_timeout_s=server.body_timeout_s,
+        keep_alive_timeout_s=server.keep_alive_timeout_s,
+        max_connections=server.max_connections,
+    )
+    return uvicorn.Config(
         app,
-        host=host,
-        port=port,
+        http=bounded_protocol(limits),
         log_level="warning" if server.log_level != "debug" else "debug",
         access_log=False,
         # bourse never reads the client address: skip the X-Forwarded-* middleware
@@ -67,7 +126,6 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=5,
         server_header=False,
     )
-    return 0
 
 
 def _sim_upstream(args: argparse.Namespace) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from bourse.services.jobs import JobLimits, JobService
 from bourse.services.limits import MemoryRateLimiter
 from bourse.services.market import Market
 from bourse.settings import Config, DeploymentConfig, Environment, deployment_name
+from bourse.storage.private import SecretBox, announce_keys
 from bourse.storage.sql import SqlStore
 
 log = logging.getLogger("bourse")
@@ -98,6 +98,8 @@ class Container:
     """The Redis hub (``bourse.cluster.hub.RedisHub``) when ``[cluster] redis_url`` is set."""
     demo_key: str | None = None
     announce: bool = True
+    data_dir: Path | None = None
+    """Where keys generated at the first start are kept (set by ``bourse serve``)."""
 
     @property
     def max_body_bytes(self) -> int:
@@ -121,12 +123,7 @@ class Container:
             log.info("resumed %d jobs left queued or running by the previous run", resumed)
         self.demo_key = await bootstrap_demo(self.admin)
         if self.announce:
-            if self.generated_admin_key:
-                print(f"bourse: admin key (shown once, kept in the data folder): {self.generated_admin_key}",
-                      file=sys.stderr, flush=True)  # fmt: skip
-            if self.demo_key:
-                print(f"bourse: demo account 'demo' with $5.00 of credit; its API key (shown once): {self.demo_key}",
-                      file=sys.stderr, flush=True)  # fmt: skip
+            announce_keys(self.data_dir, self.generated_admin_key, self.demo_key)
         log.info("bourse serving %d products from %s", len(self.completions.markets), self.config.source)
 
     async def stop(self) -> None:
@@ -267,6 +264,10 @@ def build(
             description=pconf.description,
         )
     store = build_store(database, data)
+    store.secret_box = SecretBox.for_folder(data, env.secret_key)
+    if not store.single_node and not env.secret_key:
+        log.warning("webhook secrets are sealed with this replica's key (%s); replicas sharing the "
+                    "database need the same BOURSE_SECRET_KEY", data / "secret_key")  # fmt: skip
     admin_hash, generated = admin_key_hash(data, env.admin_key)
     auth = Authenticator(store, admin_hash)
     billing = Billing(store, owner=owner, lease_s=max(15.0, config.cluster.lease_s * 5))
@@ -284,7 +285,7 @@ def build(
     jobs = JobService(
         store,
         service,
-        HttpWebhookSender(),
+        HttpWebhookSender(allow_private=j.allow_private_webhooks, allow_loopback=j.allow_loopback_webhooks),
         JobLimits(
             ttl_s=j.ttl_s,
             max_ttl_s=j.max_ttl_s,

@@ -135,6 +135,18 @@ class ServerConfig(_Strict):
     """Cap on a client's ``timeout``."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    """Time a client has to send a request's line and headers, from its first byte; then
+    it gets 408 and the connection is closed (slow-header clients, "slowloris")."""
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    """Time a client has to send a request's whole body once its headers are in (time the
+    gateway itself is not reading does not count); then 408 and the connection is closed."""
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0, le=3600)
+    """How long a connection may stay idle: before its first request and between two
+    requests. Then it is closed."""
+    max_connections: int = Field(default=2048, ge=1, le=1_000_000)
+    """Client connections open at once; one more is answered 503 (``retry-after``) and
+    closed at once. Streams in progress count: size it above the expected concurrency."""
 
 
 class StorageConfig(_Strict):
@@ -302,6 +314,8 @@ class Environment:
     url: str | None = None
     api_key: str | None = None
     redis_url: str | None = None
+    secret_key: str | None = None
+    """``BOURSE_SECRET_KEY``: the Fernet key sealing webhook secrets (default: the data folder's)."""
 
 
 def read_environment(env: Mapping[str, str] | None = None) -> Environment:
@@ -312,4 +326,5 @@ def read_environment(env: Mapping[str, str] | None = None) -> Environment:
         url=env.get("BOURSE_URL") or None,
         api_key=env.get("BOURSE_API_KEY") or None,
         redis_url=env.get("BOURSE_REDIS_URL") or None,
+        secret_key=env.get("BOURSE_SECRET_KEY") or None,
     )

@@ -21,19 +21,20 @@ from tests.support.processes import free_port
 START_TIMEOUT_S = 20.0
 
 
-DEMO_KEY = re.compile(r"API key[^:]*:\s*(\S+)")
+DEMO_KEY_FILE = re.compile(r"API key is in the file (\S+) \(mode 600\)")
 
 
 def _demo_key(stderr_log: Path) -> str:
-    """The demo account's API key, which ``bourse serve`` prints once on a fresh data folder."""
+    """The demo account's API key: ``bourse serve`` on a fresh data folder writes it to a
+    0600 file and names the file on stderr (not a terminal here, so no key is printed)."""
     deadline = time.monotonic() + 5
     while True:
-        m = DEMO_KEY.search(stderr_log.read_text())
+        m = DEMO_KEY_FILE.search(stderr_log.read_text())
         if m or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert m, f"no API key announced on stderr: {stderr_log.read_text()!r}"
-    return m.group(1)
+    assert m, f"no API key file named on stderr: {stderr_log.read_text()!r}"
+    return Path(m.group(1)).read_text().strip()
 
 
 @contextmanager

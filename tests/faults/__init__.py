@@ -1,1 +1,1 @@
-"""The fault suite: hostile input, crashes, lost services, exhausted resources."""
+"""Fault tests: the disk, hostile clients and secrets at rest (issue 14)."""

@@ -112,6 +112,7 @@ class JobService:
                 webhook_url,
                 allow_private=self.limits.allow_private_webhooks,
                 allow_loopback=self.limits.allow_loopback_webhooks,
+                resolve=self.sender.resolve,
             )
         body = {k: v for k, v in body.items() if k != "detached"}
         body["stream"] = False
@@ -373,6 +374,7 @@ class JobService:
                     job.webhook_url,
                     allow_private=self.limits.allow_private_webhooks,
                     allow_loopback=self.limits.allow_loopback_webhooks,
+                    resolve=self.sender.resolve,
                 )
             except GatewayError as exc:
                 log.warning("webhook of job %s refused: %s", job_id, exc.message)

@@ -1,11 +1,25 @@
 """Webhook targets and signatures.
 
-A target must be http or https. Unless the operator allows it, every address the
-host resolves to must be public: private, loopback, link-local, multicast,
-reserved and unspecified ranges are refused (checked at submit and again before
-each delivery, against DNS rebinding). The signature header is
-``x-bourse-signature: t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<body>">`` with the
-account's webhook secret.
+A target must be an http or https URL whose host resolves only to allowed addresses
+(checked at submit and again before each delivery; the sender connects to the very
+address it checked, so a name cannot be re-pointed between the check and the
+connection). Unless the operator allows more, an address must be globally
+reachable by the standard library's own table (``ipaddress`` ``is_global``: not
+private, loopback, link-local, carrier-grade NAT ``100.64.0.0/10``, documentation,
+benchmarking or reserved), and neither multicast nor site-local; an IPv6 address
+that embeds an IPv4 one (mapped ``::ffff:a.b.c.d``, 6to4 ``2002::/16``, Teredo,
+IPv4-compatible ``::a.b.c.d``, NAT64 ``64:ff9b::/96``, IPv4-translated
+``::ffff:0:a.b.c.d``) is allowed only if the embedded address is. Numeric hosts
+are read as the C resolver reads them (``2130706433``, ``0177.0.0.1``, ``0x7f.1``
+are 127.0.0.1).
+
+``allow_loopback`` lets targets on this machine through (127.0.0.0/8, ``::1`` and
+their mapped form; tests and local receivers); ``allow_private`` lets any unicast
+address through (intranets). The unspecified address and multicast are never
+targets.
+
+The signature header is ``x-bourse-signature: t=<unix>,v1=<hex HMAC-SHA256 of
+"<t>.<body>">`` with the account's webhook secret.
 """
 
 from __future__ import annotations
@@ -14,12 +28,28 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
+import re
 import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from bourse.domain.errors import invalid_request
+from bourse.ports.webhooks import Address
 
 MAX_URL = 2048
+
+Resolve = Callable[[str, int], Awaitable[list[Address]]]
+"""``(host, port)`` -> every address of ``host``; OSError when it does not resolve."""
+
+_NUMERIC_V4 = re.compile(r"^[0-9a-fA-FxX.]+$")
+# IPv6 forms that carry an IPv4 address in their last 32 bits and have no property of
+# their own in ``ipaddress`` (mapped, 6to4 and Teredo do)
+_V4_IN_LOW_BITS = (
+    ipaddress.IPv6Network("::/96"),  # IPv4-compatible (deprecated)
+    ipaddress.IPv6Network("64:ff9b::/96"),  # NAT64 well-known prefix
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),  # IPv4-translated (SIIT)
+)
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:
@@ -36,21 +66,71 @@ def verify(secret: str, header: str, body: bytes) -> bool:
     return hmac.compare_digest(sign(secret, t, body), header)
 
 
-def _public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return not (
-        ip.is_private
-        or ip.is_loopback
-        or ip.is_link_local
-        or ip.is_multicast
-        or ip.is_reserved
-        or ip.is_unspecified
-    )
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one reaches (through mapping, 6to4, Teredo, NAT64...)."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    if int(ip) > 1 and any(ip in net for net in _V4_IN_LOW_BITS):  # not :: nor ::1
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
 
 
-async def check_target(url: str, *, allow_private: bool, allow_loopback: bool = False) -> None:
-    """400 unless ``url`` is an http(s) URL whose host resolves only to allowed addresses."""
+def address_allowed(ip: Address, *, allow_private: bool, allow_loopback: bool) -> bool:
+    """Whether a webhook may connect to ``ip`` (see the module docstring)."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:  # the same host as the IPv4 address
+            return address_allowed(ip.ipv4_mapped, allow_private=allow_private, allow_loopback=allow_loopback)
+        inner = embedded_ipv4(ip)
+        if inner is not None and not address_allowed(
+            inner, allow_private=allow_private, allow_loopback=False
+        ):
+            return False
+    if ip.is_unspecified or ip.is_multicast:
+        return False
+    if ip.is_loopback:
+        return allow_loopback or allow_private
+    if allow_private:
+        return True
+    return ip.is_global and not (isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local)
+
+
+async def system_resolve(host: str, port: int) -> list[Address]:
+    """The system resolver (``getaddrinfo``), every TCP address of ``host``."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
+
+
+def literal_address(host: str) -> Address | None:
+    """``host`` as an address if it is one, read as the C resolver reads numbers."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    if _NUMERIC_V4.match(host):
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A checked webhook target: where to connect, and what to say in ``Host``/SNI."""
+
+    scheme: str
+    host: str
+    port: int
+    addresses: tuple[Address, ...]
+    """Every address the host resolved to, all allowed; connect to these only."""
+    host_header: str
+
+
+def _parse(url: str) -> tuple[str, str, int, str]:
     if len(url) > MAX_URL:
         raise invalid_request(f"webhook_url: longer than {MAX_URL} characters", param="webhook_url")
     parts = urlsplit(url)
@@ -60,29 +140,35 @@ async def check_target(url: str, *, allow_private: bool, allow_loopback: bool = 
         )
     if parts.username or parts.password:
         raise invalid_request("webhook_url: credentials in the URL are not allowed", param="webhook_url")
-    host = parts.hostname
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise invalid_request("webhook_url: the port is not valid", param="webhook_url") from None
-    try:
-        addrs = [ipaddress.ip_address(host)]
-    except ValueError:
+    return parts.scheme, parts.hostname, port, parts.netloc
+
+
+async def check_target(
+    url: str, *, allow_private: bool, allow_loopback: bool = False, resolve: Resolve = system_resolve
+) -> Target:
+    """The target of ``url``; 400 unless it is an http(s) URL whose host resolves
+    (once, through ``resolve``) only to allowed addresses."""
+    scheme, host, port, netloc = _parse(url)
+    literal = literal_address(host)
+    if literal is not None:
+        addrs = [literal]
+    else:
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            addrs = await resolve(host, port)
         except OSError:
-            raise invalid_request(
-                f"webhook_url: the host {host!r} does not resolve", param="webhook_url"
-            ) from None
-        addrs = [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
-    if allow_private:
-        return
+            addrs = []
+        if not addrs:
+            raise invalid_request(f"webhook_url: the host {host!r} does not resolve", param="webhook_url")
     for ip in addrs:
-        if allow_loopback and ip.is_loopback:
-            continue
-        if not _public(ip):
+        if not address_allowed(ip, allow_private=allow_private, allow_loopback=allow_loopback):
             raise invalid_request(
-                f"webhook_url: {host} resolves to {ip}, a private, loopback or link-local address; "
-                "webhooks go to public addresses only (an operator may allow private ones in [jobs])",
+                f"webhook_url: {host} resolves to {ip}, a private, loopback, link-local or otherwise "
+                "non-public address; webhooks go to public addresses only (an operator may allow "
+                "private ones in [jobs])",
                 param="webhook_url",
             )
+    return Target(scheme, host, port, tuple(addrs), netloc)

@@ -10,6 +10,7 @@ ledger change, however many statements it takes. Adapters supply
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -147,12 +148,14 @@ def _migrate(db: Executor, lock_sql: str | None, now: float) -> int:
     return version
 
 
-def _create_account(db: Executor, account_id: str, credit_micros: int, now: float) -> Account:
+def _create_account(
+    db: Executor, account_id: str, credit_micros: int, now: float, hook_secret: str
+) -> Account:
     if db.fetchrow("SELECT id FROM accounts WHERE id = $1", account_id) is not None:
         raise AccountExists(account_id)
     db.execute(
         "INSERT INTO accounts (id, balance_micros, created_at, webhook_secret) VALUES ($1, $2, $3, $4)",
-        account_id, credit_micros, now, os.urandom(24).hex(),
+        account_id, credit_micros, now, hook_secret,
     )  # fmt: skip
     if credit_micros:
         db.execute(
@@ -481,6 +484,19 @@ def _jobs_page(db: Executor, account_id: str, limit: int, after: str | None) -> 
     return [_job(r) for r in db.fetch(sql, *args)]
 
 
+log = logging.getLogger("bourse.storage")
+
+
+class Sealer(Protocol):
+    """Seals secrets at rest (:class:`bourse.storage.private.SecretBox`)."""
+
+    def seal(self, secret: str) -> str: ...
+
+    def open(self, stored: str) -> str:
+        """The secret; ValueError when this key cannot open it."""
+        ...
+
+
 class SqlStore:
     """All storage ports over one database. Subclasses provide the database thread."""
 
@@ -497,6 +513,21 @@ class SqlStore:
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(executor, *args)`` for reads (no write transaction)."""
         return await self._run(fn, *args)
+
+    secret_box: Sealer | None = None
+    """Seals webhook secrets at rest (set by the composition root); None keeps them in clear."""
+
+    def _seal(self, secret: str) -> str:
+        return secret if self.secret_box is None else self.secret_box.seal(secret)
+
+    def _open(self, account_id: str, stored: str | None) -> str | None:
+        if stored is None or self.secret_box is None:
+            return stored
+        try:
+            return self.secret_box.open(stored)
+        except ValueError as exc:
+            log.error("account %s: %s", account_id, exc)
+            return None
 
     async def open(self) -> None:
         """Connect and migrate."""
@@ -519,7 +550,9 @@ class SqlStore:
         if credit_micros < 0:
             raise ValueError("credit cannot be negative")
         try:
-            return await self._run(_create_account, account_id, credit_micros, now)
+            return await self._run(
+                _create_account, account_id, credit_micros, now, self._seal(os.urandom(24).hex())
+            )
         except IntegrityError:
             raise AccountExists(account_id) from None
 
@@ -536,7 +569,7 @@ class SqlStore:
             row = db.fetchrow("SELECT webhook_secret FROM accounts WHERE id = $1", account_id)
             return None if row is None else str(row["webhook_secret"])
 
-        return await self._read(get)
+        return self._open(account_id, await self._read(get))
 
     async def place_hold(self, hold: Hold) -> None:
         if hold.amount_micros < 0:

@@ -3,8 +3,8 @@
 One connection on one dedicated thread: every transaction is one function run
 there, so transactions are serialized without locks, and concurrent ones are
 group-committed (see ``_drain``): one hop off the event loop and one commit for a
-whole batch. WAL journal, ``synchronous=NORMAL``, checkpoints off the commit path
-(see ``_checkpoint``). Statements use the shared ``$n`` parameters of
+whole batch. The database files are the owner's only (0600). WAL journal, ``synchronous=NORMAL``, checkpoints off the commit path and a WAL kept
+bounded (see ``_checkpoint``). Statements use the shared ``$n`` parameters of
 :mod:`bourse.storage.sql`, rewritten to ``?n`` once per statement text.
 """
 
@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import sqlite3
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bourse.storage.private import narrow_files, private_file
 from bourse.storage.sql import IntegrityError, Row, SqlStore
 
 T = TypeVar("T")
@@ -75,14 +78,33 @@ class SqliteStore(SqlStore):
         self._queue: deque[tuple[Callable[..., Any], tuple[Any, ...], asyncio.Future[Any]]] = deque()
         self._draining = False
         # checkpoints run on their own connection and thread (see _checkpoint)
-        self._checkpointer: ThreadPoolExecutor | None = None
+        self._checkpointer: threading.Thread | None = None
         self._checkpoint_conn: sqlite3.Connection | None = None
-        self._checkpointing = False
+        self._ckpt_wake = threading.Event()
+        self._ckpt_stop = False
         self._commits = 0
+        self._dirty = False
+        """Commits since the WAL was last reset."""
+        self._last_commit = 0.0
+        self._wake_at = self.WAL_STEP_BYTES
+        """WAL size at which the commit thread next wakes the checkpoint thread."""
+        self._pass_done = threading.Event()
+        self._readers_block_reset = False
+        """The last reset gave up (another process reads the WAL): commits do not wait."""
+        self._writers = threading.Event()
+        """Clear while a WAL reset holds the commit thread."""
+        self._writers.set()
+        self._batch_lock = threading.Lock()
+        """Held by the commit thread while it runs a batch."""
+        self.longest_reset_s = 0.0
+        """The longest time a WAL reset held the commit thread (for tests and reports)."""
 
     def _connect(self) -> None:
         if self.path != ":memory:":
+            # owner-only: SQLite gives the -wal and -shm files the database file's mode
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            private_file(Path(self.path))
+            narrow_files(Path(self.path + "-wal"), Path(self.path + "-shm"))
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
         try:
             conn.row_factory = sqlite3.Row
@@ -103,6 +125,7 @@ class SqliteStore(SqlStore):
             if self.path != ":memory:":
                 # no checkpoint (and its fsyncs) inside a commit: _checkpoint does them
                 conn.execute("PRAGMA wal_autocheckpoint=0")
+                conn.execute(f"PRAGMA journal_size_limit={int(self.WAL_LIMIT_BYTES)}")
         except BaseException:
             conn.close()
             raise
@@ -111,17 +134,15 @@ class SqliteStore(SqlStore):
 
     async def open(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bourse-sqlite")
-        if self.path != ":memory:":
-            self._checkpointer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bourse-sqlite-wal")
         await asyncio.get_running_loop().run_in_executor(self._pool, self._connect)
+        if self.path != ":memory:":
+            self._start_checkpointer()
         await self.migrate()
 
     async def close(self) -> None:
-        checkpointer, self._checkpointer = self._checkpointer, None
-        if checkpointer is not None:
-            checkpointer.submit(self._close_checkpoint_conn)
-            checkpointer.shutdown(wait=True)
         pool, conn = self._pool, self._conn
+        if self._checkpointer is not None and pool is not None:
+            await asyncio.get_running_loop().run_in_executor(pool, self._stop_checkpointer)
         self._pool = self._conn = self._exec = None
         if pool is not None:
             if conn is not None:
@@ -161,43 +182,133 @@ class SqliteStore(SqlStore):
                     return
                 self._draining = True
                 continue
-            results = self._run_batch(batch)
+            self._writers.wait()  # a WAL reset is under way (see _reset_wal)
+            with self._batch_lock:
+                results = self._run_batch(batch)
             try:
                 loop.call_soon_threadsafe(_resolve, results)
             except RuntimeError:  # the loop is closed (shutdown)
                 return
+            self._dirty = True
+            self._last_commit = time.monotonic()
             self._commits += 1
-            if self._commits >= self.CHECKPOINT_EVERY and not self._checkpointing:
-                checkpointer = self._checkpointer
-                if checkpointer is not None:
-                    self._commits = 0
-                    self._checkpointing = True
-                    try:
-                        checkpointer.submit(self._checkpoint)
-                    except RuntimeError:  # shut down meanwhile
-                        self._checkpointing = False
+            if self._checkpointer is not None:
+                self._after_commit()
+
+    def _after_commit(self) -> None:
+        """Wake the checkpoint thread every CHECKPOINT_EVERY commits or WAL_STEP_BYTES
+        of WAL growth; wait for it (at most a second) if the WAL is over twice its limit."""
+        size = self._wal_bytes()
+        if self._commits >= self.CHECKPOINT_EVERY or size >= self._wake_at:
+            self._commits = 0
+            self._wake_at = size + self.WAL_STEP_BYTES
+            self._ckpt_wake.set()
+        if size > 2 * self.WAL_LIMIT_BYTES and not self._readers_block_reset:
+            self._pass_done.clear()
+            self._ckpt_wake.set()
+            self._pass_done.wait(1.0)
 
     # -- checkpoints -------------------------------------------------------------------------
     #
     # SQLite's automatic checkpoint runs inside the commit that crosses its threshold,
     # with two fsyncs: that commit, and every transaction queued behind it, waits
-    # milliseconds. Here the commit thread only counts commits; every CHECKPOINT_EVERY
-    # of them a PASSIVE checkpoint (it never blocks writers) runs on a second connection
-    # in a second thread. Closing the last connection checkpoints what is left.
+    # milliseconds. Here the commit thread only counts commits and wakes the checkpoint
+    # thread every CHECKPOINT_EVERY of them; that thread, on its own connection:
+    #
+    # - runs a PASSIVE checkpoint (it never blocks writers): the bulk of the copying and
+    #   the database fsync, while commits go on;
+    # - if the WAL file is then above WAL_LIMIT_BYTES, resets it: a PASSIVE checkpoint
+    #   alone never does, since under constant writes new frames always follow the ones
+    #   it copied, SQLite never restarts the log and the file grows without bound. The
+    #   commit thread is held before its next batch (the batch running ends first) while
+    #   a TRUNCATE checkpoint copies the few frames written since the PASSIVE one and
+    #   empties the file. If readers of another process still use the WAL, it gives up
+    #   after CHECKPOINT_BUSY_MS (the next pass tries again);
+    # - wakes also every WAL_STEP_BYTES of WAL growth (a batch of group-committed
+    #   transactions may write many pages), and past twice the limit the commit thread
+    #   waits for the pass (at most a second): the WAL stays bounded even when this
+    #   thread is starved of CPU (not when another process's readers hold the log:
+    #   waiting would not help);
+    # - when no commit came for IDLE_CHECKPOINT_S, resets a WAL that is not empty, so
+    #   an idle gateway keeps no log behind.
+    #
+    # ``journal_size_limit`` also trims the file whenever SQLite restarts the log by
+    # itself. Closing the last connection checkpoints what is left.
 
     CHECKPOINT_EVERY = 256
+    WAL_LIMIT_BYTES = 8 * 1024 * 1024
+    WAL_STEP_BYTES = 2 * 1024 * 1024
+    IDLE_CHECKPOINT_S = 1.0
+    CHECKPOINT_BUSY_MS = 250
 
-    def _checkpoint(self) -> None:
+    def _start_checkpointer(self) -> None:
+        self._ckpt_stop = False
+        self._ckpt_wake.clear()
+        thread = threading.Thread(target=self._checkpoint_loop, name="bourse-sqlite-wal", daemon=True)
+        thread.start()
+        self._checkpointer = thread
+
+    def _stop_checkpointer(self) -> None:
+        thread, self._checkpointer = self._checkpointer, None
+        if thread is not None:
+            self._ckpt_stop = True
+            self._ckpt_wake.set()
+            thread.join()
+
+    def _checkpoint_loop(self) -> None:
+        try:
+            while True:
+                woken = self._ckpt_wake.wait(self.IDLE_CHECKPOINT_S)
+                self._ckpt_wake.clear()
+                if self._ckpt_stop:
+                    return
+                if woken:
+                    self._checkpoint()
+                elif self._dirty and time.monotonic() - self._last_commit >= self.IDLE_CHECKPOINT_S:
+                    self._checkpoint(reset=True)
+                self._pass_done.set()
+        finally:
+            self._close_checkpoint_conn()
+
+    def _checkpoint(self, reset: bool = False) -> None:
+        """One pass: PASSIVE, then a reset when the WAL is over its limit (or ``reset``)."""
         try:
             conn = self._checkpoint_conn
             if conn is None:
                 conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+                conn.execute(f"PRAGMA busy_timeout={int(self.CHECKPOINT_BUSY_MS)}")
                 self._checkpoint_conn = conn
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            if reset or self._wal_bytes() > self.WAL_LIMIT_BYTES:
+                # the frames written during the first pass: copied while writers run,
+                # so the held part below has little left to copy
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                self._reset_wal(conn)
         except sqlite3.Error:
             log.exception("WAL checkpoint failed; the next one retries")
+
+    def _reset_wal(self, conn: sqlite3.Connection) -> None:
+        """TRUNCATE checkpoint with the commit thread held between two batches."""
+        t0 = time.monotonic()
+        self._writers.clear()
+        try:
+            with self._batch_lock:
+                row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         finally:
-            self._checkpointing = False
+            self._writers.set()
+        self._wake_at = self.WAL_STEP_BYTES
+        self.longest_reset_s = max(self.longest_reset_s, time.monotonic() - t0)
+        self._readers_block_reset = bool(row is not None and row[0])
+        if self._readers_block_reset:
+            log.info("WAL reset postponed: another connection is still reading it")
+        else:
+            self._dirty = False
+
+    def _wal_bytes(self) -> int:
+        try:
+            return os.path.getsize(self.path + "-wal")
+        except OSError:
+            return 0
 
     def _close_checkpoint_conn(self) -> None:
         conn, self._checkpoint_conn = self._checkpoint_conn, None

@@ -28,8 +28,8 @@ async def test_checkpoints_run_on_their_own_thread_and_close_leaves_no_wal(tmp_p
     checkpointed = threading.Event()
     checkpoint = store._checkpoint
 
-    def counted() -> None:
-        checkpoint()
+    def counted(reset: bool = False) -> None:
+        checkpoint(reset)
         checkpointed.set()
 
     store._checkpoint = counted  # type: ignore[method-assign]

@@ -1,0 +1,147 @@
+"""Connection limits of the HTTP server: what uvicorn does not bound by itself.
+
+uvicorn closes a connection idle between two requests (``timeout_keep_alive``) but
+not one idle before its first request, and has no limit on how long a client may
+take to send its headers or its body, nor on the number of open connections
+(``limit_concurrency`` answers 503 to requests over the limit, yet keeps every
+connection open). :func:`bounded_protocol` makes its httptools protocol class with
+those limits (:class:`ConnectionLimits`, from ``[server]``):
+
+- a new connection gets ``keep_alive_timeout_s`` to send its first byte, as between
+  two requests;
+- from the first byte of a request, its line and headers must arrive within
+  ``header_timeout_s``; then its body within ``body_timeout_s`` (time the application
+  is not reading, with reading paused, does not count). A late client gets 408 in the
+  error envelope (unless a response has begun) and the connection is closed; the
+  application reading the body sees a disconnect;
+- a connection over ``max_connections`` gets 503 with ``retry-after`` and is closed
+  at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import orjson
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from bourse.domain.errors import GatewayError
+from bourse.services.ids import new_request_id
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_timeout_s: float = 5.0
+    max_connections: int = 2048
+
+
+def canned_response(err: GatewayError) -> bytes:
+    """A whole HTTP/1.1 response carrying ``err`` in the error envelope, then close."""
+    body = orjson.dumps({"error": err.envelope()})
+    headers = {"content-type": "application/json", "content-length": str(len(body)), "connection": "close",
+               "x-request-id": new_request_id("req"), **err.headers}  # fmt: skip
+    head = f"HTTP/1.1 {err.status} {_REASONS.get(err.status, '')}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return head.encode("latin-1") + b"\r\n" + body
+
+
+_REASONS = {408: "Request Timeout", 503: "Service Unavailable"}
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits of :class:`ConnectionLimits`."""
+
+    limits = ConnectionLimits()
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        # uvicorn types it as int; the timer takes any number of seconds
+        self.timeout_keep_alive = cast(int, self.limits.keep_alive_timeout_s)
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            err = GatewayError(503, "no_capacity", "Too many open connections; retry shortly.",
+                               headers={"retry-after": "1"})  # fmt: skip
+            transport.write(canned_response(err))
+            transport.close()
+            return
+        # idle until its first byte, as between two requests (data_received disarms it)
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.limits.keep_alive_timeout_s, self.timeout_keep_alive_handler
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    # parser callbacks: a request begins, its headers end, its body ends
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm(self.limits.header_timeout_s, self._headers_late)
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+        # a request without a body completes at once (on_message_complete disarms)
+        self._arm(self.limits.body_timeout_s, self._body_late)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    # deadlines
+
+    def _arm(self, seconds: float, late: Callable[[], None]) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, late)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _headers_late(self) -> None:
+        self._deadline = None
+        cycle = self.cycle  # the previous request's, if any
+        idle = cycle is None or cycle.response_complete
+        self._give_up(f"The request headers did not arrive within {self.limits.header_timeout_s:g} s.", idle)
+
+    def _body_late(self) -> None:
+        self._deadline = None
+        if self.flow.read_paused:  # the application is not reading: not the client's delay
+            self._arm(self.limits.body_timeout_s, self._body_late)
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # the application's receive() says disconnect
+            cycle.message_event.set()
+        idle = cycle is None or not cycle.response_started
+        self._give_up(f"The request body did not arrive within {self.limits.body_timeout_s:g} s.", idle)
+
+    def _give_up(self, message: str, can_answer: bool) -> None:
+        if self.transport.is_closing():
+            return
+        if can_answer:
+            self.transport.write(canned_response(GatewayError(408, "request_timeout", message)))
+        self.transport.close()
+
+
+def bounded_protocol(limits: ConnectionLimits) -> type[BoundedHttpToolsProtocol]:
+    """The protocol class for ``uvicorn.Config(http=...)`` with these limits."""
+    return type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), {"limits": limits})
