@@ -1,1 +1,1 @@
-"""Fault tests: the disk, hostile clients and secrets at rest (issue 14)."""
+"""The fault suite (issue 14): hostile input, crashes, lost services, the disk, hostile clients, secrets at rest."""
