@@ -8,7 +8,6 @@ expected.
 
 from __future__ import annotations
 
-import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -108,21 +107,25 @@ class ProductConfig(_Strict):
     max_waiting: int = Field(default=100_000, ge=1, le=10_000_000)
     supports_tools: bool | None = None
     """Whether the product takes ``tools``; default: yes, unless it runs on llamacpp."""
-    # policy knobs (SPEC 12); None = the preset's value
-    usage_chunk: str | None = None
-    done_after_error: bool | None = None
-    error_finish_reason: bool | None = None
-    on_disconnect: str | None = None
-    charge_on_disconnect: str | None = None
-    charge_on_error: str | None = None
-    missing_usage: str | None = None
-    quiet_interval_s: float | None = None
-    reasoning_field: str | None = None
-    max_requeues: int | None = None
+    policy_overrides: dict[str, Any] = Field(default_factory=dict)
+    """The policy knobs the product sets itself (SPEC 12; their names and words are
+    :mod:`bourse.domain.policy`'s): written beside ``policy`` in the file, collected
+    here, checked by :func:`~bourse.domain.policy.resolve_policy`."""
     deployments: list[DeploymentConfig] = Field(min_length=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _collect_knobs(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if "policy_overrides" in data:
+            raise ValueError("policy_overrides: unknown key (write the knobs beside 'policy')")
+        out = {k: v for k, v in data.items() if k not in KNOBS}
+        out["policy_overrides"] = {k: v for k, v in data.items() if k in KNOBS}
+        return out
+
     def knobs(self) -> dict[str, Any]:
-        return {k: v for k in KNOBS if (v := getattr(self, k, None)) is not None}
+        return dict(self.policy_overrides)
 
 
 class ServerConfig(_Strict):
@@ -297,12 +300,6 @@ def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config error in {source}: not valid TOML: {exc}") from None
     return parse_config(data, source, env)
-
-
-def clamp_timeout(requested: float | None, server: ServerConfig) -> float:
-    if requested is None or not math.isfinite(requested):
-        return server.book_timeout_s
-    return min(requested, server.book_timeout_max_s)
 
 
 @dataclass(frozen=True, slots=True)

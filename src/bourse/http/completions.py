@@ -7,65 +7,103 @@ the scope, the body straight from ``receive``.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from bourse.http import idempotency
-from bourse.http.deps import Services
+from bourse.http.deps import Services, ServiceStore
 from bourse.http.edge import HotRoute, read_body, serve
-from bourse.http.relay import RunResponse
+from bourse.http.relay import OnDone, RunResponse
 from bourse.http.responses import JSON
 from bourse.ports.engine import Kind
 from bourse.ports.stores import StoredResponse
+from bourse.services.auth import Principal
 from bourse.wire.requests import parse_body, validate
 
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+
+
+@dataclass(slots=True)
+class _Head:
+    """The request headers a completion route reads (once, from the scope)."""
+
+    authorization: str | None = None
+    length: bytes | None = None
+    idempotency_key: str | None = None
+    max_price: str | None = None
+    book_timeout: str | None = None
+
+
+def _read_head(scope: Scope) -> _Head:
+    head = _Head()
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            head.authorization = value.decode("latin-1")
+        elif name == b"content-length":
+            head.length = value
+        elif name == b"idempotency-key":
+            head.idempotency_key = value.decode("latin-1")
+        elif name == b"x-max-price":
+            head.max_price = value.decode("latin-1")
+        elif name == b"x-book-timeout":
+            head.book_timeout = value.decode("latin-1")
+    return head
+
+
+def _keeper(store: ServiceStore, account: str, key: str | None) -> OnDone | None:
+    """What keeps a relayed answer under its Idempotency-Key (None: no key)."""
+    if key is None:
+        return None
+
+    async def on_done(status: int, hdrs: dict[str, str], payload: bytes | None) -> None:
+        if payload is None:
+            await store.idem_complete(account, key, None)
+        else:
+            await store.idem_complete(account, key, StoredResponse(status, hdrs, payload))
+
+    return on_done
 
 
 def hot_routes(services: Services) -> dict[str, HotRoute]:
     """The two completion routes, by path, for :class:`~bourse.http.edge.HotRouter`."""
     completions = services.completions
     auth = services.auth
-    store = services.store
     limit = services.max_body_bytes
+
+    async def detached(kind: Kind, head: _Head, principal: Principal, body: dict[str, Any]) -> ASGIApp:
+        account, idem = principal.account_id, head.idempotency_key
+        try:
+            job = await services.jobs.submit(
+                principal,
+                PATHS[kind],
+                body,
+                max_price_header=head.max_price,
+                timeout_header=head.book_timeout,
+            )
+        except BaseException:
+            await idempotency.forget(services, account, idem)
+            raise
+        return await idempotency.keep(
+            services, account, idem, JSON(job, status_code=202, request_id=job["request_id"])
+        )
 
     async def complete(kind: Kind, scope: Scope, receive: Receive, rid: str) -> ASGIApp:
         t0 = time.perf_counter()
-        authorization = idem = max_price = book_timeout = None
-        length: bytes | None = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-            elif name == b"content-length":
-                length = value
-            elif name == b"idempotency-key":
-                idem = value.decode("latin-1")
-            elif name == b"x-max-price":
-                max_price = value.decode("latin-1")
-            elif name == b"x-book-timeout":
-                book_timeout = value.decode("latin-1")
-        principal = await auth.user(authorization)
-        idem = idempotency.scoped(principal, idem)
-        raw = await read_body(receive, length, limit)
+        head = _read_head(scope)
+        principal = await auth.user(head.authorization)
+        head.idempotency_key = idempotency.scoped(principal, head.idempotency_key)
+        raw = await read_body(receive, head.length, limit)
         body = parse_body(raw)
         req = validate(kind, body)
-        account = principal.account_id
+        account, idem = principal.account_id, head.idempotency_key
         replay = await idempotency.begin(services, account, idem, kind, raw)
         if replay is not None:
             return replay
         if req.detached:
-            try:
-                job = await services.jobs.submit(
-                    principal, PATHS[kind], body, max_price_header=max_price, timeout_header=book_timeout
-                )
-            except BaseException:
-                await idempotency.forget(services, account, idem)
-                raise
-            return await idempotency.keep(
-                services, account, idem, JSON(job, status_code=202, request_id=job["request_id"])
-            )
+            return await detached(kind, head, principal, body)
         try:
             run = await completions.open(
                 kind,
@@ -73,26 +111,15 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
                 req,
                 principal,
                 request_id=rid,
-                max_price_header=max_price,
-                timeout_header=book_timeout,
+                max_price_header=head.max_price,
+                timeout_header=head.book_timeout,
                 t0=t0,
+                engine_stream=req.stream,  # one answer: the engine may ask its upstream for one
             )
         except BaseException:
             await idempotency.forget(services, account, idem)
             raise
-        if not run.stream:
-            run.engine_stream = False  # one answer: the engine may ask its upstream for one
-        on_done = None
-        if idem is not None:
-            key = idem
-
-            async def on_done(status: int, hdrs: dict[str, str], payload: bytes | None) -> None:
-                if payload is None:
-                    await store.idem_complete(account, key, None)
-                else:
-                    await store.idem_complete(account, key, StoredResponse(status, hdrs, payload))
-
-        return RunResponse(run, on_done=on_done)
+        return RunResponse(run, on_done=_keeper(services.store, account, idem))
 
     async def chat(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
         return await complete("chat", scope, receive, rid)

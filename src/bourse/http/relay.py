@@ -1,18 +1,25 @@
 """The relay: one ASGI response that runs a :class:`~bourse.services.completion.Run`
 and writes it to the client, as SSE frames or as one JSON body.
 
-Two tasks per request: the relay itself (reads the run, writes frames) and a
-listener (waits for ``http.disconnect``). A streamed request also has a timer for
-the quiet-interval frames of SPEC section 4 (``: queued level=… position=…`` while
-in the book, ``: waiting`` once admitted, ``: keep-alive`` once output began): it
-fires once per quiet interval and starts a short task only to write such a frame. A disconnect
-cancels the relay, which stops the engine through the run; under the ``drain``
-policy an admitted run is read to its end instead, with nothing written.
+The relay and a listener (waiting for ``http.disconnect``) run in one task group,
+as Starlette's ``StreamingResponse`` does: the group ends with both, and nothing
+outlives the response. A disconnect stops the relay (the listener raises
+:class:`_ClientLeft`, which cancels the relay once), and the run, cancelled where
+it waits, stops its engine and gives back its slot; under the ``drain`` policy an
+admitted run is instead read to its end, with nothing written. (``asyncio.TaskGroup``
+rather than an anyio one: its cancellation is delivered once, so the run's own
+clean-up, which awaits the engine's close, is not cancelled again.)
+
+A streamed request also has a timer for the quiet-interval frames of SPEC section 4
+(``: queued level=… position=…`` while in the book, ``: waiting`` once admitted,
+``: keep-alive`` once output began): it fires once per quiet interval and starts a
+short task in the group only to write such a frame.
 
 The per-chunk path is: rewrite (done by the run) -> ``orjson.dumps`` -> one
 ``send``. Nothing waits: chunks that reached the engine together (one upstream read;
 the engine marks all but the last with ``more``) go out together in one ``send``,
-which saves a write per chunk and delays none.
+which saves a write per chunk and delays none. The relay only reads the run's
+state; it tells the run that the client left (:meth:`Run.client_gone`).
 """
 
 from __future__ import annotations
@@ -20,14 +27,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from bourse.domain.errors import GatewayError
 from bourse.ports.engine import ChunkEvent
-from bourse.services.completion import ADMITTED, QUEUED, STREAMING, Finished, Queued, Requeued, Run
+from bourse.services.completion import Finished, Phase, Queued, Requeued, Run
 from bourse.wire import sse
 from bourse.wire.chunks import Aggregator, error_frame, usage_chunk
 
@@ -48,21 +54,31 @@ def _body(data: bytes) -> Message:
     return {"type": "http.response.body", "body": data, "more_body": True}
 
 
+class _ClientLeft(Exception):
+    """Raised by the listener: the client left and the relay stops (cancel policy)."""
+
+
+def _unless_client_left(group: BaseExceptionGroup[BaseException]) -> None:
+    """Re-raise the first failure of the relay's task group other than the client leaving."""
+    for exc in group.exceptions:
+        if not isinstance(exc, _ClientLeft):
+            raise exc
+
+
 class RunResponse:
     """ASGI response for one run (streamed or not)."""
 
     __slots__ = (
         "_closing",
         "_gone",
+        "_group",
         "_interval",
         "_last",
         "_loop",
-        "_main",
         "_send",
         "_sending",
         "_ticking",
         "_timer",
-        "_we_cancelled",
         "on_done",
         "run",
         "started",
@@ -80,35 +96,34 @@ class RunResponse:
         self._send: Send | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._ticking: asyncio.Task[None] | None = None
-        self._main: asyncio.Task[Any] | None = None
-        self._we_cancelled = False
+        self._group: asyncio.TaskGroup | None = None
         # True once the response head is sent: a failure after it cannot become an error response
         self.started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self._main = asyncio.current_task()
-        listener = asyncio.create_task(self._listen(receive))
+        run = self.run
         try:
-            if self.run.stream:
-                await self._stream(send)
-            else:
-                await self._unary(send)
-        except asyncio.CancelledError:
-            if not self._we_cancelled:
-                raise
-            task = self._main
-            if task is not None:
-                task.uncancel()
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                listener = group.create_task(self._listen(receive))
+                try:
+                    if run.stream:
+                        await self._stream(send)
+                    else:
+                        await self._unary(send)
+                finally:
+                    self._closing = True
+                    listener.cancel()
+        except BaseExceptionGroup as group_error:
+            _unless_client_left(group_error)
         finally:
-            listener.cancel()
-            if self.run.finished is None:
-                # the run never reached its end (client gone before the first
-                # frame, or a relay failure): give back its slot and money
-                await self.run.abandon()
+            # a run that never reached its end (client gone before the first frame,
+            # or a relay failure) gives back its slot and money
+            await run.abandon()
             if self.on_done is not None:
                 # streamed: the key now points at the receipt; not streamed and no
                 # answer (client gone): forget the key so a retry can run
-                await self._keep(409, self._stream_replay() if self.run.stream else None)
+                await self._keep(409, self._stream_replay() if run.stream else None)
 
     async def _keep(self, status: int, payload: tuple[dict[str, str], bytes] | None) -> None:
         assert self.on_done is not None
@@ -136,12 +151,11 @@ class RunResponse:
     def _money_headers(self, fin: Finished | None) -> list[tuple[bytes, bytes]]:
         run = self.run
         prefix = run.market.policy.header_prefix
-        out = [(f"{prefix}quote-micros".encode(), str(run.quote_micros).encode())]
+        out = [(f"{prefix}quote-micros".encode(), str(run.quote.micros).encode())]
         if fin is not None:
             out.append((f"{prefix}cost-micros".encode(), str(fin.cost_micros).encode()))
             out.append((f"{prefix}latency-ms".encode(), str(fin.receipt["latency_ms"]).encode()))
-        if run.ratelimit_headers:
-            out.extend((k.encode(), v.encode()) for k, v in run.ratelimit_headers.items())
+        out.extend((k.encode(), v.encode()) for k, v in run.grant.headers.items())
         return out
 
     # -- client ---------------------------------------------------------------
@@ -153,12 +167,11 @@ class RunResponse:
                 break
         run = self.run
         self._gone = True
-        run.client_left = True
-        if run.phase >= ADMITTED and run.market.policy.on_disconnect == "drain":
+        run.client_gone()
+        if run.phase >= Phase.ADMITTED and run.market.policy.on_disconnect == "drain":
             return  # keep reading the engine to its end; nothing more is written
-        if self._main is not None and not self._closing:
-            self._we_cancelled = True
-            self._main.cancel()
+        if not self._closing:
+            raise _ClientLeft
 
     def _arm(self) -> None:
         """Check for a quiet interval when the current one would end (a timer, not a task)."""
@@ -179,16 +192,17 @@ class RunResponse:
         run = self.run
         phase = run.phase
         frame: bytes | None
-        if phase == QUEUED and run.order is not None:
+        if phase is Phase.QUEUED and run.order is not None:
             frame = None  # the level and position are asked of the book first
-        elif phase == ADMITTED:
+        elif phase is Phase.ADMITTED:
             frame = sse.WAITING
-        elif phase == STREAMING:
+        elif phase is Phase.STREAMING:
             frame = sse.KEEP_ALIVE
         else:
             return
+        assert self._group is not None
         self._sending = True
-        self._ticking = asyncio.create_task(self._tick(frame))
+        self._ticking = self._group.create_task(self._tick(frame))
 
     async def _tick(self, frame: bytes | None) -> None:
         assert self._send is not None and self._loop is not None
@@ -198,6 +212,8 @@ class RunResponse:
                 if frame is None:
                     return
             await self._send(_body(frame))
+        except Exception as exc:  # a frame that cannot be written is not the relay's failure
+            log.debug("quiet-interval frame of %s not sent: %s", self.run.request_id, exc)
         finally:
             self._sending = False
             self._ticking = None
@@ -210,7 +226,7 @@ class RunResponse:
         network); None if the order was admitted or the client left meanwhile."""
         run = self.run
         level, pos = await run.market.standing(run.order)  # its last known view if unreachable
-        if run.phase != QUEUED or self._gone or self._closing:
+        if run.phase is not Phase.QUEUED or self._gone or self._closing:
             return None
         return sse.comment(f"queued level={sse.fmt_price(level)} position={max(pos, 0)}")
 
@@ -322,6 +338,7 @@ class RunResponse:
             await events.aclose()
         if fin is None:
             return
+        self._closing = True  # the client leaving now changes nothing
         rid = run.request_id
         headers = [
             (b"content-type", b"application/json"),

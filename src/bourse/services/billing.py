@@ -1,11 +1,18 @@
 """Money around a run: quote and hold before the book, settle after the outcome.
 
+:class:`Billing` takes and returns plain values: a :class:`Quote` before the book,
+a :class:`Closing` (the run's end) in and a :class:`Settlement` out after it. It
+never sees the run itself.
+
 - The quote is a conservative upper bound (prompt UTF-8 bytes, an allowance per
   message, the whole output budget) priced at the bid; the hold is the quote.
 - Settlement charges actual tokens at the cleared price, never more than the hold,
-  following the product's policy for each outcome (SPEC sections 7, 8, 12), and
-  writes the usage record in the same transaction. It runs as its own task, so a
-  client that leaves can neither strand a hold nor lose a charge.
+  following the outcome x policy table of :mod:`bourse.domain.charging` (SPEC
+  sections 7, 8, 12), and writes the usage record in the same transaction. The run
+  starts it as a task of its own, so a client that leaves can neither strand a hold
+  nor lose a charge; a store that fails is retried with back-off
+  (:mod:`bourse.retrying`), and a hold still open after that is reconciled at the
+  next start.
 - Recovery: at start-up the holds left open by a previous run go to
   ``reconciling``; a heartbeat keeps this instance's lease for replicas.
 """
@@ -16,59 +23,121 @@ import asyncio
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from bourse.domain.charging import Action, Outcome, RecordedOutcome, decide, recorded
 from bourse.domain.errors import GatewayError
-from bourse.domain.money import affordable_tokens, charge, micros_to_usd, price_units, quote_tokens
+from bourse.domain.money import (
+    affordable_tokens,
+    charge,
+    cost_micros,
+    micros_to_usd,
+    price_units,
+    quote_tokens,
+)
+from bourse.domain.policy import Policy
+from bourse.ports.engine import Kind
 from bourse.ports.stores import Hold, HoldNotOpen, InsufficientFunds, LedgerStore, UnknownAccount, UsageRecord
-
-if TYPE_CHECKING:
-    from bourse.services.completion import Finished, Run
+from bourse.retrying import retrying
+from bourse.wire.prompt import PromptSize
 
 log = logging.getLogger("bourse.billing")
+
+SETTLE_ATTEMPTS = 5
+ENDPOINTS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
 
 class BillingStore(LedgerStore, Protocol):
     single_node: bool
 
 
-def prompt_bytes_and_messages(body: dict[str, Any]) -> tuple[int, int]:
-    msgs = body.get("messages")
-    if isinstance(msgs, list):
-        total = 0
-        for m in msgs:
-            if not isinstance(m, dict):
-                continue
-            c = m.get("content")
-            if isinstance(c, str):
-                total += len(c.encode())
-            elif isinstance(c, list):
-                for part in c:
-                    if isinstance(part, dict):
-                        t = part.get("text")
-                        total += len(t.encode()) if isinstance(t, str) else 64
-            for tc in m.get("tool_calls") or ():
-                fn = tc.get("function") if isinstance(tc, dict) else None
-                if isinstance(fn, dict):
-                    total += len(str(fn.get("arguments", "")).encode()) + len(
-                        str(fn.get("name", "")).encode()
-                    )
-        tools = body.get("tools")
-        if tools:
-            import orjson
+@dataclass(frozen=True, slots=True)
+class Quote:
+    """The upper bound a request's hold covers: its tokens, and their cost at the bid."""
 
-            total += len(orjson.dumps(tools))
-        return total, len(msgs)
-    p = body.get("prompt")
-    if isinstance(p, str):
-        return len(p.encode()), 1
-    if isinstance(p, list):
-        return sum(len(x.encode()) if isinstance(x, str) else 1 for x in p), 1
-    return 0, 1
+    tokens: int
+    micros: int
+    bid: float
+
+
+def quote_for(prompt: PromptSize, max_output_tokens: int, bid: float) -> Quote:
+    """The quote of a request with this prompt and output budget, at ``bid`` (USD per 1M tokens)."""
+    tokens = quote_tokens(prompt.bytes, prompt.messages, max_output_tokens)
+    return Quote(tokens, cost_micros(tokens, price_units(bid)), bid)
+
+
+@dataclass(frozen=True, slots=True)
+class Closing:
+    """A run's end, as plain values: everything its settlement reads."""
+
+    request_id: str
+    kind: Kind
+    product: str
+    created_at: float
+    account_id: str
+    key_id: str | None
+    hold_id: str | None
+    quote: Quote
+    policy: Policy
+    outcome: Outcome
+    produced: bool
+    """The engine generated at least one token."""
+    price: float
+    """The cleared price (USD per 1M tokens); the bid when the order was never admitted."""
+    usage: Mapping[str, Any]
+    """Token counts and ``x_market``; ``usage_estimated`` when the gateway counted."""
+    receipt: Mapping[str, Any]
+    """``latency_ms`` (and ``ttft_ms``) and ``outcome``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What became of a run's hold, and the usage and receipt the client sees."""
+
+    action: Action
+    outcome: RecordedOutcome
+    cost_micros: int
+    usage: dict[str, Any]
+    """The closing's usage with ``cost`` (USD) and ``cost_micros``."""
+    receipt: dict[str, Any]
+    """The closing's receipt with the recorded outcome, ``cost_micros`` and the quote."""
+
+
+def assess(closing: Closing) -> Settlement:
+    """The settlement of ``closing`` (pure): the policy's decision, the charge, the receipt."""
+    policy = closing.policy
+    usage = closing.usage
+    action = decide(
+        closing.outcome,
+        policy,
+        produced=closing.produced,
+        usage_estimated=bool(usage.get("usage_estimated")),
+    )
+    cost = 0
+    if action == "settle":
+        units = price_units(closing.price)
+        cost = charge(
+            int(usage["prompt_tokens"]), int(usage["completion_tokens"]), units, closing.quote.micros
+        )
+    outcome = recorded(closing.outcome, action)
+    return Settlement(
+        action,
+        outcome,
+        cost,
+        {**usage, "cost": micros_to_usd(cost), "cost_micros": cost},
+        {
+            **closing.receipt,
+            "outcome": outcome,
+            "cost_micros": cost,
+            policy.receipt_quote_field: closing.quote.micros,
+        },
+    )
 
 
 class Billing:
-    """Holds and settlements for runs, against a ledger store."""
+    """Holds and settlements, against a ledger store."""
 
     def __init__(self, store: BillingStore, *, owner: str | None = None, lease_s: float = 15.0) -> None:
         self.store = store
@@ -78,123 +147,83 @@ class Billing:
 
     # -- before the book ----------------------------------------------------------
 
-    def quote(self, run: Run, prompt_bytes: int, messages: int) -> None:
-        """Set the run's quote: the upper bound (tokens, micro-USD) its hold covers."""
-        tokens = quote_tokens(prompt_bytes, messages, run.max_output_tokens)
-        run.quote_tokens = tokens
-        run.quote_micros = -(-(tokens * price_units(run.bid)) // 1_000_000)
-
-    async def hold(self, run: Run, account_id: str) -> None:
-        """Hold the run's quote (set by :meth:`quote`) on ``account_id``; 402 if it cannot."""
-        tokens, micros = run.quote_tokens, run.quote_micros
+    async def hold(self, quote: Quote, *, account_id: str, request_id: str, product: str) -> str:
+        """Hold ``quote`` on ``account_id``; the hold's id. 402 if the balance cannot cover it."""
         hold_id = "hold_" + os.urandom(12).hex()
         try:
             await self.store.place_hold(
                 Hold(
                     id=hold_id,
                     account_id=account_id,
-                    request_id=run.request_id,
-                    amount_micros=micros,
+                    request_id=request_id,
+                    amount_micros=quote.micros,
                     state="open",
                     owner=self.owner,
-                    product=run.product,
+                    product=product,
                     created_at=time.time(),
                 )
             )
         except InsufficientFunds as exc:
-            units = price_units(run.bid)
-            can = affordable_tokens(exc.balance_micros, units)
+            can = affordable_tokens(exc.balance_micros, price_units(quote.bid))
             raise GatewayError(
                 402,
                 "insufficient_funds",
-                f"The balance ({exc.balance_micros} micro-USD) cannot cover this request's hold of {micros} micro-USD "
-                f"({tokens} tokens at {run.bid:g} USD per 1M). At this bid it can afford {can} tokens: lower "
-                f"max_tokens, shorten the prompt, or add credit.",
+                f"The balance ({exc.balance_micros} micro-USD) cannot cover this request's hold of "
+                f"{quote.micros} micro-USD ({quote.tokens} tokens at {quote.bid:g} USD per 1M). At this bid it "
+                f"can afford {can} tokens: lower max_tokens, shorten the prompt, or add credit.",
             ) from None
         except UnknownAccount:
             raise GatewayError(401, "invalid_api_key", "This API key's account no longer exists.") from None
-        run.hold_id = hold_id
-        run.account_id = account_id
+        return hold_id
 
-    async def release_unbooked(self, run: Run) -> None:
+    async def release(self, hold_id: str) -> None:
         """The order never entered the book (503): give the hold back."""
-        if run.hold_id is not None:
-            await self.store.release(run.hold_id, None, time.time())
-            run.hold_id = None
+        await self.store.release(hold_id, None, time.time())
 
     # -- after the outcome ----------------------------------------------------------
 
-    def decide(self, run: Run, fin: Finished) -> tuple[str, int]:
-        """("settle", charge) | ("release", 0) | ("reconcile", 0) for this outcome and policy."""
-        policy = run.market.policy
-        usage = fin.usage
-        produced = run.tokens > 0 or bool(usage.get("completion_tokens"))
-        units = price_units(run.cleared_price if run.cleared_price is not None else run.bid)
-        cost = charge(int(usage["prompt_tokens"]), int(usage["completion_tokens"]), units, run.quote_micros)
-        outcome = fin.outcome
-        if not produced:
-            return "release", 0
-        if outcome == "completed":
-            if usage.get("usage_estimated") and policy.missing_usage == "reconcile":
-                return "reconcile", 0
-            return "settle", cost
-        if outcome in ("disconnected", "canceled"):
-            if usage.get("usage_estimated") and policy.missing_usage == "reconcile":
-                return "reconcile", 0
-            return ("settle", cost) if policy.charge_on_disconnect == "generated" else ("release", 0)
-        if outcome == "error":
-            return ("settle", cost) if policy.charge_on_error == "generated" else ("release", 0)
-        return "release", 0
+    async def settle(self, closing: Closing) -> Settlement:
+        """Close the hold per policy with its usage record; the settlement. Never raises
+        for the store: a hold it cannot close stays open, to be reconciled at the next start."""
+        settlement = assess(closing)
+        if closing.hold_id is not None:
+            record = UsageRecord(
+                request_id=closing.request_id,
+                account_id=closing.account_id,
+                product=closing.product,
+                created_at=closing.created_at,
+                outcome=settlement.outcome,
+                cost_micros=settlement.cost_micros,
+                record=usage_document(closing, settlement),
+            )
+            await self._close(closing.hold_id, closing.request_id, settlement, record)
+        return settlement
 
-    async def settle(self, run: Run, fin: Finished) -> None:
-        """Close the run's hold per policy, write its usage record, fill in the receipt."""
-        action, cost = self.decide(run, fin)
-        if action == "reconcile":
-            fin.outcome = "reconciling"
-            fin.receipt["outcome"] = "reconciling"
-        self.fill_receipt(run, fin, cost)
-        hold_id = run.hold_id
-        if hold_id is None:
-            return
-        record = UsageRecord(
-            request_id=run.request_id,
-            account_id=run.account_id or "",
-            product=run.product,
-            created_at=run.created_at,
-            outcome=fin.outcome,
-            cost_micros=cost,
-            record=usage_document(run, fin),
-        )
+    async def _close(self, hold_id: str, request_id: str, s: Settlement, record: UsageRecord) -> None:
         now = time.time()
-        for attempt in range(5):
-            try:
-                if action == "settle":
-                    await self.store.settle(hold_id, cost, record, now)
-                elif action == "release":
-                    await self.store.release(hold_id, record, now)
-                else:
-                    await self.store.to_reconciling(hold_id, record, "the engine gave no usage", now)
-                run.hold_id = None
-                return
-            except HoldNotOpen:
-                log.error("hold %s of request %s was already closed", hold_id, run.request_id)
-                return
-            except Exception:
-                log.exception("settling hold %s failed (attempt %d); retrying", hold_id, attempt + 1)
-                await asyncio.sleep(0.05 * 2**attempt)
-        log.error("hold %s stays open after 5 attempts; it will be reconciled at the next start", hold_id)
+        try:
+            async for attempt in retrying(
+                attempts=SETTLE_ATTEMPTS, base_s=0.05, max_s=1.0, what=f"closing hold {hold_id}", logger=log
+            ):
+                with attempt:
+                    try:
+                        await self._write(hold_id, s, record, now)
+                    except HoldNotOpen:
+                        log.error("hold %s of request %s was already closed", hold_id, request_id)
+        except Exception:
+            log.exception(
+                "hold %s stays open after %d attempts; it will be reconciled at the next start",
+                hold_id,
+                SETTLE_ATTEMPTS,
+            )
 
-    @staticmethod
-    def fill_receipt(run: Run, fin: Finished, cost: int) -> None:
-        fin.usage["cost"] = micros_to_usd(cost)
-        fin.usage["cost_micros"] = cost
-        receipt = fin.receipt
-        receipt["cost_micros"] = cost
-        if run.market.policy.receipt_name == "hips":
-            receipt["quote"] = run.quote_micros
+    async def _write(self, hold_id: str, s: Settlement, record: UsageRecord, now: float) -> None:
+        if s.action == "settle":
+            await self.store.settle(hold_id, s.cost_micros, record, now)
+        elif s.action == "release":
+            await self.store.release(hold_id, record, now)
         else:
-            receipt["quote_micros"] = run.quote_micros
-        fin.cost_micros = cost
+            await self.store.to_reconciling(hold_id, record, "the engine gave no usage", now)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -230,16 +259,16 @@ class Billing:
             self._heartbeat = None
 
 
-def usage_document(run: Run, fin: Finished) -> dict[str, Any]:
+def usage_document(closing: Closing, s: Settlement) -> dict[str, Any]:
     """The usage record as GET /v1/usage/{request_id} returns it."""
     return {
-        "id": run.request_id,
+        "id": closing.request_id,
         "object": "bourse.usage",
-        "created": run.created,
-        "model": run.product,
-        "endpoint": "/v1/chat/completions" if run.kind == "chat" else "/v1/completions",
-        "outcome": fin.outcome,
-        "usage": fin.usage,
-        "receipt": fin.receipt,
-        "key_id": run.key_id,
+        "created": int(closing.created_at),
+        "model": closing.product,
+        "endpoint": ENDPOINTS[closing.kind],
+        "outcome": s.outcome,
+        "usage": s.usage,
+        "receipt": s.receipt,
+        "key_id": closing.key_id,
     }

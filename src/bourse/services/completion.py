@@ -1,15 +1,21 @@
 """One request's run: admission, the engine attempts, metering, the outcome.
 
-:class:`CompletionService` checks a validated request against its product and
-prepares a :class:`Run`. :meth:`Run.events` is the single async iterator the HTTP
-relay consumes, for streamed and non-streamed answers alike::
+:class:`CompletionService` checks a validated request against its product
+(:meth:`~CompletionService.prepare`, no I/O), then rate-limits, quotes, holds and
+books it (:meth:`~CompletionService.open`), which returns a :class:`Run`.
+:meth:`Run.events` is the single async iterator the HTTP relay and the jobs
+consume, for streamed and non-streamed answers alike::
 
     Queued -> (engine chunks ... | Requeued -> ...) -> Finished
 
 Chunks are the engine's own dicts with ``id``, ``model`` and the reasoning field
 rewritten in place; nothing is copied or buffered. Every run ends in exactly one
-:class:`Finished` (or in an abandonment when the client leaves), and every slot it
-took is given back exactly once.
+:class:`Finished` (or in an abandonment when its consumer stops), and every slot it
+took is given back exactly once. Only the run writes its own state: its consumers
+read ``phase``, ``tokens`` and ``order``, and tell it that the client left with
+:meth:`Run.client_gone`. The money is :class:`~bourse.services.billing.Billing`'s,
+handed plain values: the run's :class:`~bourse.services.billing.Quote` before the
+book, its :class:`~bourse.services.billing.Closing` after the outcome.
 """
 
 from __future__ import annotations
@@ -17,24 +23,41 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, TypeVar, cast
 
 from bourse.domain.book import Admission, Order
+from bourse.domain.charging import Outcome, RecordedOutcome
 from bourse.domain.errors import GatewayError, invalid_request, model_not_found
+from bourse.domain.policy import Policy
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
 from bourse.ports.limits import KeyLimits, LimiterUnavailable, RateLimiter
 from bourse.services.auth import Authenticator, Principal
-from bourse.services.billing import Billing, prompt_bytes_and_messages
-from bourse.services.ids import new_request_id
+from bourse.services.billing import Billing, Closing, Quote, quote_for
 from bourse.services.limits import retry_after_header
 from bourse.services.market import Market
+from bourse.wire.prompt import PromptSize, measure_prompt
 from bourse.wire.requests import GATEWAY_FIELDS, ChatCompletionRequest, CompletionRequest, bounded_header
 
 log = logging.getLogger("bourse.completion")
 
-QUEUED, ADMITTED, STREAMING, DONE = 1, 2, 3, 4
+T = TypeVar("T")
+
+
+class Phase(IntEnum):
+    """Where a run is; only ever goes forward, except ADMITTED -> QUEUED on a requeue."""
+
+    NEW = 0
+    """Built, not yet in the book."""
+    QUEUED = 1
+    ADMITTED = 2
+    """Holds a slot; no output yet."""
+    STREAMING = 3
+    """The engine's first chunk arrived."""
+    DONE = 4
+    """Finished or abandoned; its settlement is under way or done."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -47,26 +70,52 @@ class Requeued:
     deployment: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Finished:
-    """The end of a run: the error (None when completed), usage and receipt."""
+    """The end of a run, settled: the error (None when completed), usage and receipt."""
 
-    outcome: str
+    outcome: RecordedOutcome
     error: GatewayError | None
     usage: dict[str, Any]
     receipt: dict[str, Any]
     text_tokens: int = 0
+    """Completion tokens the gateway relayed (its own count)."""
     cost_micros: int = 0
 
 
 RunEvent = ChunkEvent | Queued | Requeued | Finished
-FinishHook = Callable[["Run", Finished], None]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Limits:
     book_timeout_s: float = 300.0
     book_timeout_max_s: float = 3600.0
+
+
+@dataclass(slots=True, frozen=True)
+class Ask:
+    """A request checked against its product: what its run will ask the book and the engine."""
+
+    market: Market
+    kind: Kind
+    body: dict[str, Any]
+    """The engine's body: gateway fields removed, ``stream`` and ``include_usage`` on."""
+    bid: float
+    timeout_s: float
+    stream: bool
+    include_usage: bool
+    """The client gets a usage chunk (asked for, or policy ``usage_chunk = always``)."""
+    max_output_tokens: int
+
+
+@dataclass(slots=True, frozen=True)
+class Grant:
+    """What the rate limiter granted a run: given back with the tokens used when it ends."""
+
+    key_id: str
+    limits: KeyLimits
+    tokens: int
+    headers: dict[str, str]
 
 
 class CompletionService:
@@ -89,9 +138,7 @@ class CompletionService:
         self.billing = billing
         self.limiter = limiter
         self.auth = auth
-        self.on_finish: list[FinishHook] = []
-        self.running: set[Run] = set()
-        self.background: set[asyncio.Task[None]] = set()
+        self.background: set[asyncio.Task[Any]] = set()
 
     async def open(
         self,
@@ -104,47 +151,76 @@ class CompletionService:
         max_price_header: str | None = None,
         timeout_header: str | None = None,
         t0: float | None = None,
+        engine_stream: bool = True,
     ) -> Run:
-        """validate -> (authenticated) -> rate-limit -> quote -> hold -> book."""
-        run = self.prepare(
-            kind, body, req, max_price_header=max_price_header, timeout_header=timeout_header, t0=t0
+        """validate -> (authenticated) -> rate-limit -> quote -> hold -> book.
+
+        ``engine_stream`` False: the engine may produce the answer at once (a relayed
+        non-streamed request); jobs keep the stream, so that their progress and a
+        cancel's charge count the tokens as they come."""
+        t0 = time.perf_counter() if t0 is None else t0
+        ask = self.prepare(kind, body, req, max_price_header=max_price_header, timeout_header=timeout_header)
+        self.auth.check_product(principal, ask.market.product)
+        prompt = measure_prompt(body)
+        await self._check_fits(ask, prompt)
+        quote = quote_for(prompt, ask.max_output_tokens, ask.bid)
+        grant = await self._acquire(principal, quote.tokens)
+        try:
+            hold_id = await self.billing.hold(
+                quote, account_id=principal.account_id, request_id=request_id, product=ask.market.product
+            )
+        except BaseException:
+            await self._limits_done(grant, 0)
+            raise
+        run = Run(
+            self, ask, request_id, t0, prompt, quote, principal.account_id, hold_id, grant, engine_stream
         )
-        run.request_id = request_id
-        market = run.market
-        self.auth.check_product(principal, run.product)
-        nbytes, nmsgs = prompt_bytes_and_messages(body)
+        try:
+            await run.submit()
+        except BaseException:  # the order never entered the book
+            await self.billing.release(hold_id)
+            await self._limits_done(grant, 0)
+            raise
+        return run
+
+    async def _check_fits(self, ask: Ask, prompt: PromptSize) -> None:
+        """503 if no deployment can run; 400 if the prompt cannot fit the context."""
+        market = ask.market
         broken = market.broken_reason()
         if broken is not None:
             raise GatewayError(
-                503, "no_capacity", f"'{run.product}' cannot serve: {broken}", headers={"retry-after": "30"}
+                503,
+                "no_capacity",
+                f"'{market.product}' cannot serve: {broken}",
+                headers={"retry-after": "30"},
             )
+        param = "messages" if ask.kind == "chat" else "prompt"
         counter = market.token_counter()
         if counter is not None:  # the engine's own tokenizer: exact
-            n = await counter.count_prompt_tokens(kind, run.body)
+            n = await counter.count_prompt_tokens(ask.kind, ask.body)
             if n is not None and n >= counter.context_length:
                 raise GatewayError(
                     400,
                     "context_length_exceeded",
-                    f"The prompt is {n} tokens; '{run.product}' has a context of {counter.context_length} tokens "
-                    "and needs room for at least one generated token. Shorten the prompt.",
-                    param="messages" if kind == "chat" else "prompt",
+                    f"The prompt is {n} tokens; '{market.product}' has a context of {counter.context_length} "
+                    "tokens and needs room for at least one generated token. Shorten the prompt.",
+                    param=param,
                 )
-        else:  # the engine enforces its own limit; refuse here only what cannot fit
-            at_least = nbytes // 8  # no common tokenizer averages more than 8 bytes a token
-            if at_least > market.context_length:
-                raise GatewayError(
-                    400,
-                    "context_length_exceeded",
-                    f"The prompt is at least {at_least} tokens ({nbytes} bytes); '{run.product}' has a context of "
-                    f"{market.context_length} tokens. Shorten the prompt.",
-                    param="messages" if kind == "chat" else "prompt",
-                )
-        run.key_id = principal.key.id
-        run.limits = principal.limits
-        self.billing.quote(run, nbytes, nmsgs)
-        tokens = run.quote_tokens
+            return
+        at_least = prompt.bytes // 8  # no common tokenizer averages more than 8 bytes a token
+        if at_least > market.context_length:  # the engine enforces its own limit; refuse only what cannot fit
+            raise GatewayError(
+                400,
+                "context_length_exceeded",
+                f"The prompt is at least {at_least} tokens ({prompt.bytes} bytes); '{market.product}' has a "
+                f"context of {market.context_length} tokens. Shorten the prompt.",
+                param=param,
+            )
+
+    async def _acquire(self, principal: Principal, tokens: int) -> Grant:
+        key_id, limits = principal.key.id, principal.limits
         try:
-            decision = await self.limiter.acquire(principal.key.id, principal.limits, tokens)
+            decision = await self.limiter.acquire(key_id, limits, tokens)
         except LimiterUnavailable as exc:
             raise GatewayError(
                 503, "no_capacity", f"{exc}; retry shortly.", headers={"retry-after": "2"}
@@ -156,37 +232,30 @@ class CompletionService:
                 f"Rate limited: {decision.reason}; retry in {decision.retry_after_s:.1f} s.",
                 headers={"retry-after": retry_after_header(decision.retry_after_s), **decision.headers},
             )
-        run.limit_tokens = tokens
-        run.ratelimit_headers = decision.headers
-        try:
-            await self.billing.hold(run, principal.account_id)
-            await run.submit()
-        except BaseException:
-            await self.billing.release_unbooked(run)
-            await self._limits_done(principal.key.id, principal.limits, tokens, 0)
-            raise
-        return run
+        return Grant(key_id, limits, tokens, decision.headers)
 
-    async def _limits_done(self, key_id: str, limits: KeyLimits, reserved: int, used: int) -> None:
+    async def _limits_done(self, grant: Grant, used: int) -> None:
         try:
-            await self.limiter.finish(key_id, limits, reserved, used)
+            await self.limiter.finish(grant.key_id, grant.limits, grant.tokens, used)
         except LimiterUnavailable as exc:  # the limiter repairs its count when it can
-            log.warning("rate limits of key %s not updated: %s", key_id, exc)
+            log.warning("rate limits of key %s not updated: %s", grant.key_id, exc)
 
-    def spawn(self, coro: Any) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.create_task(coro)
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """A background task the service keeps until it ends (shutdown waits for them)."""
+        task = asyncio.create_task(coro)
         self.background.add(task)
         task.add_done_callback(self.background.discard)
         return task
 
-    async def after_finish(self, run: Run, fin: Finished) -> None:
+    async def settle(
+        self, closing: Closing, error: GatewayError | None, grant: Grant, text_tokens: int
+    ) -> Finished:
         """Settlement and limiter bookkeeping, detached from the client's connection."""
         try:
-            await self.billing.settle(run, fin)
+            s = await self.billing.settle(closing)
         finally:
-            if run.key_id is not None and run.limits is not None:
-                used = int(fin.usage.get("total_tokens") or 0)
-                await self._limits_done(run.key_id, run.limits, run.limit_tokens, used)
+            await self._limits_done(grant, int(closing.usage.get("total_tokens") or 0))
+        return Finished(s.outcome, error, s.usage, s.receipt, text_tokens, s.cost_micros)
 
     def market(self, model: str) -> Market:
         m = self.markets.get(model)
@@ -202,9 +271,8 @@ class CompletionService:
         *,
         max_price_header: str | None = None,
         timeout_header: str | None = None,
-        t0: float | None = None,
-    ) -> Run:
-        """Check the request against its product and build its run (no I/O)."""
+    ) -> Ask:
+        """Check the request against its product (no I/O): the bid, the timeout, tools, the output budget."""
         market = self.market(req.model)
         bid = _header_number(max_price_header, "X-Max-Price") if req.max_price is None else req.max_price
         if bid is None:
@@ -223,35 +291,40 @@ class CompletionService:
             raise invalid_request(
                 f"tools: the product '{req.model}' does not support tool calling.", param="tools"
             )
-        max_out = None
-        if isinstance(req, ChatCompletionRequest):
-            max_out = req.max_completion_tokens or req.max_tokens
-        else:
-            max_out = req.max_tokens
-        if max_out is not None and max_out > market.max_output_tokens:
-            raise invalid_request(
-                f"max_tokens: {max_out} is over the output limit of '{req.model}' ({market.max_output_tokens}).",
-                param="max_tokens",
-            )
-        engine_body = {k: v for k, v in body.items() if k not in GATEWAY_FIELDS}
-        engine_body["stream"] = True
-        so = engine_body.get("stream_options")
-        engine_body["stream_options"] = (
-            {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
-        )
+        max_out = _max_output(req, market)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return Run(
-            self,
+        return Ask(
             market,
             kind,
-            engine_body,
+            _engine_body(body),
             bid=bid,
             timeout_s=timeout,
             stream=req.stream,
             include_usage=include_usage or market.policy.usage_chunk == "always",
-            t0=time.perf_counter() if t0 is None else t0,
             max_output_tokens=max_out or market.max_output_tokens,
         )
+
+
+def _max_output(req: ChatCompletionRequest | CompletionRequest, market: Market) -> int | None:
+    if isinstance(req, ChatCompletionRequest):
+        max_out = req.max_completion_tokens or req.max_tokens
+    else:
+        max_out = req.max_tokens
+    if max_out is not None and max_out > market.max_output_tokens:
+        raise invalid_request(
+            f"max_tokens: {max_out} is over the output limit of '{req.model}' ({market.max_output_tokens}).",
+            param="max_tokens",
+        )
+    return max_out
+
+
+def _engine_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The body an engine gets: gateway fields removed, streamed, with its usage."""
+    out = {k: v for k, v in body.items() if k not in GATEWAY_FIELDS}
+    out["stream"] = True
+    so = out.get("stream_options")
+    out["stream_options"] = {**so, "include_usage": True} if isinstance(so, dict) else {"include_usage": True}
+    return out
 
 
 def _header_number(value: str | None, name: str) -> float | None:
@@ -266,68 +339,122 @@ def _header_number(value: str | None, name: str) -> float | None:
     return bounded_header(name, f)
 
 
-@dataclass(slots=True, eq=False)
-class Run:
-    """One request from the book to its outcome."""
+async def _close_quietly(it: AsyncIterator[EngineEvent]) -> None:
+    aclose = getattr(it, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except Exception:  # the engine is being cancelled; its error is moot
+            pass
 
-    service: CompletionService
-    market: Market
-    kind: Kind
-    body: dict[str, Any]
-    bid: float
-    timeout_s: float
-    stream: bool
-    include_usage: bool
-    t0: float
-    max_output_tokens: int = 0
-    engine_stream: bool = True
-    """False: the engine may produce the answer at once (``GenerationRequest.stream``);
-    set for the relay's non-streamed requests. Jobs keep the stream: their progress and
-    a cancel's charge count the tokens as they come."""
-    request_id: str = field(default_factory=lambda: new_request_id("chat"))
-    created_at: float = field(default_factory=time.time)
-    created: int = 0
-    phase: int = 0
-    order: Order | None = None
-    admission: Admission | None = None
-    client_left: bool = False
-    tokens: int = 0
-    ttft_ms: float | None = None
-    queued_ms: float | None = None
-    usage_event: UsageEvent | None = None
-    _fut: asyncio.Future[Admission] | None = None
-    _deadline: float = 0.0
-    _engine_iter: AsyncIterator[EngineEvent] | None = None
-    finished: Finished | None = None
-    # the last admission's terms, kept after its slot is given back
-    cleared_price: float | None = None
-    level_at_clear: float | None = None
-    deployment: str | None = None
-    # money and limits
-    account_id: str | None = None
-    key_id: str | None = None
-    limits: KeyLimits | None = None
-    limit_tokens: int = 0
-    ratelimit_headers: dict[str, str] | None = None
-    quote_tokens: int = 0
-    quote_micros: int = 0
-    hold_id: str | None = None
-    settle_task: asyncio.Task[None] | None = None
-    on_admit: Callable[[Run], None] | None = None
-    """Called once, when the order first gets a slot (detached jobs mark themselves running)."""
+
+class Run:
+    """One request from the book to its outcome.
+
+    Its terms are fixed when it is built; its state (``phase``, ``order``,
+    ``tokens``, the timings) is written by its own methods only."""
+
+    __slots__ = (
+        "_deadline",
+        "_engine_iter",
+        "_fut",
+        "_settlement",
+        "_usage_event",
+        "account_id",
+        "admission",
+        "bid",
+        "body",
+        "cleared",
+        "client_left",
+        "created",
+        "created_at",
+        "engine_stream",
+        "grant",
+        "hold_id",
+        "include_usage",
+        "kind",
+        "market",
+        "max_output_tokens",
+        "order",
+        "phase",
+        "prompt",
+        "queued_ms",
+        "quote",
+        "request_id",
+        "service",
+        "stream",
+        "t0",
+        "timeout_s",
+        "tokens",
+        "ttft_ms",
+    )
+
+    def __init__(
+        self,
+        service: CompletionService,
+        ask: Ask,
+        request_id: str,
+        t0: float,
+        prompt: PromptSize,
+        quote: Quote,
+        account_id: str,
+        hold_id: str,
+        grant: Grant,
+        engine_stream: bool = True,
+    ) -> None:
+        # -- terms (fixed) --
+        self.service = service
+        self.market = ask.market
+        self.kind = ask.kind
+        self.body = ask.body
+        self.bid = ask.bid
+        self.timeout_s = ask.timeout_s
+        self.stream = ask.stream
+        self.include_usage = ask.include_usage
+        self.max_output_tokens = ask.max_output_tokens
+        self.request_id = request_id
+        self.t0 = t0
+        self.prompt = prompt
+        self.quote = quote
+        self.account_id = account_id
+        self.hold_id = hold_id
+        """The hold placed for this run (closed by its settlement)."""
+        self.grant = grant
+        self.engine_stream = engine_stream
+        self.created_at = time.time()
+        self.created = int(self.created_at)
+        # -- state (written by the run only) --
+        self.phase = Phase.NEW
+        self.order: Order | None = None
+        self.admission: Admission | None = None
+        """The slot held now."""
+        self.cleared: Admission | None = None
+        """The last admission's terms, kept after its slot is given back."""
+        self.client_left = False
+        self.tokens = 0
+        self.ttft_ms: float | None = None
+        self.queued_ms: float | None = None
+        self._usage_event: UsageEvent | None = None
+        self._fut: asyncio.Future[Admission] | None = None
+        self._deadline = 0.0
+        self._engine_iter: AsyncIterator[EngineEvent] | None = None
+        self._settlement: asyncio.Task[Finished] | None = None
 
     @property
     def product(self) -> str:
         return self.market.product
 
     @property
-    def policy(self) -> Any:
+    def policy(self) -> Policy:
         return self.market.policy
 
-    def __post_init__(self) -> None:
-        self.created = int(self.created_at)
-        if self.kind == "completion" and self.request_id.startswith("chatcmpl-"):
-            self.request_id = new_request_id("completion")
+    @property
+    def done(self) -> bool:
+        return self.phase is Phase.DONE
+
+    def client_gone(self) -> None:
+        """The client disconnected: an abandonment from now on is ``disconnected``."""
+        self.client_left = True
 
     async def submit(self) -> None:
         """Rest the order in the book (may admit at once); 503 if the book is full."""
@@ -335,45 +462,24 @@ class Run:
         self.order = order = m.new_order(self.request_id, self.bid)
         self._deadline = order.arrived_at + self.timeout_s
         self._fut = await m.submit(order)
-        self.phase = QUEUED
-        self.service.running.add(self)
+        self.phase = Phase.QUEUED
 
     # -- the run -------------------------------------------------------------------
 
-    async def events(self) -> AsyncGenerator[RunEvent, None]:
-        m = self.market
-        order = self.order
-        fut = self._fut
-        assert order is not None and fut is not None, "submit() first"
-        max_requeues = m.policy.max_requeues
-        target = m.policy.reasoning_field
+    async def events(self, on_admit: Callable[[Run], None] | None = None) -> AsyncGenerator[RunEvent, None]:
+        """The run's events; ``on_admit`` is called once, when the order first gets a
+        slot (detached jobs mark themselves running)."""
+        assert self.order is not None, "submit() first"
+        target = self.market.policy.reasoning_field
         other = "reasoning" if target == "reasoning_content" else "reasoning_content"
         chat = self.kind == "chat"
         rid = self.request_id
         product = self.product
+        streaming = Phase.STREAMING
         try:
             yield Queued(self.bid)
             while True:
-                self.phase = QUEUED
-                adm = await m.wait(order, fut, self._deadline)
-                self.admission = adm
-                self.phase = ADMITTED
-                self.cleared_price, self.level_at_clear, self.deployment = (
-                    adm.price,
-                    adm.level,
-                    adm.deployment,
-                )
-                if self.queued_ms is None:
-                    self.queued_ms = (m.now() - order.arrived_at) * 1000.0
-                    if self.on_admit is not None:
-                        self.on_admit(self)
-                self.body["model"] = self.service.models[adm.deployment]
-                it = m.engines[adm.deployment].generate(
-                    GenerationRequest(
-                        rid, self.kind, self.body, attempt=order.requeues, stream=self.engine_stream
-                    )
-                )
-                self._engine_iter = it
+                it = await self._attempt(on_admit)
                 try:
                     async for ev in it:
                         if type(ev) is ChunkEvent:
@@ -385,30 +491,18 @@ class Run:
                                     delta = choice.get("delta")
                                     if delta is not None and other in delta:
                                         delta[target] = delta.pop(other)
-                            if self.phase != STREAMING:
-                                self.phase = STREAMING
-                                self.ttft_ms = (time.perf_counter() - self.t0) * 1000.0
-                                m.report_success(adm.deployment)
+                            if self.phase is not streaming:
+                                self._first_output()
                             self.tokens += ev.tokens
                             yield ev
-                        elif type(ev) is UsageEvent:
-                            self.usage_event = ev
+                        else:
+                            self._usage_event = cast(UsageEvent, ev)
                 except EngineFailure as failure:
-                    self._engine_iter = None
-                    if self.phase != STREAMING and failure.transient:
-                        if order.requeues < max_requeues:
-                            fut = self._fut = await m.requeue(order, adm)
-                            self.admission = None
-                            yield Requeued(adm.deployment)
-                            continue
-                        m.report_failure(adm.deployment)
-                        yield await self._settled("error", m.failure_after_requeues(failure.message))
+                    end = await self._failed(failure)
+                    yield end
+                    if type(end) is Finished:
                         return
-                    err = GatewayError(
-                        failure.status, failure.code, failure.message, error_type=failure.error_type
-                    )
-                    yield await self._settled("error", err)
-                    return
+                    continue
                 self._engine_iter = None
                 yield await self._settled("disconnected" if self.client_left else "completed", None)
                 return
@@ -418,69 +512,123 @@ class Run:
             await self._abandon()
             raise
 
-    async def _settled(self, outcome: str, error: GatewayError | None) -> Finished:
-        fin = self._finish(outcome, error)
-        if self.settle_task is not None:
-            await asyncio.shield(self.settle_task)
+    async def _attempt(self, on_admit: Callable[[Run], None] | None) -> AsyncIterator[EngineEvent]:
+        """Wait for a slot (408 at the deadline) and start the engine on it."""
+        m, order, fut = self.market, self.order, self._fut
+        assert order is not None and fut is not None
+        self.phase = Phase.QUEUED
+        adm = await m.wait(order, fut, self._deadline)
+        self.admission = self.cleared = adm
+        self.phase = Phase.ADMITTED
+        if self.queued_ms is None:
+            self.queued_ms = (m.now() - order.arrived_at) * 1000.0
+            if on_admit is not None:
+                on_admit(self)
+        self.body["model"] = self.service.models[adm.deployment]
+        it = m.engines[adm.deployment].generate(
+            GenerationRequest(
+                self.request_id, self.kind, self.body, attempt=order.requeues, stream=self.engine_stream
+            )
+        )
+        self._engine_iter = it
+        return it
+
+    def _first_output(self) -> None:
+        self.phase = Phase.STREAMING
+        self.ttft_ms = (time.perf_counter() - self.t0) * 1000.0
+        if self.admission is not None:
+            self.market.report_success(self.admission.deployment)
+
+    async def _failed(self, failure: EngineFailure) -> Requeued | Finished:
+        """The engine failed: requeue a transient failure before any output (up to
+        ``max_requeues``), else finish with the error."""
+        self._engine_iter = None
+        m, order, adm = self.market, self.order, self.admission
+        assert order is not None and adm is not None
+        if self.phase is Phase.STREAMING or not failure.transient:
+            err = GatewayError(failure.status, failure.code, failure.message, error_type=failure.error_type)
+            return await self._settled("error", err)
+        if order.requeues < m.policy.max_requeues:
+            self._fut = await m.requeue(order, adm)
+            self.admission = None
+            self.phase = Phase.QUEUED
+            return Requeued(adm.deployment)
+        m.report_failure(adm.deployment)
+        return await self._settled("error", m.failure_after_requeues(failure.message))
+
+    async def _settled(self, outcome: Outcome, error: GatewayError | None) -> Finished:
+        self._finish(outcome, error)
+        fin = await self.settled()
+        assert fin is not None
         return fin
 
+    async def settled(self) -> Finished | None:
+        """The run's settled end (waits for its settlement); None if it has not ended."""
+        if self._settlement is None:
+            return None
+        return await asyncio.shield(self._settlement)
+
     async def abandon(self) -> None:
-        """The relay ends without the run having finished (client gone, head not sent)."""
-        if self.finished is None:
+        """The consumer stops without the run having finished (client gone, head not
+        sent, job canceled): stop the engine, give back the slot, settle. Idempotent."""
+        if self.phase is not Phase.DONE:
             await self._abandon()
 
     async def _abandon(self) -> None:
-        """The client left (cancel policy) or the relay stopped: stop the engine,
-        give back the slot, record the outcome."""
-        if self.finished is not None:
+        if self.phase is Phase.DONE:
             return
-        it = self._engine_iter
-        self._engine_iter = None
+        it, self._engine_iter = self._engine_iter, None
         if it is not None:
-            aclose = getattr(it, "aclose", None)
-            if aclose is not None:
-                try:
-                    await aclose()
-                except Exception:  # the engine is being cancelled; its error is moot
-                    pass
+            await _close_quietly(it)
         if (
-            self.phase == QUEUED
+            self.phase is Phase.QUEUED
+            and self.admission is None
             and self.order is not None
             and self._fut is not None
-            and self.admission is None
         ):
             self.market.withdraw(self.order, self._fut)
-        self._finish("canceled" if not self.client_left else "disconnected", None, notify=True)
+        self._finish("disconnected" if self.client_left else "canceled", None)
 
-    def _finish(self, outcome: str, error: GatewayError | None, notify: bool = True) -> Finished:
-        if self.finished is not None:
-            return self.finished
-        self.phase = DONE
+    def _finish(self, outcome: Outcome, error: GatewayError | None) -> None:
+        """The run ends: give back the slot, start the settlement (its own task)."""
+        if self.phase is Phase.DONE:
+            return
+        closing = self._closing(outcome)
+        self.phase = Phase.DONE
         if self.admission is not None:
             self.market.release(self.admission)
             self.admission = None
-        self.service.running.discard(self)
-        latency_ms = (time.perf_counter() - self.t0) * 1000.0
+        service = self.service
+        self._settlement = service.spawn(service.settle(closing, error, self.grant, self.tokens))
+
+    def _closing(self, outcome: Outcome) -> Closing:
         usage = self._usage()
-        receipt: dict[str, Any]
-        if self.market.policy.receipt_name == "hips":
-            receipt = {"latency_ms": round(latency_ms, 3), "outcome": outcome}
-        else:
-            receipt = {
-                "latency_ms": round(latency_ms, 3),
-                "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 3),
-                "outcome": outcome,
-            }
-        self.finished = fin = Finished(outcome, error, usage, receipt, self.tokens)
-        self.settle_task = self.service.spawn(self.service.after_finish(self, fin))
-        if notify:
-            for hook in self.service.on_finish:
-                hook(self, fin)
-        return fin
+        latency_ms = (time.perf_counter() - self.t0) * 1000.0
+        receipt: dict[str, Any] = {"latency_ms": round(latency_ms, 3)}
+        if self.policy.receipt_ttft:
+            receipt["ttft_ms"] = None if self.ttft_ms is None else round(self.ttft_ms, 3)
+        receipt["outcome"] = outcome
+        cleared = self.cleared
+        return Closing(
+            request_id=self.request_id,
+            kind=self.kind,
+            product=self.product,
+            created_at=self.created_at,
+            account_id=self.account_id,
+            key_id=self.grant.key_id,
+            hold_id=self.hold_id,
+            quote=self.quote,
+            policy=self.policy,
+            outcome=outcome,
+            produced=self.tokens > 0 or bool(usage["completion_tokens"]),
+            price=self.bid if cleared is None else cleared.price,
+            usage=usage,
+            receipt=receipt,
+        )
 
     def _usage(self) -> dict[str, Any]:
-        ev = self.usage_event
-        order = self.order
+        """The engine's usage, or the gateway's own count (``usage_estimated``); with ``x_market``."""
+        ev = self._usage_event
         if ev is not None:
             usage: dict[str, Any] = {
                 "prompt_tokens": ev.prompt_tokens,
@@ -489,44 +637,21 @@ class Run:
             }
             usage.update(ev.details)
         else:
-            prompt = estimate_prompt_tokens(self.body) if self.tokens or self.phase >= STREAMING else 0
+            prompt = self.prompt.estimated_tokens if self.tokens or self.phase is Phase.STREAMING else 0
             usage = {
                 "prompt_tokens": prompt,
                 "completion_tokens": self.tokens,
                 "total_tokens": prompt + self.tokens,
                 "usage_estimated": True,
             }
+        order, cleared = self.order, self.cleared
         usage["x_market"] = {
             "bid": self.bid,
-            "cleared_price": self.cleared_price,
-            "level": self.level_at_clear,
+            "cleared_price": None if cleared is None else cleared.price,
+            "level": None if cleared is None else cleared.level,
             "position_at_entry": order.position_at_entry if order else None,
             "queued_ms": None if self.queued_ms is None else round(self.queued_ms, 3),
             "requeues": order.requeues if order else 0,
-            "deployment": self.deployment,
+            "deployment": None if cleared is None else cleared.deployment,
         }
         return usage
-
-
-def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
-    """The gateway's own conservative prompt count when an engine gives none:
-    UTF-8 bytes / 4 of the text, plus 4 per message."""
-    total = 0
-    msgs = body.get("messages")
-    if isinstance(msgs, list):
-        for m in msgs:
-            total += 4
-            c = m.get("content") if isinstance(m, dict) else None
-            if isinstance(c, str):
-                total += len(c.encode()) // 4 + 1
-            elif isinstance(c, list):
-                for part in c:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        total += len(part["text"].encode()) // 4 + 1
-    else:
-        p = body.get("prompt")
-        if isinstance(p, str):
-            total += len(p.encode()) // 4 + 1
-        elif isinstance(p, list):
-            total += sum(len(x.encode()) // 4 + 1 if isinstance(x, str) else 1 for x in p)
-    return total

@@ -7,7 +7,8 @@ resumes it: queued and running jobs re-enter the book in their original order (a
 running job starts again from the beginning: nothing was delivered); the old hold,
 which start-up moved to ``reconciling``, is released and a new one placed, so the
 job is charged once. When a job ends, its webhook (if any) receives one signed POST,
-retried with exponential backoff. A sweeper drops results past ``expires_at``.
+retried with capped, jittered exponential back-off (:mod:`bourse.retrying`). A
+sweeper drops results past ``expires_at``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from bourse.ports.stores import (
     LedgerStore,
 )
 from bourse.ports.webhooks import WebhookSender
+from bourse.retrying import backoff_s
 from bourse.services.auth import Principal
-from bourse.services.completion import ADMITTED, CompletionService, Finished, Run
+from bourse.services.completion import CompletionService, Finished, Phase, Run
 from bourse.services.ids import new_request_id
 from bourse.services.webhooks import check_target, sign
 from bourse.wire.chunks import Aggregator
@@ -43,6 +45,8 @@ from bourse.wire.requests import validate
 log = logging.getLogger("bourse.jobs")
 
 ENDPOINTS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+WEBHOOK_BACKOFF_CAP = 64
+"""The jittered share of the wait between two webhook attempts is at most this many ``webhook_backoff_s``."""
 
 
 class JobsStore(JobStore, LedgerStore, Protocol):
@@ -150,13 +154,6 @@ class JobService:
 
     def _start(self, job: Job, run: Run) -> None:
         act = Active(job, run, agg=Aggregator(run.kind, run.market.policy.reasoning_field))
-
-        def admitted(r: Run) -> None:
-            act.admit_task = self._spawn(
-                self.store.update_job(job.id, status="running", started_at=time.time())
-            )
-
-        run.on_admit = admitted
         self.active[job.id] = act
         act.task = self._spawn(self._execute(act))
 
@@ -168,18 +165,23 @@ class JobService:
         assert agg is not None
         fin: Finished | None = None
         canceled = False
+
+        def admitted(r: Run) -> None:
+            act.admit_task = self._spawn(
+                self.store.update_job(job.id, status="running", started_at=time.time())
+            )
+
         try:
             try:
-                async for ev in run.events():
+                async for ev in run.events(on_admit=admitted):
                     if type(ev) is ChunkEvent:
                         agg.add(ev.chunk)
                     elif type(ev) is Finished:
                         fin = ev
             except asyncio.CancelledError:
                 canceled = True
-                fin = run.finished
-                if run.settle_task is not None:
-                    await asyncio.shield(run.settle_task)
+                await run.abandon()  # done already by the run's own events, unless they never began
+                fin = await run.settled()
             if act.admit_task is not None:
                 await act.admit_task  # the 'running' mark lands before the final state
             await self._record(job, run, agg, fin, canceled)
@@ -232,7 +234,7 @@ class JobService:
         }
         if act is not None:
             run = act.run
-            if run.phase >= ADMITTED:
+            if run.phase >= Phase.ADMITTED:
                 out["status"] = "running"
                 out["progress"] = {"tokens": run.tokens, "max_tokens": run.max_output_tokens}
             else:
@@ -368,31 +370,42 @@ class JobService:
             return
         secret = await self.store.webhook_secret(job.account_id) or ""
         body = orjson.dumps(await self.view(job))
-        for attempt in range(self.limits.webhook_attempts):
-            try:
-                await check_target(
-                    job.webhook_url,
-                    allow_private=self.limits.allow_private_webhooks,
-                    allow_loopback=self.limits.allow_loopback_webhooks,
-                    resolve=self.sender.resolve,
+        attempts = self.limits.webhook_attempts
+        for attempt in range(attempts):
+            if attempt:  # at least webhook_backoff_s, then a full-jitter exponential share
+                base = self.limits.webhook_backoff_s
+                await asyncio.sleep(
+                    base + backoff_s(attempt - 1, base_s=base, max_s=base * WEBHOOK_BACKOFF_CAP)
                 )
-            except GatewayError as exc:
-                log.warning("webhook of job %s refused: %s", job_id, exc.message)
-                await self.store.update_job(job_id, webhook_state="failed")
+            outcome = await self._post(job, job.webhook_url, secret, body, attempt)
+            if outcome is not None:
+                await self.store.update_job(job_id, webhook_state=outcome)
                 return
-            headers = {
-                "content-type": "application/json",
-                "x-bourse-signature": sign(secret, int(time.time()), body),
-                "x-bourse-event": "job." + job.status,
-                "x-bourse-delivery": f"{job_id}.{attempt + 1}",
-            }
-            try:
-                status = await self.sender.post(job.webhook_url, body, headers)
-                if 200 <= status < 300:
-                    await self.store.update_job(job_id, webhook_state="delivered")
-                    return
-                log.info("webhook of job %s answered %d (attempt %d)", job_id, status, attempt + 1)
-            except OSError as exc:
-                log.info("webhook of job %s failed: %s (attempt %d)", job_id, exc, attempt + 1)
-            await asyncio.sleep(self.limits.webhook_backoff_s * 2**attempt)
         await self.store.update_job(job_id, webhook_state="failed")
+
+    async def _post(self, job: Job, url: str, secret: str, body: bytes, attempt: int) -> str | None:
+        """One delivery attempt: "delivered", "failed" (the target is refused), or None to retry."""
+        try:
+            await check_target(
+                url,
+                allow_private=self.limits.allow_private_webhooks,
+                allow_loopback=self.limits.allow_loopback_webhooks,
+                resolve=self.sender.resolve,
+            )
+        except GatewayError as exc:
+            log.warning("webhook of job %s refused: %s", job.id, exc.message)
+            return "failed"
+        headers = {
+            "content-type": "application/json",
+            "x-bourse-signature": sign(secret, int(time.time()), body),
+            "x-bourse-event": "job." + job.status,
+            "x-bourse-delivery": f"{job.id}.{attempt + 1}",
+        }
+        try:
+            status = await self.sender.post(url, body, headers)
+            if 200 <= status < 300:
+                return "delivered"
+            log.info("webhook of job %s answered %d (attempt %d)", job.id, status, attempt + 1)
+        except OSError as exc:
+            log.info("webhook of job %s failed: %s (attempt %d)", job.id, exc, attempt + 1)
+        return None

@@ -19,6 +19,8 @@ def test_presets() -> None:
         "done_after_error": False,
         "error_finish_reason": False,
         "receipt_name": "hips",
+        "receipt_quote_field": "quote",
+        "receipt_ttft": False,
         "header_prefix": "x-hips-",
     }
     assert diff("openfill") == {"on_disconnect": "drain"}

@@ -1,0 +1,67 @@
+"""What a run's hold becomes: the outcome x policy charging table (pure).
+
+SPEC sections 7, 8 and 12. A run ends with one :data:`Outcome`; its hold is then
+settled (charged), released (nothing charged) or kept ``reconciling`` for an
+operator. :func:`decide` reads it from one table:
+
+====================  ==================================  ==========================
+outcome               charged (when something was made)   missing usage may reconcile
+====================  ==================================  ==========================
+``completed``         always                              yes
+``disconnected``      policy ``charge_on_disconnect``     yes
+``canceled``          policy ``charge_on_disconnect``     yes
+``error``             policy ``charge_on_error``          no
+``timeout``           never                               no
+====================  ==================================  ==========================
+
+A run that produced nothing is never charged, whatever its outcome. "Missing usage
+may reconcile": when the engine gave no usage (the gateway counted the tokens) and
+the policy says ``missing_usage = "reconcile"``, the hold goes to ``reconciling``
+instead of being settled on the gateway's count.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from bourse.domain.policy import Policy
+
+Outcome = Literal["completed", "disconnected", "canceled", "error", "timeout"]
+"""How a run ended."""
+RecordedOutcome = Literal["completed", "disconnected", "canceled", "error", "timeout", "reconciling"]
+"""The outcome on the receipt and the usage record: ``reconciling`` when the hold waits for an operator."""
+Action = Literal["settle", "release", "reconcile"]
+"""What happens to the hold."""
+ChargedWhen = Literal["always", "never", "charge_on_disconnect", "charge_on_error"]
+
+CHARGING: dict[Outcome, tuple[ChargedWhen, bool]] = {
+    # outcome:        (charged when,            missing usage may reconcile)
+    "completed": ("always", True),
+    "disconnected": ("charge_on_disconnect", True),
+    "canceled": ("charge_on_disconnect", True),
+    "error": ("charge_on_error", False),
+    "timeout": ("never", False),
+}
+
+
+def decide(outcome: Outcome, policy: Policy, *, produced: bool, usage_estimated: bool) -> Action:
+    """What the hold of a run that ended with ``outcome`` becomes under ``policy``.
+
+    ``produced``: the engine generated at least one token; ``usage_estimated``: the
+    engine gave no usage and the gateway counted the tokens itself."""
+    if not produced:
+        return "release"
+    charged_when, may_reconcile = CHARGING[outcome]
+    if may_reconcile and usage_estimated and policy.missing_usage == "reconcile":
+        return "reconcile"
+    if charged_when == "always":
+        return "settle"
+    if charged_when == "never":
+        return "release"
+    knob = policy.charge_on_disconnect if charged_when == "charge_on_disconnect" else policy.charge_on_error
+    return "settle" if knob == "generated" else "release"
+
+
+def recorded(outcome: Outcome, action: Action) -> RecordedOutcome:
+    """The outcome as the receipt and the usage record show it."""
+    return "reconciling" if action == "reconcile" else outcome
