@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import USER
+from tests.support.bodies import USER
 from tests.support.processes import free_port
 
 START_TIMEOUT_S = 20.0

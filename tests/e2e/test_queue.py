@@ -11,16 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from tests.e2e.conftest import (
-    USER,
-    Dep,
-    Env,
-    Product,
-    SSEResult,
-    assert_error_envelope,
-    collect_sse,
-    start_env,
-)
+from tests.support.bodies import USER
+from tests.support.config import Dep, Product
+from tests.support.env import Env, start_env
+from tests.support.errors import assert_error_envelope
+from tests.support.sse import SSEResult, collect_sse
 
 QUEUED_LEVEL = re.compile(r"^queued level=(\d+(?:\.\d+)?) position=(\d+)$")
 

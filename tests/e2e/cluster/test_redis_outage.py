@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.bodies import USER
 from tests.support.gateway import running_gateway
 from tests.support.processes import free_port
 
@@ -30,8 +31,6 @@ pytestmark = [
         reason="needs the redis-server binary on PATH (Debian: apt-get install redis-server)",
     ),
 ]
-
-USER = [{"role": "user", "content": "Tell me something about rivers."}]
 
 
 @contextmanager

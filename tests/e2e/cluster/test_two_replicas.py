@@ -28,13 +28,13 @@ import httpx
 import openai
 import pytest
 
+from tests.support.bodies import USER
 from tests.support.processes import clean_env, free_port, serve_process
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 ADMIN_KEY = "bk_admin_cluster_test"
 LEASE_S = 1.5
-USER = [{"role": "user", "content": "Tell me something about rivers."}]
 
 
 @contextmanager

@@ -13,7 +13,6 @@ from typing import Any
 import openai
 import pytest
 
-from tests.e2e.conftest import USER, Env
 from tests.e2e.market.support import (
     QUEUED_BID,
     REQUEUED,
@@ -24,6 +23,8 @@ from tests.e2e.market.support import (
     wait_waiting,
 )
 from tests.e2e.money.support import As, assert_ledger_balanced, expected_cost, new_caller
+from tests.support.bodies import USER
+from tests.support.env import Env
 
 SIX_FLOOR = 0.13
 SIX_BIDS = [0.37, 1.3, 0.21, 0.9, 1.7, 0.55]  # arrival order, not bid order

@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.conftest import SSEResult, SSEStream, collect_sse, open_sse
+from tests.support.bodies import USER
 from tests.support.gateway import Gateway
+from tests.support.sse import SSEResult, SSEStream, collect_sse, open_sse
 
-USER = [{"role": "user", "content": "Tell me something about rivers."}]
 SETTLE_TIMEOUT_S = 15.0
 
 
@@ -160,7 +160,6 @@ def read_until(stream: SSEStream, *, data_chunks: int = 0, comment_prefix: str |
 
 
 __all__ = [
-    "USER",
     "As",
     "assert_ledger_balanced",
     "expected_cost",

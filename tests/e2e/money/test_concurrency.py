@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import openai
 
-from tests.e2e.money.support import USER, As, assert_ledger_balanced, expected_cost, new_caller, quote_tokens
+from tests.e2e.money.support import As, assert_ledger_balanced, expected_cost, new_caller, quote_tokens
+from tests.support.bodies import USER
 from tests.support.gateway import running_gateway
 
 PRICE = 1.0

@@ -12,15 +12,15 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import assert_error_envelope
 from tests.e2e.money.support import (
-    USER,
     As,
     assert_ledger_balanced,
     new_caller,
     quote_tokens,
     read_until,
 )
+from tests.support.bodies import USER
+from tests.support.errors import assert_error_envelope
 from tests.support.gateway import Gateway, running_gateway
 
 # 1.0 USD per 1M tokens: one micro-USD per token
