@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
+from tests.e2e.market.support import wait_waiting
 from tests.support.bodies import USER
 from tests.support.config import Dep, Product
 from tests.support.env import Env, start_env
@@ -54,7 +55,7 @@ def test_queue_frames_then_waiting_then_chunks(env: Env) -> None:
     with ThreadPoolExecutor(3) as pool:
         holder = _hold_slot(env, pool, {"tokens_per_s": 10, "output_tokens": 9})  # ~0.8 s
         b = pool.submit(collect_sse, env, {"model": "one", "seed": 2, "sim": {"ttft_ms": 500}})
-        time.sleep(0.15)  # C arrives after B
+        wait_waiting(env, "one", 1)  # C arrives after B is in the book
         c = pool.submit(collect_sse, env, {"model": "one", "seed": 3})
         rb: SSEResult = b.result(timeout=15)
         rc: SSEResult = c.result(timeout=15)

@@ -109,7 +109,11 @@ class InProcessGateway:
         return await self.client.get(path, headers={**self.headers, **(headers or {})})
 
     async def sse(
-        self, body: dict[str, Any], *, path: str = "/v1/chat/completions", headers: dict[str, str] | None = None
+        self,
+        body: dict[str, Any],
+        *,
+        path: str = "/v1/chat/completions",
+        headers: dict[str, str] | None = None,
     ) -> SSEResult:
         """A streamed request (``stream: true`` and the default conversation unless
         ``body`` says otherwise), read whole."""
