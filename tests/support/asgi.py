@@ -47,8 +47,11 @@ async def lifespan(app: ASGIApp) -> AsyncIterator[None]:
     async def send(message: Message) -> None:
         await outbox.put(message)
 
-    scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": {}}
-    task = asyncio.create_task(app(scope, receive, send))
+    async def run() -> None:
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": {}}
+        await app(scope, receive, send)
+
+    task = asyncio.create_task(run())
 
     async def step(event: str) -> None:
         await inbox.put({"type": f"lifespan.{event}"})

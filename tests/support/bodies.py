@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-USER = [{"role": "user", "content": "Tell me something about rivers."}]
+from openai.types.chat import ChatCompletionMessageParam
+
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me something about rivers."}]
 """The default conversation: one user message."""
 
 

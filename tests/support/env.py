@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 
 from bourse.engines.sim import SimSettings
 from bourse.engines.sim_server import create_sim_app
@@ -49,7 +50,8 @@ class Env:
         """The test account's Authorization header."""
         return dict(self.gateway.headers)
 
-    def client(self, **kw: Any) -> Any:
+    def client(self, **kw: Any) -> openai.OpenAI:
+        """An SDK client with the test account's key (closed when the gateway stops)."""
         return self.gateway.client(**kw)
 
     def post(

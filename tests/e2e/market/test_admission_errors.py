@@ -63,7 +63,7 @@ def test_sdk_bad_bid_raises_bad_request(env: Env) -> None:
         env.client().chat.completions.create(
             model="bad",
             messages=USER,
-            extra_body={"max_price": "abc"},  # type: ignore[arg-type]
+            extra_body={"max_price": "abc"},
         )
     assert info.value.status_code == 400
 

@@ -58,7 +58,7 @@ def test_disconnect_while_queued_removes_the_order_and_charges_nothing(env: Env,
                 model="dc",
                 messages=USER,
                 stream=True,
-                extra_body={"max_price": 0.5},  # type: ignore[arg-type]
+                extra_body={"max_price": 0.5},
             )
             rid = stream.response.headers["x-request-id"]
         wait_waiting(env, "dc", 1)

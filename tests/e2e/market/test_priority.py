@@ -52,7 +52,7 @@ class SdkOrder:
         try:
             stream = client.chat.completions.create(
                 model=product,
-                messages=USER,  # type: ignore[arg-type]
+                messages=USER,
                 stream=True,
                 stream_options={"include_usage": True},
                 extra_body={"max_price": self.bid, "sim": sim},

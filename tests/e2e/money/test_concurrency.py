@@ -36,7 +36,7 @@ async def _one(client: openai.AsyncOpenAI, t0: float) -> dict[str, Any]:
     try:
         raw = await client.chat.completions.with_raw_response.create(
             model="crowd",
-            messages=USER,  # type: ignore[arg-type]
+            messages=USER,
             max_tokens=MAX_TOKENS,
             extra_body={"sim": {"ttft_ms": TTFT_MS, "output_tokens": 10}},
         )

@@ -208,8 +208,8 @@ def test_random_sequences_with_timeouts_and_requeues_keep_every_book_rule(
             ahead = b.add(o)
             assert ahead == sum(1 for w in b.waiting_orders() if w.rank() < o.rank())
         elif op == "cancel" and b.waiting:
-            w = b.waiting_orders()
-            assert b.remove(w[int(arg) % len(w)])
+            waiting = b.waiting_orders()
+            assert b.remove(waiting[int(arg) % len(waiting)])
         elif op == "tick":
             now += float(extra)
             for w in b.waiting_orders():  # what Market.wait does at the deadline
