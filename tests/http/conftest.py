@@ -36,6 +36,8 @@ PRODUCTS = [
     ),
     # failures before output: the breaker never opens, so each test sees a healthy deployment
     Product("flaky", [Dep("flaky-a", floor=FLOOR, extra={"breaker_threshold": 1000})]),
+    # one slot, for jobs that wait in the book
+    Product("single", [Dep("single-a", slots=1, floor=FLOOR)]),
 ]
 
 
@@ -47,7 +49,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="package")
 async def gw(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[InProcessGateway]:
-    """The gateway with one product per preset (and ``knobs``, ``flaky``), in process."""
+    """The gateway with one product per preset (and ``knobs``, ``flaky``, ``single``), in process."""
     text = config_toml(PRODUCTS, server={"max_body_bytes": MAX_BODY})
     async with in_process_gateway(text, tmp_path_factory.mktemp("gateway")) as g:
         yield g
