@@ -599,6 +599,68 @@ async def _check(s: Any, m: Model, names: list[str]) -> None:
         assert got == expect, (name, got, expect)
 
 
+async def _account_op(s: Any, m: Model, name: str, op: str, value: int) -> None:
+    """create / credit / hold on account ``name``, in the store and in the model."""
+    known = name in m.balances
+    if op == "create":
+        if known:
+            with pytest.raises(AccountExists):
+                await s.create_account(name, value, NOW)
+            return
+        await s.create_account(name, value, NOW)
+        m.balances[name] = m.credited[name] = value
+    elif op == "credit":
+        if not known:
+            with pytest.raises(UnknownAccount):
+                await s.credit(name, value, NOW)
+            return
+        await s.credit(name, value, NOW)
+        m.balances[name] += value
+        m.credited[name] += value
+    else:
+        h = mk_hold(name, value)
+        if not known:
+            with pytest.raises(UnknownAccount):
+                await s.place_hold(h)
+        elif value > m.balances[name]:
+            with pytest.raises(InsufficientFunds) as exc:
+                await s.place_hold(h)
+            assert exc.value.balance_micros == m.balances[name]
+        else:
+            await s.place_hold(h)
+            m.balances[name] -= value
+            m.holds.append(ModelHold(h.id, name, value))
+
+
+async def _hold_op(s: Any, m: Model, mh: ModelHold, op: str, value: int) -> None:
+    """settle / release / reconcile hold ``mh``, in the store and in the model."""
+    if op == "reconcile":
+        if mh.state != "open":
+            with pytest.raises(HoldNotOpen):
+                await s.to_reconciling(mh.id, None, "unknown outcome", NOW)
+            return
+        out = await s.to_reconciling(mh.id, None, "unknown outcome", NOW)
+        assert out.state == "reconciling"
+        mh.state = "reconciling"
+    elif mh.state not in ("open", "reconciling"):  # a second settle or release
+        with pytest.raises(HoldNotOpen):
+            if op == "settle":
+                await s.settle(mh.id, value, None, NOW)
+            else:
+                await s.release(mh.id, None, NOW)
+    elif op == "settle":
+        out = await s.settle(mh.id, value, None, NOW)
+        charged = min(value, mh.amount)
+        assert (out.state, out.charged_micros) == ("settled", charged)
+        mh.state, mh.charged = "settled", charged
+        m.balances[mh.account] += mh.amount - charged
+    else:
+        out = await s.release(mh.id, None, NOW)
+        assert (out.state, out.charged_micros) == ("released", 0)
+        mh.state = "released"
+        m.balances[mh.account] += mh.amount
+
+
 async def _run_ops(factory: StoreFactory, ops: list[tuple[str, int, int]]) -> None:
     prefix = _id("p")
     names = [f"{prefix}_{i}" for i in range(N_ACCOUNTS)]
@@ -606,64 +668,9 @@ async def _run_ops(factory: StoreFactory, ops: list[tuple[str, int, int]]) -> No
     async with factory() as s:
         for op, idx, value in ops:
             if op in ("create", "credit", "hold"):
-                name = names[idx]
-                known = name in m.balances
-                if op == "create":
-                    if known:
-                        with pytest.raises(AccountExists):
-                            await s.create_account(name, value, NOW)
-                    else:
-                        await s.create_account(name, value, NOW)
-                        m.balances[name] = m.credited[name] = value
-                elif op == "credit":
-                    if not known:
-                        with pytest.raises(UnknownAccount):
-                            await s.credit(name, value, NOW)
-                    else:
-                        await s.credit(name, value, NOW)
-                        m.balances[name] += value
-                        m.credited[name] += value
-                else:
-                    h = mk_hold(name, value)
-                    if not known:
-                        with pytest.raises(UnknownAccount):
-                            await s.place_hold(h)
-                    elif value > m.balances[name]:
-                        with pytest.raises(InsufficientFunds) as exc:
-                            await s.place_hold(h)
-                        assert exc.value.balance_micros == m.balances[name]
-                    else:
-                        await s.place_hold(h)
-                        m.balances[name] -= value
-                        m.holds.append(ModelHold(h.id, name, value))
+                await _account_op(s, m, names[idx], op, value)
             elif m.holds:
-                mh = m.holds[idx % len(m.holds)]
-                closable = mh.state in ("open", "reconciling")
-                if op == "reconcile":
-                    if mh.state != "open":
-                        with pytest.raises(HoldNotOpen):
-                            await s.to_reconciling(mh.id, None, "unknown outcome", NOW)
-                    else:
-                        out = await s.to_reconciling(mh.id, None, "unknown outcome", NOW)
-                        assert out.state == "reconciling"
-                        mh.state = "reconciling"
-                elif not closable:  # a second settle or release
-                    with pytest.raises(HoldNotOpen):
-                        if op == "settle":
-                            await s.settle(mh.id, value, None, NOW)
-                        else:
-                            await s.release(mh.id, None, NOW)
-                elif op == "settle":
-                    out = await s.settle(mh.id, value, None, NOW)
-                    charged = min(value, mh.amount)
-                    assert (out.state, out.charged_micros) == ("settled", charged)
-                    mh.state, mh.charged = "settled", charged
-                    m.balances[mh.account] += mh.amount - charged
-                else:
-                    out = await s.release(mh.id, None, NOW)
-                    assert (out.state, out.charged_micros) == ("released", 0)
-                    mh.state = "released"
-                    m.balances[mh.account] += mh.amount
+                await _hold_op(s, m, m.holds[idx % len(m.holds)], op, value)
             await _check(s, m, names)
 
         # close every remaining hold (settle the even ones, release the others)
