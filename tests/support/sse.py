@@ -3,7 +3,8 @@
 :func:`open_sse` / :func:`collect_sse` POST a streamed request to a served gateway
 (httpx streaming + :class:`bourse.wire.sse.SSEParser`) and report comment frames
 and the arrival time of every frame. :func:`read_result` turns a complete body
-(e.g. one answered in process) into the same :class:`SSEResult`.
+(e.g. one answered in process) into the same :class:`SSEResult`, reading its frames
+strictly, independently of the project's parser.
 """
 
 from __future__ import annotations
@@ -94,8 +95,21 @@ class SSEResult:
 
 
 def parse_frames(raw: bytes, t: float = 0.0) -> list[Frame]:
-    """Every frame of a complete SSE body, all stamped ``t``."""
-    return [Frame(t, data=ev.data, comment=ev.comment) for ev in SSEParser().feed(raw)]
+    """Every frame of a complete SSE body, all stamped ``t``, read strictly and without
+    the parser under test: each frame is one line, ``data: <payload>`` or
+    ``: <comment>``, ended by a blank line; anything else fails the test."""
+    assert raw == b"" or raw.endswith(b"\n\n"), f"the body does not end with a blank line: {raw[-120:]!r}"
+    frames: list[Frame] = []
+    for block in raw.split(b"\n\n")[:-1]:
+        line = block.decode()
+        assert "\n" not in line and "\r" not in line, f"a frame of several lines: {block!r}"
+        if line.startswith("data: "):
+            frames.append(Frame(t, data=line.removeprefix("data: ")))
+        elif line.startswith(": "):
+            frames.append(Frame(t, comment=line.removeprefix(": ")))
+        else:
+            raise AssertionError(f"not an SSE frame: {block!r}")
+    return frames
 
 
 def is_event_stream(headers: httpx.Headers) -> bool:
