@@ -8,7 +8,9 @@ shut-down are the real ones), funds a test account and yields an
 
 ``httpx.ASGITransport`` (httpx 0.28) runs the app to the end of its response before
 returning it: a streamed answer arrives whole, so a test reads every frame of a
-complete stream, but not when each frame was sent.
+complete stream, but not when each frame was sent, and its client never leaves
+early. :meth:`InProcessGateway.sse_leaving` calls the app directly instead and sends
+``http.disconnect`` once the stream carried a given number of data frames.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 from starlette.types import ASGIApp, Message
 
 from bourse.container import Container, build
@@ -78,6 +81,7 @@ class InProcessGateway:
     """The app in process, a client on it, and the funded test account's key."""
 
     container: Container
+    app: ASGIApp
     client: httpx.AsyncClient
     api_key: str
     admin_key: str = ADMIN_KEY
@@ -123,6 +127,53 @@ class InProcessGateway:
         r = await self.post(path, streamed(body), headers=headers)
         return read_result(r.status_code, r.headers, r.content)
 
+    async def sse_leaving(
+        self, body: dict[str, Any], data_frames: int, *, path: str = "/v1/chat/completions"
+    ) -> SSEResult:
+        """A streamed request whose client disconnects once ``data_frames`` data frames
+        arrived (0: at the first frame of any kind); what it received until then. The
+        app must write nothing more once the client is gone."""
+        raw = orjson.dumps(streamed(body))
+        headers = [
+            (b"authorization", f"Bearer {self.api_key}".encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(raw)).encode()),
+        ]
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "headers": headers, "client": ("127.0.0.1", 1), "server": ("bourse.test", 80),
+        }  # fmt: skip
+        left = asyncio.Event()
+        requested = False
+        start: Message = {}
+        received = bytearray()
+        late: list[Message] = []
+
+        async def receive() -> Message:
+            nonlocal requested
+            if not requested:
+                requested = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+                return
+            if left.is_set():
+                late.append(message)
+                return
+            received.extend(message.get("body", b""))
+            if received.count(b"data: ") >= data_frames and received.endswith(b"\n\n"):
+                left.set()
+
+        await self.app(scope, receive, send)
+        assert not late, f"written after the client left: {late}"
+        head = httpx.Headers([(k.decode(), v.decode()) for k, v in start.get("headers", [])])
+        return read_result(start.get("status", 0), head, bytes(received))
+
     async def admin(self, method: str, path: str, **kw: Any) -> httpx.Response:
         return await self.client.request(method, path, headers=self.admin_headers, **kw)
 
@@ -157,6 +208,6 @@ async def in_process_gateway(
     async with lifespan(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
-            gw = InProcessGateway(container, client, api_key="")
+            gw = InProcessGateway(container, app, client, api_key="")
             gw.api_key = await gw.new_account(gw.account, credit_usd)
             yield gw
