@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bourse.engines.sim import SimEngine
 from tests.support.asgi import InProcessGateway
 from tests.support.bodies import USER
 from tests.support.waiting import await_until
@@ -23,7 +24,10 @@ PACED = {"output_tokens": 20, "tokens_per_s": 400}
 
 
 def _stats(gw: InProcessGateway, product: str) -> dict[str, int]:
-    return dict(gw.container.engines[f"{product}-a"].stats)
+    """The counters of the product's sim engine (generations started, completed, cancelled)."""
+    engine = gw.container.engines[f"{product}-a"]
+    assert isinstance(engine, SimEngine)
+    return dict(engine.stats)
 
 
 async def _record(gw: InProcessGateway, request_id: str) -> dict[str, Any]:
