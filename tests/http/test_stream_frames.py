@@ -36,13 +36,15 @@ class Sheet:
     headers: str = "x-bourse-"
     reasoning: str = "reasoning_content"
     charge_on_error: bool = False
+    reconciles: bool = False
+    """An answer without the engine's usage keeps its hold for an operator."""
 
 
 SHEETS = [
     Sheet("default"),
     Sheet("hips", done_after_error=False, error_finish_reason=False, receipt="hips", headers="x-hips-"),
     Sheet("openfill"),
-    Sheet("aigrid", usage_always=True),
+    Sheet("aigrid", usage_always=True, reconciles=True),
     Sheet("gopuram", usage_always=True, reasoning="reasoning", charge_on_error=True),
     Sheet(
         "knobs", usage_always=True, done_after_error=False, error_finish_reason=False, reasoning="reasoning"
@@ -153,6 +155,22 @@ async def test_usage_chunk_when_asked_carries_usage_cost_and_receipt(
     receipt = _assert_receipt(sheet, u, "completed")
     quote = receipt["quote"] if sheet.receipt == "hips" else receipt["quote_micros"]
     assert quote == int(res.headers[f"{sheet.headers}quote-micros"]) >= receipt["cost_micros"]
+
+
+@pytest.mark.parametrize("sheet", SHEETS, ids=IDS)
+async def test_an_answer_without_engine_usage_is_estimated_or_reconciled(
+    gw: InProcessGateway, sheet: Sheet
+) -> None:
+    body = {"model": sheet.product, "seed": 2, "sim": {"omit_usage": True, "output_tokens": 5}}
+    res = await gw.sse({**body, "stream_options": WITH_USAGE})
+    assert _data_kinds(res)[-2:] == ["usage", "DONE"], res.kinds()
+    u = _the_usage_chunk(res)
+    usage = u["usage"]
+    assert usage["usage_estimated"] is True and usage["completion_tokens"] == 5, usage
+    if sheet.reconciles:
+        assert _assert_receipt(sheet, u, "reconciling")["cost_micros"] == 0
+    else:
+        assert _assert_receipt(sheet, u, "completed")["cost_micros"] == usage["total_tokens"]
 
 
 async def test_the_receipt_in_the_stream_is_the_usage_record(gw: InProcessGateway) -> None:
