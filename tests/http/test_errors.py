@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.http.conftest import MAX_BODY
+from tests.http.gateway import MAX_BODY
 from tests.support.asgi import InProcessGateway
 from tests.support.bodies import USER
 from tests.support.errors import assert_error_envelope

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bourse.engines.sim import REASONING_TOKENS
-from tests.http.conftest import FLOOR
+from tests.http.gateway import FLOOR
 from tests.support.asgi import InProcessGateway
 from tests.support.sse import SSEResult
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.http.conftest import PRESETS
+from tests.http.gateway import PRESETS
 from tests.support.asgi import InProcessGateway
 from tests.support.bodies import USER
 from tests.support.errors import assert_error_envelope
