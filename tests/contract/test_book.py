@@ -106,7 +106,7 @@ async def admitted(
 ) -> Admission:
     loop = asyncio.get_running_loop()
     try:
-        adm = await book.wait(order, fut, loop.time() + within)
+        adm: Admission = await book.wait(order, fut, loop.time() + within)
     except TimeoutError:
         raise AssertionError(
             f"order {order.id} (bid {order.bid}) was not admitted within {within} s"
@@ -315,6 +315,109 @@ async def test_cheapest_eligible_deployment_and_level(make_book: Books) -> None:
 # -- 4. never more busy than slots --------------------------------------------------------
 
 
+class _Crowd:
+    """Clients of one book (or of two replicas of it), each in one mode: hold a slot
+    a moment, time out, cancel its wait, or leave (withdraw). Records every admission
+    a client holds, and any moment more are held than the slots."""
+
+    def __init__(self, slots: int, rng: random.Random) -> None:
+        self.slots = slots
+        self.rng = rng
+        self.holding: set[str] = set()
+        self.given_back: set[str] = set()
+        self.seen: set[str] = set()
+        self.over: list[tuple[str, int]] = []
+        self.maybe_unseen = 0  # withdrawals racing an admission nobody received (Redis)
+
+    def hold(self, oid: str) -> None:
+        self.seen.add(oid)
+        if oid in self.given_back or oid in self.holding:
+            return
+        self.holding.add(oid)
+        if len(self.holding) > self.slots:
+            self.over.append((oid, len(self.holding)))
+
+    def give_back(self, oid: str) -> None:
+        self.holding.discard(oid)
+        self.given_back.add(oid)
+
+    def watch(self, oid: str, fut: asyncio.Future[Admission]) -> None:
+        def done(f: asyncio.Future[Admission]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                self.hold(oid)
+
+        fut.add_done_callback(done)
+
+    async def use(self, book: Any, adm: Admission) -> None:
+        self.hold(adm.order.id)
+        await asyncio.sleep(self.rng.random() * 0.02)
+        self.give_back(adm.order.id)
+        book.release(adm)
+
+    def _admitted(self, fut: asyncio.Future[Admission]) -> bool:
+        return fut.done() and not fut.cancelled()
+
+    async def client(self, oid: str, book: Any, mode: str, bid: float, start: float, patience: float) -> None:
+        await asyncio.sleep(start)
+        order = book.new_order(oid, bid)
+        fut = await book.submit(order)
+        self.watch(oid, fut)
+        modes = {
+            "hold": self._hold,
+            "timeout": self._timeout,
+            "cancel": self._cancel,
+            "withdraw": self._withdraw,
+        }
+        await modes[mode](book, order, fut, patience)
+
+    async def _hold(self, book: Any, order: Order, fut: asyncio.Future[Admission], patience: float) -> None:
+        loop = asyncio.get_running_loop()
+        await self.use(book, await book.wait(order, fut, loop.time() + 60))
+
+    async def _timeout(
+        self, book: Any, order: Order, fut: asyncio.Future[Admission], patience: float
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            adm = await book.wait(order, fut, loop.time() + patience)
+        except TimeoutError:
+            assert not self._admitted(fut), "timed out yet admitted"
+            self.give_back(order.id)
+        else:
+            await self.use(book, adm)
+
+    async def _cancel(self, book: Any, order: Order, fut: asyncio.Future[Admission], patience: float) -> None:
+        loop = asyncio.get_running_loop()
+
+        async def waiter() -> Admission:
+            try:
+                adm: Admission = await book.wait(order, fut, loop.time() + 60)
+                return adm
+            except asyncio.CancelledError:
+                self.give_back(order.id)  # wait() withdrew the order or gave its slot back
+                raise
+
+        task = asyncio.create_task(waiter())
+        await asyncio.sleep(patience)
+        if not task.done():
+            task.cancel()
+        await asyncio.wait([task])
+        if not task.cancelled():
+            await self.use(book, task.result())
+        elif not self._admitted(fut):
+            self.maybe_unseen += 1
+
+    async def _withdraw(
+        self, book: Any, order: Order, fut: asyncio.Future[Admission], patience: float
+    ) -> None:
+        # the client left
+        await asyncio.sleep(patience)
+        if not self._admitted(fut):
+            self.maybe_unseen += 1
+        self.give_back(order.id)
+        book.withdraw(order, fut)
+
+
 @pytest.mark.anyio
 async def test_never_more_busy_than_slots(make_book: Books) -> None:
     deps = [("a", 1.0, 1), ("b", 2.0, 2), ("c", 3.0, 1)]
@@ -323,38 +426,7 @@ async def test_never_more_busy_than_slots(make_book: Books) -> None:
     if make_book.kind == "redis":
         books.append(await make_book(deps))  # a second replica of the same book
     rng = random.Random(20250601)
-    loop = asyncio.get_running_loop()
-
-    holding: set[str] = set()
-    given_back: set[str] = set()
-    seen: set[str] = set()
-    over: list[tuple[str, int]] = []
-    maybe_unseen = 0  # withdrawals racing an admission nobody received (Redis)
-
-    def hold(oid: str) -> None:
-        seen.add(oid)
-        if oid in given_back or oid in holding:
-            return
-        holding.add(oid)
-        if len(holding) > slots:
-            over.append((oid, len(holding)))
-
-    def give_back(oid: str) -> None:
-        holding.discard(oid)
-        given_back.add(oid)
-
-    def watch(oid: str, fut: asyncio.Future[Admission]) -> None:
-        def done(f: asyncio.Future[Admission]) -> None:
-            if not f.cancelled() and f.exception() is None:
-                hold(oid)
-
-        fut.add_done_callback(done)
-
-    async def use(book: Any, adm: Admission) -> None:
-        hold(adm.order.id)
-        await asyncio.sleep(rng.random() * 0.02)
-        give_back(adm.order.id)
-        book.release(adm)
+    crowd = _Crowd(slots, rng)
 
     plan = []
     for i in range(200):
@@ -362,61 +434,19 @@ async def test_never_more_busy_than_slots(make_book: Books) -> None:
         bid = round(rng.uniform(1.0, 10.0), 2) if mode == "hold" else round(rng.uniform(0.5, 10.0), 2)
         plan.append((f"c{i}", books[i % len(books)], mode, bid, rng.random() * 0.2, rng.random() * 0.05))
 
-    async def client(oid: str, book: Any, mode: str, bid: float, start: float, patience: float) -> None:
-        nonlocal maybe_unseen
-        await asyncio.sleep(start)
-        order = book.new_order(oid, bid)
-        fut = await book.submit(order)
-        watch(oid, fut)
-        if mode == "hold":
-            await use(book, await book.wait(order, fut, loop.time() + 60))
-        elif mode == "timeout":
-            try:
-                adm = await book.wait(order, fut, loop.time() + patience)
-            except TimeoutError:
-                assert not (fut.done() and not fut.cancelled()), "timed out yet admitted"
-                give_back(oid)
-            else:
-                await use(book, adm)
-        elif mode == "cancel":
-
-            async def waiter() -> Admission:
-                try:
-                    return await book.wait(order, fut, loop.time() + 60)
-                except asyncio.CancelledError:
-                    give_back(oid)  # wait() withdrew the order or gave its slot back
-                    raise
-
-            task = asyncio.create_task(waiter())
-            await asyncio.sleep(patience)
-            if not task.done():
-                task.cancel()
-            await asyncio.wait([task])
-            if task.cancelled():
-                if not (fut.done() and not fut.cancelled()):
-                    maybe_unseen += 1
-            else:
-                await use(book, task.result())
-        else:  # withdraw (the client left)
-            await asyncio.sleep(patience)
-            if not (fut.done() and not fut.cancelled()):
-                maybe_unseen += 1
-            give_back(oid)
-            book.withdraw(order, fut)
-
     async with asyncio.timeout(120):
-        await asyncio.gather(*(client(*p) for p in plan))
+        await asyncio.gather(*(crowd.client(*p) for p in plan))
     for book in books:
         await quiet(book)
-    assert not over, f"more admissions held than the {slots} slots: {over[:5]}"
-    assert not holding
+    assert not crowd.over, f"more admissions held than the {slots} slots: {crowd.over[:5]}"
+    assert not crowd.holding
     view = await settled(books[0], waiting=0, busy_total=0)
-    assert len(seen) >= 100
+    assert len(crowd.seen) >= 100
     if make_book.kind == "local":
-        assert view.admitted_total == len(seen)
+        assert view.admitted_total == len(crowd.seen)
     else:
         # an admission granted in Redis just as its client left is given back unseen
-        assert len(seen) <= view.admitted_total <= len(seen) + maybe_unseen
+        assert len(crowd.seen) <= view.admitted_total <= len(crowd.seen) + crowd.maybe_unseen
     assert len(view.recent) == 32
     for book in books[1:]:
         other = await book.view()
@@ -623,12 +653,12 @@ async def test_requeue_at_once_after_the_admission_gets_the_new_terms(
     Redis: the first admission's channel message, if any, is pinned to arrive while
     the requeue is on its way (pub/sub delivery is not ordered with script replies)."""
     book = await make_book([("a", 1.0, 1), ("b", 2.0, 1)])
-    late: list[tuple[str, ...]] = []
+    late: list[tuple[str, str, str, str, int]] = []
     if isinstance(book, RedisBook):
         real_on, real_call = book.on_admitted, book.hub.call
 
-        def held_back(*msg: str) -> None:
-            late.append(msg)
+        def held_back(order_id: str, deployment: str, price: str, level: str, attempt: int) -> None:
+            late.append((order_id, deployment, price, level, attempt))
 
         async def call(name: str, keys: list[str], args: list[Any]) -> Any:
             if name == "SUBMIT" and args[4] == "o1" and book._waiting["o1"][0].requeues == 1:
@@ -807,7 +837,8 @@ async def test_redis_timeout_racing_an_admission_keeps_the_slot_counted(
             await removed.wait()
             return await coro
 
-        return real_spawn(after_remove())
+        task: asyncio.Task[Any] = real_spawn(after_remove())
+        return task
 
     async def call(name: str, keys: list[str], args: list[Any]) -> Any:
         if name != "REMOVE" or args[-1] != o.id:

@@ -261,7 +261,7 @@ async def test_redis_dead_replica_streams_stop_counting_after_its_lease(redis_li
         nonlocal d
         if d is None or not d.allowed:
             d = await alive.acquire("k", limits, 1)
-        return d.allowed
+        return bool(d.allowed)
 
     await eventually(admitted_again, within=WAIT_S, what="the dead replica's streams to lapse")
     elapsed = time.monotonic() - crashed_at

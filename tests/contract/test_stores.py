@@ -12,6 +12,7 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,11 +191,12 @@ async def test_settle_charges_at_most_the_hold_and_writes_usage(store_factory: S
         assert await s.usage("a", h.request_id) == u  # written by the same call
         await balanced(s)
 
-        for again in (
+        agains: list[Callable[[], Awaitable[object]]] = [
             lambda: s.settle(h.id, 10, None, NOW + 2),
             lambda: s.release(h.id, None, NOW + 2),
             lambda: s.to_reconciling(h.id, None, "late", NOW + 2),
-        ):
+        ]
+        for again in agains:
             with pytest.raises(HoldNotOpen):
                 await again()
         a = await acct(s, "a")
@@ -266,7 +268,7 @@ async def test_to_reconciling_keeps_the_money_held_until_an_operator_decides(
 
         with pytest.raises(HoldNotOpen):  # already reconciling
             await s.to_reconciling(h1.id, None, "again", NOW + 2)
-        assert (await s.hold(h1.id)).note == "gateway crashed"  # type: ignore[union-attr]
+        assert (await s.hold(h1.id)).note == "gateway crashed"
 
         u = mk_usage("a", h2.request_id, outcome="no_usage")
         await s.to_reconciling(h2.id, u, "missing usage block", NOW + 1)
@@ -311,11 +313,11 @@ async def test_reconcile_orphans_all_others(store_factory: StoreFactory) -> None
 
         assert await s.reconcile_orphans("me", NOW + 1, all_others=True) == 2
         for h in mine:
-            assert (await s.hold(h.id)).state == "open"  # type: ignore[union-attr]
+            assert (await s.hold(h.id)).state == "open"
         for h in others:
             got = await s.hold(h.id)
             assert got is not None and got.state == "reconciling" and got.note
-        assert (await s.hold(done.id)).state == "settled"  # type: ignore[union-attr]
+        assert (await s.hold(done.id)).state == "settled"
         a = await acct(s, "a")
         assert (a.open_holds_micros, a.reconciling_micros, a.balance_micros) == (200, 200, 10_000 - 400 - 40)
         await balanced(s)
@@ -340,7 +342,7 @@ async def test_reconcile_orphans_by_lapsed_lease(store_factory: StoreFactory) ->
             await s.place_hold(h)
 
         assert await s.reconcile_orphans("me", NOW, all_others=False) == 1
-        states = {h.owner: (await s.hold(h.id)).state for h in (hm, ha, hd)}  # type: ignore[union-attr]
+        states = {h.owner: (await s.hold(h.id)).state for h in (hm, ha, hd)}
         assert states == {"me": "open", "alive": "open", "dead": "reconciling"}
         await balanced(s)
 
@@ -348,7 +350,7 @@ async def test_reconcile_orphans_by_lapsed_lease(store_factory: StoreFactory) ->
         await s.heartbeat("alive", NOW + 60, NOW + 29)
         assert await s.reconcile_orphans("me", NOW + 50, all_others=False) == 0
         assert await s.reconcile_orphans("me", NOW + 61, all_others=False) == 1
-        states = {h.owner: (await s.hold(h.id)).state for h in (hm, ha, hd)}  # type: ignore[union-attr]
+        states = {h.owner: (await s.hold(h.id)).state for h in (hm, ha, hd)}
         assert states == {"me": "open", "alive": "reconciling", "dead": "reconciling"}
         a = await acct(s, "a")
         assert (a.open_holds_micros, a.reconciling_micros, a.balance_micros) == (100, 200, 9_700)
@@ -597,6 +599,68 @@ async def _check(s: Any, m: Model, names: list[str]) -> None:
         assert got == expect, (name, got, expect)
 
 
+async def _account_op(s: Any, m: Model, name: str, op: str, value: int) -> None:
+    """create / credit / hold on account ``name``, in the store and in the model."""
+    known = name in m.balances
+    if op == "create":
+        if known:
+            with pytest.raises(AccountExists):
+                await s.create_account(name, value, NOW)
+            return
+        await s.create_account(name, value, NOW)
+        m.balances[name] = m.credited[name] = value
+    elif op == "credit":
+        if not known:
+            with pytest.raises(UnknownAccount):
+                await s.credit(name, value, NOW)
+            return
+        await s.credit(name, value, NOW)
+        m.balances[name] += value
+        m.credited[name] += value
+    else:
+        h = mk_hold(name, value)
+        if not known:
+            with pytest.raises(UnknownAccount):
+                await s.place_hold(h)
+        elif value > m.balances[name]:
+            with pytest.raises(InsufficientFunds) as exc:
+                await s.place_hold(h)
+            assert exc.value.balance_micros == m.balances[name]
+        else:
+            await s.place_hold(h)
+            m.balances[name] -= value
+            m.holds.append(ModelHold(h.id, name, value))
+
+
+async def _hold_op(s: Any, m: Model, mh: ModelHold, op: str, value: int) -> None:
+    """settle / release / reconcile hold ``mh``, in the store and in the model."""
+    if op == "reconcile":
+        if mh.state != "open":
+            with pytest.raises(HoldNotOpen):
+                await s.to_reconciling(mh.id, None, "unknown outcome", NOW)
+            return
+        out = await s.to_reconciling(mh.id, None, "unknown outcome", NOW)
+        assert out.state == "reconciling"
+        mh.state = "reconciling"
+    elif mh.state not in ("open", "reconciling"):  # a second settle or release
+        with pytest.raises(HoldNotOpen):
+            if op == "settle":
+                await s.settle(mh.id, value, None, NOW)
+            else:
+                await s.release(mh.id, None, NOW)
+    elif op == "settle":
+        out = await s.settle(mh.id, value, None, NOW)
+        charged = min(value, mh.amount)
+        assert (out.state, out.charged_micros) == ("settled", charged)
+        mh.state, mh.charged = "settled", charged
+        m.balances[mh.account] += mh.amount - charged
+    else:
+        out = await s.release(mh.id, None, NOW)
+        assert (out.state, out.charged_micros) == ("released", 0)
+        mh.state = "released"
+        m.balances[mh.account] += mh.amount
+
+
 async def _run_ops(factory: StoreFactory, ops: list[tuple[str, int, int]]) -> None:
     prefix = _id("p")
     names = [f"{prefix}_{i}" for i in range(N_ACCOUNTS)]
@@ -604,64 +668,9 @@ async def _run_ops(factory: StoreFactory, ops: list[tuple[str, int, int]]) -> No
     async with factory() as s:
         for op, idx, value in ops:
             if op in ("create", "credit", "hold"):
-                name = names[idx]
-                known = name in m.balances
-                if op == "create":
-                    if known:
-                        with pytest.raises(AccountExists):
-                            await s.create_account(name, value, NOW)
-                    else:
-                        await s.create_account(name, value, NOW)
-                        m.balances[name] = m.credited[name] = value
-                elif op == "credit":
-                    if not known:
-                        with pytest.raises(UnknownAccount):
-                            await s.credit(name, value, NOW)
-                    else:
-                        await s.credit(name, value, NOW)
-                        m.balances[name] += value
-                        m.credited[name] += value
-                else:
-                    h = mk_hold(name, value)
-                    if not known:
-                        with pytest.raises(UnknownAccount):
-                            await s.place_hold(h)
-                    elif value > m.balances[name]:
-                        with pytest.raises(InsufficientFunds) as exc:
-                            await s.place_hold(h)
-                        assert exc.value.balance_micros == m.balances[name]
-                    else:
-                        await s.place_hold(h)
-                        m.balances[name] -= value
-                        m.holds.append(ModelHold(h.id, name, value))
+                await _account_op(s, m, names[idx], op, value)
             elif m.holds:
-                mh = m.holds[idx % len(m.holds)]
-                closable = mh.state in ("open", "reconciling")
-                if op == "reconcile":
-                    if mh.state != "open":
-                        with pytest.raises(HoldNotOpen):
-                            await s.to_reconciling(mh.id, None, "unknown outcome", NOW)
-                    else:
-                        out = await s.to_reconciling(mh.id, None, "unknown outcome", NOW)
-                        assert out.state == "reconciling"
-                        mh.state = "reconciling"
-                elif not closable:  # a second settle or release
-                    with pytest.raises(HoldNotOpen):
-                        if op == "settle":
-                            await s.settle(mh.id, value, None, NOW)
-                        else:
-                            await s.release(mh.id, None, NOW)
-                elif op == "settle":
-                    out = await s.settle(mh.id, value, None, NOW)
-                    charged = min(value, mh.amount)
-                    assert (out.state, out.charged_micros) == ("settled", charged)
-                    mh.state, mh.charged = "settled", charged
-                    m.balances[mh.account] += mh.amount - charged
-                else:
-                    out = await s.release(mh.id, None, NOW)
-                    assert (out.state, out.charged_micros) == ("released", 0)
-                    mh.state = "released"
-                    m.balances[mh.account] += mh.amount
+                await _hold_op(s, m, m.holds[idx % len(m.holds)], op, value)
             await _check(s, m, names)
 
         # close every remaining hold (settle the even ones, release the others)
@@ -724,7 +733,8 @@ async def test_totals_stay_balanced_while_holds_move(store_factory: StoreFactory
                 await asyncio.sleep(0)
             return seen
 
-        *_, seen = await asyncio.gather(*(life(i, h) for i, h in enumerate(holds)), watch())
+        outcome: list[Any] = await asyncio.gather(*(life(i, h) for i, h in enumerate(holds)), watch())
+        seen: list[bool] = outcome[-1]
         assert all(seen)
         await balanced(s)
 

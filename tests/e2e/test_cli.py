@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import USER
+from tests.support.bodies import USER
 from tests.support.processes import free_port
 
 START_TIMEOUT_S = 20.0
@@ -91,7 +91,7 @@ def test_serve_with_defaults_streams_a_chat_completion(tmp_path: Path) -> None:
         client = openai.OpenAI(base_url=url + "/v1", api_key=_demo_key(log), max_retries=0, timeout=30)
         ids = {m.id for m in client.models.list()}
         assert "sim-fast" in ids
-        pieces = []
+        pieces: list[str] = []
         models = set()
         with client.chat.completions.create(model="sim-fast", messages=USER, seed=1, stream=True) as stream:
             for chunk in stream:

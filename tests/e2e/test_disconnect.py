@@ -10,7 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.conftest import ENGINE_KINDS, USER, Dep, Env, Product, collect_sse, open_sse, start_env
+from tests.support.bodies import USER
+from tests.support.config import Dep, Product
+from tests.support.env import ENGINE_KINDS, Env, start_env
+from tests.support.sse import collect_sse, open_sse
 
 SLOW = {"tokens_per_s": 20, "output_tokens": 60}  # about 3 s of generation
 

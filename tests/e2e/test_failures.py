@@ -10,16 +10,11 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.e2e.conftest import (
-    ENGINE_KINDS,
-    USER,
-    Dep,
-    Env,
-    Product,
-    assert_error_envelope,
-    collect_sse,
-    start_env,
-)
+from tests.support.bodies import USER
+from tests.support.config import Dep, Product
+from tests.support.env import ENGINE_KINDS, Env, start_env
+from tests.support.errors import assert_error_envelope
+from tests.support.sse import collect_sse
 
 REQUEUED = "requeued (transient backend failure), waiting"
 

@@ -9,7 +9,11 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import USER, Dep, Env, Product, assert_error_envelope, collect_sse, start_env
+from tests.support.bodies import USER
+from tests.support.config import Dep, Product
+from tests.support.env import Env, start_env
+from tests.support.errors import assert_error_envelope
+from tests.support.sse import collect_sse
 
 MAX_BODY = 2048
 

@@ -15,9 +15,11 @@ from starlette.types import Message, Receive, Scope, Send
 
 from bourse.engines.sim import SimSettings
 from bourse.engines.sim_server import create_sim_app
-from tests.e2e.conftest import INTERNAL_MODEL, UPSTREAM_MODEL, USER, collect_sse
+from tests.support.bodies import USER
+from tests.support.env import INTERNAL_MODEL, UPSTREAM_MODEL
 from tests.support.gateway import Gateway, running_gateway
 from tests.support.servers import serve_app_in_thread
+from tests.support.sse import collect_sse
 
 
 @dataclass

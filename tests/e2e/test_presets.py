@@ -9,7 +9,10 @@ from typing import Any
 import openai
 import pytest
 
-from tests.e2e.conftest import ENGINE_KINDS, USER, Dep, Env, Product, collect_sse, open_sse, start_env
+from tests.support.bodies import USER
+from tests.support.config import Dep, Product
+from tests.support.env import ENGINE_KINDS, Env, start_env
+from tests.support.sse import collect_sse, open_sse
 
 FAIL_AFTER_3 = {"fail_after_tokens": 3, "output_tokens": 10}
 DRAINABLE = {"tokens_per_s": 20, "output_tokens": 16}  # ~0.75 s of generation

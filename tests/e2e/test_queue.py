@@ -6,21 +6,18 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletion
 
-from tests.e2e.conftest import (
-    USER,
-    Dep,
-    Env,
-    Product,
-    SSEResult,
-    assert_error_envelope,
-    collect_sse,
-    start_env,
-)
+from tests.e2e.market.support import wait_waiting
+from tests.support.bodies import USER
+from tests.support.config import Dep, Product
+from tests.support.env import Env, start_env
+from tests.support.errors import assert_error_envelope
+from tests.support.sse import SSEResult, collect_sse
 
 QUEUED_LEVEL = re.compile(r"^queued level=(\d+(?:\.\d+)?) position=(\d+)$")
 
@@ -32,7 +29,7 @@ def env() -> Iterator[Env]:
         yield e
 
 
-def _hold_slot(env: Env, pool: ThreadPoolExecutor, sim: dict[str, object]) -> object:
+def _hold_slot(env: Env, pool: ThreadPoolExecutor, sim: dict[str, object]) -> Future[ChatCompletion]:
     """Start a non-streamed request that occupies the only slot; wait until it has it."""
     before = env.stats("one-a")["started"]
     fut = pool.submit(
@@ -59,11 +56,11 @@ def test_queue_frames_then_waiting_then_chunks(env: Env) -> None:
     with ThreadPoolExecutor(3) as pool:
         holder = _hold_slot(env, pool, {"tokens_per_s": 10, "output_tokens": 9})  # ~0.8 s
         b = pool.submit(collect_sse, env, {"model": "one", "seed": 2, "sim": {"ttft_ms": 500}})
-        time.sleep(0.15)  # C arrives after B
+        wait_waiting(env, "one", 1)  # C arrives after B is in the book
         c = pool.submit(collect_sse, env, {"model": "one", "seed": 3})
         rb: SSEResult = b.result(timeout=15)
         rc: SSEResult = c.result(timeout=15)
-        holder.result(timeout=15)  # type: ignore[attr-defined]
+        holder.result(timeout=15)
 
     for res in (rb, rc):
         assert res.status == 200
@@ -104,7 +101,7 @@ def test_queue_frame_level_is_a_price(env: Env) -> None:
     with ThreadPoolExecutor(2) as pool:
         holder = _hold_slot(env, pool, {"tokens_per_s": 10, "output_tokens": 5})  # ~0.4 s
         res = collect_sse(env, {"model": "one", "seed": 2, "max_price": 0.2})
-        holder.result(timeout=15)  # type: ignore[attr-defined]
+        holder.result(timeout=15)
     assert res.kinds()[0] == "c:queued bid=0.2"
     levels = [float(m.group(1)) for c in res.comments if (m := QUEUED_LEVEL.match(c))]
     assert levels, res.kinds()
@@ -144,7 +141,7 @@ def test_book_timeout_non_streamed_is_http_408(env: Env) -> None:
         assert 0.25 <= took < 1.2, took
         # neither reached the engine
         assert env.stats("one-a")["started"] == started
-        holder.result(timeout=15)  # type: ignore[attr-defined]
+        holder.result(timeout=15)
 
 
 @pytest.mark.parametrize("how", ["body", "header"])
@@ -172,7 +169,7 @@ def test_book_timeout_streamed_is_in_band_error_then_done(env: Env, how: str) ->
         t_err = res.data_frames[0].t
         assert 0.25 <= t_err < 0.85, t_err
         assert env.stats("one-a")["started"] == started
-        holder.result(timeout=15)  # type: ignore[attr-defined]
+        holder.result(timeout=15)
 
 
 def test_book_timeout_sdk_stream_raises(env: Env) -> None:
@@ -185,4 +182,4 @@ def test_book_timeout_sdk_stream_raises(env: Env) -> None:
             for _ in stream:
                 pass
         assert "book" in info.value.message.lower() or info.value.code == "book_timeout"
-        holder.result(timeout=15)  # type: ignore[attr-defined]
+        holder.result(timeout=15)

@@ -10,17 +10,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import (
-    ENGINE_KINDS,
-    INTERNAL_MODEL,
-    UPSTREAM_MODEL,
-    USER,
-    Dep,
-    Env,
-    Product,
-    collect_sse,
-    start_env,
-)
+from tests.support.bodies import USER
+from tests.support.config import Dep, Product
+from tests.support.env import ENGINE_KINDS, INTERNAL_MODEL, UPSTREAM_MODEL, Env, start_env
+from tests.support.sse import collect_sse
 
 SEEDS = (1, 7, 4242)
 TOOLS = [

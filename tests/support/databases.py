@@ -89,7 +89,7 @@ def _admin_execute(url: str, *statements: str) -> None:
         return
     with psycopg.connect(url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S)) as conn:
         for sql in statements:
-            conn.execute(sql)  # type: ignore[arg-type]
+            conn.execute(sql)
 
 
 async def _admin_execute_asyncpg(url: str, statements: tuple[str, ...]) -> None:

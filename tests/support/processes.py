@@ -1,5 +1,6 @@
-"""Real ``bourse serve`` processes for tests: free ports, a clean environment, and a
-context manager that starts one, waits for /healthz and stops it."""
+"""Real ``bourse serve`` processes for tests: free ports, a clean environment, a
+context manager that starts one, waits for /healthz and stops it, and the lines a
+child process writes, collected as they come."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -27,6 +30,31 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOURSE_")}
     env.update(extra)
     return env
+
+
+class OutputLines:
+    """The lines a child process writes to one of its pipes, read by a thread as they
+    come (so a test can wait for a line while the child runs)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), name="output-lines", daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        with stream:  # closed at the end of the output
+            for line in stream:
+                self.lines.append(line.rstrip("\n"))
+
+    def has(self, text: str) -> bool:
+        """Whether a line read so far contains ``text``."""
+        return any(text in line for line in list(self.lines))
+
+    def join(self, timeout: float = 10.0) -> list[str]:
+        """Every line, once the pipe is closed (the child ended)."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the child's pipe is still open"
+        return list(self.lines)
 
 
 @contextmanager

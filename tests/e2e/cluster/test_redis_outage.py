@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.bodies import USER
 from tests.support.gateway import running_gateway
 from tests.support.processes import free_port
 
@@ -30,8 +31,6 @@ pytestmark = [
         reason="needs the redis-server binary on PATH (Debian: apt-get install redis-server)",
     ),
 ]
-
-USER = [{"role": "user", "content": "Tell me something about rivers."}]
 
 
 @contextmanager
@@ -72,7 +71,7 @@ floor = 0.1
 """
     with redis_server(port, tmp_path) as first, running_gateway(config) as gw:
         client = gw.client(max_retries=0)
-        r = client.chat.completions.create(model="p", messages=USER, extra_body={"sim": {"output_tokens": 3}})  # type: ignore[arg-type]
+        r = client.chat.completions.create(model="p", messages=USER, extra_body={"sim": {"output_tokens": 3}})
         assert r.choices[0].message.content
         first.kill()
         first.wait()
@@ -99,7 +98,7 @@ floor = 0.1
                     r = client.chat.completions.create(
                         model="p",
                         messages=USER,
-                        extra_body={"sim": {"output_tokens": 3}},  # type: ignore[arg-type]
+                        extra_body={"sim": {"output_tokens": 3}},
                     )
                     break
                 except openai.APIStatusError as again:

@@ -28,13 +28,13 @@ import httpx
 import openai
 import pytest
 
+from tests.support.bodies import USER
 from tests.support.processes import clean_env, free_port, serve_process
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 ADMIN_KEY = "bk_admin_cluster_test"
 LEASE_S = 1.5
-USER = [{"role": "user", "content": "Tell me something about rivers."}]
 
 
 @contextmanager
@@ -314,12 +314,13 @@ def test_a_replica_killed_while_holding_slots_frees_them_within_its_lease(cluste
         r = cl.chat.completions.create(
             model="shared",
             messages=USER,
-            extra_body={"max_price": 2.0, "sim": {"output_tokens": 4}},  # type: ignore[arg-type]
+            extra_body={"max_price": 2.0, "sim": {"output_tokens": 4}},
         )
         sdk_answer["r"] = r
 
-    waiting = [Order(c.urls[1], c.key, 1.0), threading.Thread(target=waiting_sdk_order, daemon=True)]
-    waiting[1].start()  # type: ignore[union-attr]
+    order = Order(c.urls[1], c.key, 1.0)
+    sdk = threading.Thread(target=waiting_sdk_order, daemon=True)
+    sdk.start()
     c.wait_market(lambda v: v["waiting"] == 2, "two orders waiting on replica 1", replica=1)
     before_kill = c.upstream_stats()
 
@@ -329,10 +330,8 @@ def test_a_replica_killed_while_holding_slots_frees_them_within_its_lease(cluste
     for h in holders:
         h.close()
 
-    order = waiting[0]
-    assert isinstance(order, Order)
     order.join(timeout=30)
-    waiting[1].join(timeout=30)  # type: ignore[union-attr]
+    sdk.join(timeout=30)
     assert order.status == 200 and order.first_content_at is not None
     freed_after = order.first_content_at - killed_at
     # the dead replica's slots come back once its lease lapses (plus one heartbeat of
@@ -363,7 +362,7 @@ def test_rate_limits_hold_across_replicas(cluster: Cluster) -> None:
         answers.append(
             cl.chat.completions.create(
                 model="shared", messages=USER, extra_body={"sim": {"output_tokens": 2}}
-            )  # type: ignore[arg-type]
+            )
         )
     for i in range(2):
         with pytest.raises(openai.RateLimitError) as exc:
@@ -387,7 +386,7 @@ def test_rate_limits_hold_across_replicas(cluster: Cluster) -> None:
             r = c.client(1, skey).chat.completions.create(
                 model="shared",
                 messages=USER,
-                extra_body={"sim": {"output_tokens": 2}},  # type: ignore[arg-type]
+                extra_body={"sim": {"output_tokens": 2}},
             )
             break
         except openai.RateLimitError:

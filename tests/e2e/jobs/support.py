@@ -15,11 +15,11 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.conftest import SSEStream, open_sse
 from tests.e2e.money.support import As, new_caller, read_until
+from tests.support.bodies import USER
 from tests.support.gateway import Gateway
+from tests.support.sse import SSEStream, open_sse
 
-USER = [{"role": "user", "content": "Tell me something about rivers."}]
 WAIT_S = 20.0
 """Generous bound on any wait for a job to reach a state."""
 

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.conftest import ENGINE_KINDS, Dep, Env, Product, start_env
 from tests.e2e.jobs.support import caller, chat_body, slot_held, usage_records
 from tests.e2e.money.support import assert_ledger_balanced, expected_cost
+from tests.support.config import Dep, Product
+from tests.support.env import ENGINE_KINDS, Env, start_env
 
 FLOOR = 1.0
 FINAL = ("succeeded", "failed", "canceled", "expired")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,8 @@ import pytest
 
 from tests.e2e.jobs.support import caller, chat_body, slot_held
 from tests.support.gateway import Gateway, running_gateway
-from tests.support.processes import clean_env
+from tests.support.processes import OutputLines, clean_env
+from tests.support.waiting import wait_until
 
 CONFIG = """
 [products.one]
@@ -131,18 +131,24 @@ def test_watch_shows_position_level_then_tokens_with_a_bar(gw: Gateway) -> None:
         proc = subprocess.Popen(
             [sys.executable, "-m", "bourse", "jobs", "--url", gw.url, "--api-key", me.key, "watch", job["id"],
              "--interval", "0.05"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=clean_env(),
         )  # fmt: skip
-        jobs.wait_status(job["id"], "queued")
-        time.sleep(1.5)  # the watcher starts (imports) and shows the queued line
+        assert proc.stderr is not None
+        err = OutputLines(proc.stderr)
+        try:
+            # the slot stays held until the watcher has shown the job queued
+            wait_until(lambda: err.has(" queued ") or proc.poll() is not None, 30, what="the queued line")
+        except BaseException:
+            proc.kill()
+            raise
     try:
-        out, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, (out, err)
-    lines = err.splitlines()
+    lines = err.join()
+    assert proc.returncode == 0, lines
     queued = [ln for ln in lines if " queued " in ln]
     running = [ln for ln in lines if " running " in ln]
     assert queued and "position=0" in queued[0] and "level=" in queued[0] and "bid=" in queued[0], lines

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.e2e.conftest import assert_error_envelope
 from tests.e2e.jobs.support import Jobs, caller, chat_body, slot_held
+from tests.support.errors import assert_error_envelope
 from tests.support.gateway import Gateway, running_gateway
 
 CONFIG = """

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import assert_error_envelope
 from tests.e2e.jobs.support import Jobs, caller, chat_body, text_body
 from tests.e2e.money.support import As, assert_ledger_balanced
+from tests.support.errors import assert_error_envelope
 from tests.support.gateway import Gateway, running_gateway
 
 CONFIG = """

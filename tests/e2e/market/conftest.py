@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.conftest import Dep, Env, Product, start_env
+from tests.support.config import Dep, Product
 from tests.support.databases import require_redis
+from tests.support.env import Env, start_env
 
 QUIET_S = 0.1
 

@@ -14,7 +14,9 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.conftest import USER, Env, Frame, SSEResult, open_sse
+from tests.support.bodies import USER
+from tests.support.env import Env
+from tests.support.sse import Frame, SSEResult, open_sse
 
 QUEUED_BID = re.compile(r"^queued bid=(\d+(?:\.\d+)?)$")
 QUEUED_LEVEL = re.compile(r"^queued level=(\d+(?:\.\d+)?) position=(\d+)$")

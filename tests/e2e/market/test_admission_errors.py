@@ -10,9 +10,11 @@ from typing import Any
 import openai
 import pytest
 
-from tests.e2e.conftest import USER, Env, assert_error_envelope
 from tests.e2e.market.support import holding_slot, market, order, wait_market, wait_waiting
 from tests.e2e.money.support import As, new_caller
+from tests.support.bodies import USER
+from tests.support.env import Env
+from tests.support.errors import assert_error_envelope
 
 _n = 0
 
@@ -61,7 +63,7 @@ def test_sdk_bad_bid_raises_bad_request(env: Env) -> None:
         env.client().chat.completions.create(
             model="bad",
             messages=USER,
-            extra_body={"max_price": "abc"},  # type: ignore[arg-type]
+            extra_body={"max_price": "abc"},
         )
     assert info.value.status_code == 400
 

@@ -10,9 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import USER, Env
 from tests.e2e.market.support import holding_slot, market, order, wait_market, wait_waiting
 from tests.e2e.money.support import As, assert_ledger_balanced, new_caller
+from tests.support.bodies import USER
+from tests.support.env import Env
 
 _n = 0
 
@@ -57,7 +58,7 @@ def test_disconnect_while_queued_removes_the_order_and_charges_nothing(env: Env,
                 model="dc",
                 messages=USER,
                 stream=True,
-                extra_body={"max_price": 0.5},  # type: ignore[arg-type]
+                extra_body={"max_price": 0.5},
             )
             rid = stream.response.headers["x-request-id"]
         wait_waiting(env, "dc", 1)

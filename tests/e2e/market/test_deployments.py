@@ -9,7 +9,6 @@ from contextlib import ExitStack
 
 import pytest
 
-from tests.e2e.conftest import Env
 from tests.e2e.market.support import (
     HOLD_FOREVER,
     BgOrder,
@@ -19,6 +18,7 @@ from tests.e2e.market.support import (
     wait_market,
     wait_waiting,
 )
+from tests.support.env import Env
 
 FLOORS = {"m-cheap": 0.1, "m-mid-a": 0.5, "m-mid-b": 0.5, "m-dear": 2.0}
 MIDS = ("m-mid-a", "m-mid-b")

@@ -13,10 +13,10 @@ from typing import Any
 import openai
 import pytest
 
-from tests.e2e.conftest import USER, Env
 from tests.e2e.market.support import (
     QUEUED_BID,
     REQUEUED,
+    BgOrder,
     holding_slot,
     market,
     order,
@@ -24,6 +24,9 @@ from tests.e2e.market.support import (
     wait_waiting,
 )
 from tests.e2e.money.support import As, assert_ledger_balanced, expected_cost, new_caller
+from tests.support.bodies import USER
+from tests.support.env import Env
+from tests.support.waiting import wait_until
 
 SIX_FLOOR = 0.13
 SIX_BIDS = [0.37, 1.3, 0.21, 0.9, 1.7, 0.55]  # arrival order, not bid order
@@ -49,7 +52,7 @@ class SdkOrder:
         try:
             stream = client.chat.completions.create(
                 model=product,
-                messages=USER,  # type: ignore[arg-type]
+                messages=USER,
                 stream=True,
                 stream_options={"include_usage": True},
                 extra_body={"max_price": self.bid, "sim": sim},
@@ -165,6 +168,10 @@ def test_six_waiting_orders_are_admitted_in_bid_order_and_pay_the_second_price(e
 # -- 2. an order below the level -----------------------------------------------------------------
 
 
+def _saw_position(o: BgOrder, position: int) -> bool:
+    return any(p == position for _, p in o.queue_frames())
+
+
 def test_an_order_below_the_level_waits_then_is_admitted_when_demand_falls(env: Env) -> None:
     me = caller(env, "low")
     before = me.balance()
@@ -177,10 +184,10 @@ def test_an_order_below_the_level_waits_then_is_admitted_when_demand_falls(env: 
         low = order(env, "lvl", 0.2, key=me.key, sim={"output_tokens": 3, "ttft_ms": 50})
         wait_waiting(env, "lvl", 3)
         assert market(env, "lvl")["level"] == 1.0
-        time.sleep(0.35)  # a few quiet intervals at position 2
+        wait_until(lambda: _saw_position(low, 2), what="a queue frame at position 2")
         a2.disconnect()  # demand falls: one higher bidder leaves
         wait_waiting(env, "lvl", 2)
-        time.sleep(0.35)  # position 1
+        wait_until(lambda: _saw_position(low, 1), what="a queue frame at position 1")
         t_release = time.monotonic()
         holder.disconnect()  # the slot frees: the 1.0 bidder runs, the low order is next
         a.join()
@@ -210,7 +217,8 @@ def test_an_order_below_the_level_waits_then_is_admitted_when_demand_falls(env: 
     assert xm["bid"] == 0.2
     assert xm["cleared_price"] == pytest.approx(0.1), xm  # nobody left waiting: the floor
     assert xm["position_at_entry"] == 2, xm
-    assert xm["queued_ms"] >= 700, xm
+    # in the book from before its first frame until after the slot was released
+    assert xm["queued_ms"] >= (t_release - low.frames[0].t) * 1000, xm
     assert xm["deployment"] == "lvl-a"
 
     assert me.wait_settled() == []

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import Env
 from tests.e2e.market.support import (
     holding_slot,
     market,
@@ -17,6 +16,7 @@ from tests.e2e.market.support import (
     wait_market,
     wait_waiting,
 )
+from tests.support.env import Env
 
 FLOOR = 0.25
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from tests.e2e.conftest import SSEResult, SSEStream, collect_sse, open_sse
+from tests.support.bodies import USER
 from tests.support.gateway import Gateway
+from tests.support.sse import SSEResult, SSEStream, collect_sse, open_sse
 
-USER = [{"role": "user", "content": "Tell me something about rivers."}]
 SETTLE_TIMEOUT_S = 15.0
 
 
@@ -29,7 +29,7 @@ def expected_cost(tokens: int, price_usd_per_m: float) -> int:
     return -(-(tokens * units(price_usd_per_m)) // 1_000_000)
 
 
-def quote_tokens(messages: list[dict[str, Any]], max_tokens: int) -> int:
+def quote_tokens(messages: Sequence[Mapping[str, object]], max_tokens: int) -> int:
     """SPEC 3: prompt UTF-8 bytes + 8 per message + 8 + max_tokens."""
     nbytes = sum(len(str(m.get("content") or "").encode()) for m in messages)
     return nbytes + 8 * len(messages) + 8 + max_tokens
@@ -160,7 +160,6 @@ def read_until(stream: SSEStream, *, data_chunks: int = 0, comment_prefix: str |
 
 
 __all__ = [
-    "USER",
     "As",
     "assert_ledger_balanced",
     "expected_cost",

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.money.support import (
-    USER,
     As,
     assert_ledger_balanced,
     expected_cost,
@@ -20,6 +19,7 @@ from tests.e2e.money.support import (
     read_until,
     usage_of,
 )
+from tests.support.bodies import USER
 from tests.support.gateway import Gateway, running_gateway
 
 FLOOR = 0.37  # 370_000 micro-USD per 1M tokens: most token counts end in a fraction

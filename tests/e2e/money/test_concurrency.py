@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import openai
 
-from tests.e2e.money.support import USER, As, assert_ledger_balanced, expected_cost, new_caller, quote_tokens
+from tests.e2e.money.support import As, assert_ledger_balanced, expected_cost, new_caller, quote_tokens
+from tests.support.bodies import USER
 from tests.support.gateway import running_gateway
 
 PRICE = 1.0
@@ -35,7 +36,7 @@ async def _one(client: openai.AsyncOpenAI, t0: float) -> dict[str, Any]:
     try:
         raw = await client.chat.completions.with_raw_response.create(
             model="crowd",
-            messages=USER,  # type: ignore[arg-type]
+            messages=USER,
             max_tokens=MAX_TOKENS,
             extra_body={"sim": {"ttft_ms": TTFT_MS, "output_tokens": 10}},
         )

@@ -12,15 +12,15 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import assert_error_envelope
 from tests.e2e.money.support import (
-    USER,
     As,
     assert_ledger_balanced,
     new_caller,
     quote_tokens,
     read_until,
 )
+from tests.support.bodies import USER
+from tests.support.errors import assert_error_envelope
 from tests.support.gateway import Gateway, running_gateway
 
 # 1.0 USD per 1M tokens: one micro-USD per token
@@ -69,7 +69,7 @@ def test_402_when_the_balance_cannot_cover_the_hold(gw: Gateway) -> None:
         openai.OpenAI(base_url=gw.v1, api_key=me.key, max_retries=0) as client,
         pytest.raises(openai.APIStatusError) as exc,
     ):
-        client.chat.completions.create(model="unit", messages=USER, max_tokens=100)  # type: ignore[arg-type]
+        client.chat.completions.create(model="unit", messages=USER, max_tokens=100)
     assert exc.value.status_code == 402
     assert me.balance() == 100
     assert me.holds() == []
@@ -114,7 +114,7 @@ def test_401_for_a_missing_or_wrong_key(gw: Gateway) -> None:
         openai.OpenAI(base_url=gw.v1, api_key="bk_not_a_key", max_retries=0) as client,
         pytest.raises(openai.AuthenticationError),
     ):
-        client.chat.completions.create(model="unit", messages=USER)  # type: ignore[arg-type]
+        client.chat.completions.create(model="unit", messages=USER)
     assert gw.ledger() == before
 
 
@@ -188,7 +188,7 @@ def test_429_over_requests_per_minute(gw: Gateway) -> None:
         openai.OpenAI(base_url=gw.v1, api_key=me.key, max_retries=0) as client,
         pytest.raises(openai.RateLimitError),
     ):
-        client.chat.completions.create(model="unit", messages=USER, max_tokens=5)  # type: ignore[arg-type]
+        client.chat.completions.create(model="unit", messages=USER, max_tokens=5)
 
 
 def test_429_over_tokens_per_minute(gw: Gateway) -> None:

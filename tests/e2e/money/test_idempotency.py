@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.e2e.conftest import assert_error_envelope
 from tests.e2e.money.support import As, assert_ledger_balanced, new_caller
+from tests.support.errors import assert_error_envelope
 from tests.support.gateway import Gateway, running_gateway
 
 CONFIG = """

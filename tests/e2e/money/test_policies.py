@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import assert_error_envelope
 from tests.e2e.money.support import As, assert_ledger_balanced, new_caller, read_until
+from tests.support.errors import assert_error_envelope
 from tests.support.gateway import Gateway, running_gateway
 
 PRESETS = ("default", "openfill", "aigrid", "gopuram", "hips")

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.money.support import USER
+from tests.support.bodies import USER
 from tests.support.processes import serve_process
 
 ADMIN_KEY = "bk_admin_recovery_test"

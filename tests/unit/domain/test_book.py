@@ -192,46 +192,59 @@ ops_full = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(deployments_st, ops_full)
-def test_random_sequences_with_timeouts_and_requeues_keep_every_book_rule(
-    deps: list[tuple[float, int]], seq: list[tuple[str, float | int, float | bool]]
-) -> None:
-    b = ProductBook("p", [Deployment(f"d{i}", f, s) for i, (f, s) in enumerate(deps)], max_waiting=10_000)
-    now = 0.0
-    deadline: dict[int, float] = {}  # seq -> when its book timeout fires
-    running: list[tuple[Order, str]] = []
-    for op, arg, extra in seq:
-        if op == "arrive":
-            o = Order(id=str(b._seq), bid=float(arg), seq=b.next_seq(), arrived_at=now)
-            deadline[o.seq] = now + float(extra)
-            ahead = b.add(o)
-            assert ahead == sum(1 for w in b.waiting_orders() if w.rank() < o.rank())
-        elif op == "cancel" and b.waiting:
-            w = b.waiting_orders()
-            assert b.remove(w[int(arg) % len(w)])
-        elif op == "tick":
-            now += float(extra)
-            for w in b.waiting_orders():  # what Market.wait does at the deadline
-                if deadline[w.seq] <= now:
-                    assert b.remove(w)
-        elif op == "release" and running:
-            _, dep = running.pop(int(arg) % len(running))
-            if extra:
-                b.report_success(dep)
-            b.release(dep)
-        elif op == "requeue" and running:
-            # the engine failed before output: cool, give back, back into the book
-            o, dep = running.pop(int(arg) % len(running))
-            b.report_failure(dep, now)
-            b.release(dep)
-            o.avoid = dep
-            o.requeues += 1
-            ahead = b.add(o)
-            # it keeps its arrival: only better bids, or equal bids that came earlier, are ahead
-            assert ahead == sum(1 for w in b.waiting_orders() if (-w.bid, w.seq) < (-o.bid, o.seq))
+class _Run:
+    """One random sequence against a book: each op, then the book rules checked."""
 
-        admissions = b.dispatch(now)
+    def __init__(self, deps: list[tuple[float, int]]) -> None:
+        self.b = ProductBook(
+            "p", [Deployment(f"d{i}", f, s) for i, (f, s) in enumerate(deps)], max_waiting=10_000
+        )
+        self.now = 0.0
+        self.deadline: dict[int, float] = {}  # seq -> when its book timeout fires
+        self.running: list[tuple[Order, str]] = []
+
+    def arrive(self, arg: float | int, extra: float | bool) -> None:
+        b = self.b
+        o = Order(id=str(b._seq), bid=float(arg), seq=b.next_seq(), arrived_at=self.now)
+        self.deadline[o.seq] = self.now + float(extra)
+        ahead = b.add(o)
+        assert ahead == sum(1 for w in b.waiting_orders() if w.rank() < o.rank())
+
+    def cancel(self, arg: float | int, extra: float | bool) -> None:
+        if self.b.waiting:
+            waiting = self.b.waiting_orders()
+            assert self.b.remove(waiting[int(arg) % len(waiting)])
+
+    def tick(self, arg: float | int, extra: float | bool) -> None:
+        self.now += float(extra)
+        for w in self.b.waiting_orders():  # what Market.wait does at the deadline
+            if self.deadline[w.seq] <= self.now:
+                assert self.b.remove(w)
+
+    def release(self, arg: float | int, extra: float | bool) -> None:
+        if self.running:
+            _, dep = self.running.pop(int(arg) % len(self.running))
+            if extra:
+                self.b.report_success(dep)
+            self.b.release(dep)
+
+    def requeue(self, arg: float | int, extra: float | bool) -> None:
+        if not self.running:
+            return
+        # the engine failed before output: cool, give back, back into the book
+        b = self.b
+        o, dep = self.running.pop(int(arg) % len(self.running))
+        b.report_failure(dep, self.now)
+        b.release(dep)
+        o.avoid = dep
+        o.requeues += 1
+        ahead = b.add(o)
+        # it keeps its arrival: only better bids, or equal bids that came earlier, are ahead
+        assert ahead == sum(1 for w in b.waiting_orders() if (-w.bid, w.seq) < (-o.bid, o.seq))
+
+    def dispatch(self) -> None:
+        b = self.b
+        admissions = b.dispatch(self.now)
         for k, adm in enumerate(admissions):
             d = b.deployment(adm.deployment)
             still_waiting = [a.order for a in admissions[k + 1 :]] + b.waiting_orders()
@@ -243,9 +256,12 @@ def test_random_sequences_with_timeouts_and_requeues_keep_every_book_rule(
             runner_up = max((w.bid for w in still_waiting), default=0.0)
             assert adm.price == min(adm.order.bid, max(d.floor, runner_up))
             assert d.floor <= adm.price <= adm.order.bid
-            running.append((adm.order, adm.deployment))
+            self.running.append((adm.order, adm.deployment))
+
+    def check(self) -> None:
+        b, now = self.b, self.now
         b.check()
-        assert b.busy_slots() == len(running)
+        assert b.busy_slots() == len(self.running)
         waiting = b.waiting_orders()
         # no slot idle while an eligible order waits
         for d in b.deployments:
@@ -257,3 +273,17 @@ def test_random_sequences_with_timeouts_and_requeues_keep_every_book_rule(
             assert b.level(now) == waiting[0].bid == max(w.bid for w in waiting)
         elif free:
             assert b.level(now) == min(free)
+
+
+@settings(max_examples=300, deadline=None)
+@given(deployments_st, ops_full)
+def test_random_sequences_with_timeouts_and_requeues_keep_every_book_rule(
+    deps: list[tuple[float, int]], seq: list[tuple[str, float | int, float | bool]]
+) -> None:
+    run = _Run(deps)
+    ops = {"arrive": run.arrive, "cancel": run.cancel, "tick": run.tick, "release": run.release,
+           "requeue": run.requeue}  # fmt: skip
+    for op, arg, extra in seq:
+        ops[op](arg, extra)
+        run.dispatch()
+        run.check()

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.anyio
 def _autocheckpoint(db: Executor) -> int:
     row = db.fetchrow("PRAGMA wal_autocheckpoint")
     assert row is not None
-    return int(row[0])
+    return int(row["wal_autocheckpoint"])
 
 
 async def test_checkpoints_run_on_their_own_thread_and_close_leaves_no_wal(tmp_path: Path) -> None:

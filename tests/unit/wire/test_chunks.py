@@ -1,0 +1,171 @@
+"""The response shapes the gateway builds itself (``bourse.wire.chunks``): the
+aggregated non-streamed answer, the usage chunk and the in-band error frame."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bourse.domain.errors import GatewayError
+from bourse.wire.chunks import CHAT, CHAT_CHUNK, TEXT, Aggregator, error_frame, usage_chunk
+
+RID = "chatcmpl-abc"
+CREATED = 1_700_000_000
+
+
+def _chat_chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, **extra}
+    return {"id": "up", "object": CHAT_CHUNK, "choices": [choice]}
+
+
+def _text_chunk(text: str, finish: str | None = None) -> dict[str, Any]:
+    return {"id": "up", "object": TEXT, "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+
+
+# -- Aggregator ------------------------------------------------------------------------------
+
+
+def test_chat_content_is_joined_with_the_last_finish_reason() -> None:
+    agg = Aggregator("chat")
+    for chunk in (
+        _chat_chunk({"role": "assistant", "content": "Hel"}),
+        _chat_chunk({"content": "lo"}),
+        _chat_chunk({}, "stop"),
+        {"id": "up", "object": CHAT_CHUNK, "choices": []},  # the engine's usage chunk: no choice
+    ):
+        agg.add(chunk)
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert agg.text == "Hello"
+    assert agg.build(RID, "p", CREATED, usage) == {
+        "id": RID,
+        "object": CHAT,
+        "created": CREATED,
+        "model": "p",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello"},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": usage,
+    }
+
+
+def test_no_usage_leaves_the_key_out_and_a_fingerprint_is_kept() -> None:
+    agg = Aggregator("chat")
+    agg.add({**_chat_chunk({"content": "x"}, "stop"), "system_fingerprint": "fp_1"})
+    doc = agg.build(RID, "p", CREATED, None)
+    assert "usage" not in doc
+    assert doc["system_fingerprint"] == "fp_1"
+
+
+@pytest.mark.parametrize("key", ["reasoning_content", "reasoning"])
+def test_reasoning_and_refusal_are_joined_under_their_names(key: str) -> None:
+    agg = Aggregator("chat", reasoning_key=key)
+    agg.add(_chat_chunk({key: "think "}))
+    agg.add(_chat_chunk({key: "more"}))
+    agg.add(_chat_chunk({"refusal": "no"}))
+    agg.add(_chat_chunk({"content": "ok"}, "stop"))
+    message = agg.build(RID, "p", CREATED, None)["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "ok", key: "think more", "refusal": "no"}
+
+
+def test_tool_call_fragments_are_assembled_by_index() -> None:
+    agg = Aggregator("chat")
+    fragments = [
+        {"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_", "arguments": ""}},
+        {"index": 1, "id": "call_b", "function": {"name": "get_time", "arguments": "{}"}},
+        {"index": 0, "function": {"name": "weather", "arguments": '{"city": '}},
+        {"index": 0, "function": {"arguments": '"Oslo"}'}},
+    ]
+    for tc in fragments:
+        agg.add(_chat_chunk({"tool_calls": [tc]}))
+    agg.add(_chat_chunk({}, "tool_calls"))
+    choice = agg.build(RID, "p", CREATED, None)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"] == {
+        "role": "assistant",
+        "content": None,  # only tool calls: no content
+        "tool_calls": [
+            {
+                "id": "call_a",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+            },
+            {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+        ],
+    }
+
+
+def test_chat_logprobs_are_concatenated() -> None:
+    agg = Aggregator("chat")
+    agg.add(_chat_chunk({"content": "a"}, logprobs={"content": [{"token": "a", "logprob": -0.1}]}))
+    agg.add(_chat_chunk({"content": "b"}, "stop", logprobs={"content": [{"token": "b", "logprob": -0.2}]}))
+    choice = agg.build(RID, "p", CREATED, None)["choices"][0]
+    assert choice["logprobs"] == {
+        "content": [{"token": "a", "logprob": -0.1}, {"token": "b", "logprob": -0.2}]
+    }
+
+
+def test_legacy_completion_text_is_joined() -> None:
+    agg = Aggregator("completion")
+    for chunk in (_text_chunk("Once"), _text_chunk(" upon"), _text_chunk("", "length")):
+        agg.add(chunk)
+    doc = agg.build("cmpl-1", "p", CREATED, None)
+    assert doc["object"] == TEXT
+    assert doc["choices"] == [{"index": 0, "text": "Once upon", "logprobs": None, "finish_reason": "length"}]
+
+
+def test_an_empty_answer_is_empty_content() -> None:
+    choice = Aggregator("chat").build(RID, "p", CREATED, None)["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": ""}
+    assert choice["finish_reason"] is None
+
+
+# -- usage chunk and error frame -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "obj"), [("chat", CHAT_CHUNK), ("completion", TEXT)])
+@pytest.mark.parametrize("name", ["receipt", "hips"])
+def test_usage_chunk_has_no_choices_and_the_named_receipt(kind: str, obj: str, name: str) -> None:
+    usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    receipt = {"cost_micros": 3}
+    assert usage_chunk(kind, RID, "p", CREATED, usage, name, receipt) == {
+        "id": RID,
+        "object": obj,
+        "created": CREATED,
+        "model": "p",
+        "choices": [],
+        "usage": usage,
+        name: receipt,
+    }
+
+
+ERR = GatewayError(502, "upstream_error", "the engine failed")
+ENVELOPE = {"message": "the engine failed", "type": "upstream_error", "param": None, "code": "upstream_error"}
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_the_bare_error_frame_is_the_envelope_only(kind: str) -> None:
+    assert error_frame(kind, RID, "p", CREATED, ERR, with_finish_reason=False) == {"error": ENVELOPE}
+
+
+def test_the_chat_error_frame_is_a_chunk_with_finish_reason_error() -> None:
+    assert error_frame("chat", RID, "p", CREATED, ERR, with_finish_reason=True) == {
+        "id": RID,
+        "object": CHAT_CHUNK,
+        "created": CREATED,
+        "model": "p",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}],
+        "error": ENVELOPE,
+    }
+
+
+def test_the_legacy_error_frame_has_an_empty_text() -> None:
+    frame = error_frame("completion", RID, "p", CREATED, ERR, with_finish_reason=True)
+    assert frame["object"] == TEXT
+    assert frame["choices"] == [{"index": 0, "text": "", "finish_reason": "error"}]
+    assert frame["error"] == ENVELOPE
