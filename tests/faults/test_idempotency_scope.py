@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.e2e.conftest import assert_error_envelope
+from tests.support.errors import assert_error_envelope
 from tests.faults.databases import DATABASES, database
 from tests.support.gateway import Gateway, running_gateway
 

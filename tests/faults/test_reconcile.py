@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from bourse.ports.stores import Hold
-from tests.e2e.conftest import assert_error_envelope
+from tests.support.errors import assert_error_envelope
 from tests.faults.databases import DATABASES, database
 from tests.support.databases import StoreFactory
 from tests.support.gateway import Gateway, running_gateway
