@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from bourse.domain.errors import GatewayError
 from bourse.domain.money import cost_micros, price_units
 from bourse.wire.requests import MAX_ID_CHARS, MAX_PRICE, MAX_QUOTE_TOKENS, Kind, parse_body, validate
-from tests.support.errors import assert_error_envelope
 from tests.faults.databases import DATABASES, database
+from tests.support.errors import assert_error_envelope
 from tests.support.gateway import Gateway, running_gateway
 
 INT64_MAX = 2**63 - 1

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.errors import assert_error_envelope
 from tests.faults.databases import DATABASES, database
+from tests.support.errors import assert_error_envelope
 from tests.support.gateway import Gateway, running_gateway
 
 CONFIG = """

@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from bourse.ports.stores import Hold
-from tests.support.errors import assert_error_envelope
 from tests.faults.databases import DATABASES, database
 from tests.support.databases import StoreFactory
+from tests.support.errors import assert_error_envelope
 from tests.support.gateway import Gateway, running_gateway
 
 CONFIG = """
