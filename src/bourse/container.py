@@ -1,8 +1,9 @@
 """The composition root: builds engines, stores, markets and services from a
 :class:`Config`.
 
-The only module that imports adapters (``bourse.engines``, ``bourse.storage``), and
-it imports them lazily, so an optional dependency is needed only when configured.
+The only module that imports adapters (``bourse.engines``, ``bourse.storage``,
+``bourse.coordination``), the optional ones lazily, so an optional dependency is
+needed only when configured.
 Nothing is built at import time; :func:`build` is called by the CLI and the tests.
 """
 
@@ -18,6 +19,8 @@ from typing import Any
 
 from starlette.types import ASGIApp
 
+from bourse.coordination.book_local import LocalBook
+from bourse.coordination.limits_local import MemoryRateLimiter
 from bourse.domain.book import Deployment, ProductBook
 from bourse.domain.breaker import CircuitBreaker
 from bourse.http.app import create_app
@@ -27,10 +30,8 @@ from bourse.ports.limits import RateLimiter
 from bourse.services.accounts import AdminService, admin_key_hash, bootstrap_demo
 from bourse.services.auth import Authenticator
 from bourse.services.billing import Billing
-from bourse.services.book_local import LocalBook
 from bourse.services.completion import CompletionService, Limits
 from bourse.services.jobs import JobLimits, JobService
-from bourse.services.limits import MemoryRateLimiter
 from bourse.services.market import Market
 from bourse.settings import Config, DeploymentConfig, Environment, deployment_name
 from bourse.storage.sql import SqlStore
@@ -95,7 +96,7 @@ class Container:
     engines: dict[str, Engine] = field(default_factory=dict)
     generated_admin_key: str | None = None
     hub: Any = None
-    """The Redis hub (``bourse.cluster.hub.RedisHub``) when ``[cluster] redis_url`` is set."""
+    """The Redis hub (``bourse.coordination.redis_hub.RedisHub``) when ``[cluster] redis_url`` is set."""
     demo_key: str | None = None
     announce: bool = True
 
@@ -218,7 +219,7 @@ def build(
     owner = instance_id(data)
     hub = None
     if redis_url:
-        from bourse.cluster.hub import RedisHub
+        from bourse.coordination.redis_hub import RedisHub
 
         hub = RedisHub(
             redis_url, prefix=config.cluster.key_prefix, lease_s=config.cluster.lease_s, replica=owner
@@ -230,7 +231,7 @@ def build(
 
     def make_book(product: str, deployments: list[Deployment], max_waiting: int) -> BookPort:
         if hub is not None:
-            from bourse.cluster.redis_book import RedisBook
+            from bourse.coordination.book_redis import RedisBook
 
             return RedisBook(hub, product, deployments, max_waiting=max_waiting)
         return LocalBook(ProductBook(product, deployments, max_waiting=max_waiting))
@@ -275,7 +276,7 @@ def build(
     limits = Limits(config.server.book_timeout_s, config.server.book_timeout_max_s)
     limiter: RateLimiter = MemoryRateLimiter()
     if hub is not None:
-        from bourse.cluster.redis_limits import RedisRateLimiter
+        from bourse.coordination.limits_redis import RedisRateLimiter
 
         limiter = RedisRateLimiter(hub)
     service = CompletionService(markets, limits, models, billing=billing, limiter=limiter, auth=auth)

@@ -1,6 +1,6 @@
 """The book port contract (``bourse.ports.book``), run over both adapters:
-``local`` (:class:`~bourse.services.book_local.LocalBook`) and ``redis``
-(:class:`~bourse.cluster.redis_book.RedisBook`, one hub per replica).
+``local`` (:class:`~bourse.coordination.book_local.LocalBook`) and ``redis``
+(:class:`~bourse.coordination.book_redis.RedisBook`, one hub per replica).
 
 The Redis adapter is asynchronous where the local one is not (a release is a
 fire-and-forget script call, an admission arrives on a channel), so the tests wait
@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from bourse.cluster.redis_book import RedisBook
+from bourse.coordination.book_local import LocalBook
+from bourse.coordination.book_redis import RedisBook
 from bourse.domain.book import Admission, BookFull, Deployment, Order, ProductBook
 from bourse.ports.book import BookView, DeploymentView
-from bourse.services.book_local import LocalBook
 from tests.contract.cluster import Replicas, eventually
 
 PRODUCT = "prod"

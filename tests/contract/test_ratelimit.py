@@ -1,6 +1,6 @@
 """The rate-limit port contract (``bourse.ports.limits``), run over both adapters:
-``memory`` (:class:`~bourse.services.limits.MemoryRateLimiter`) and ``redis``
-(:class:`~bourse.cluster.redis_limits.RedisRateLimiter`, one hub per replica).
+``memory`` (:class:`~bourse.coordination.limits_local.MemoryRateLimiter`) and ``redis``
+(:class:`~bourse.coordination.limits_redis.RedisRateLimiter`, one hub per replica).
 
 Buckets refill continuously (``limit / 60`` per second), so token counts read from
 headers are checked within a band that allows a few seconds of refill on a slow
@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from bourse.cluster.redis_limits import RedisRateLimiter
+from bourse.coordination.limits_local import MemoryRateLimiter
+from bourse.coordination.limits_redis import RedisRateLimiter
+from bourse.domain.ratelimit import retry_after_header
 from bourse.ports.limits import Decision, KeyLimits
-from bourse.services.limits import MemoryRateLimiter, retry_after_header
 from tests.contract.cluster import Replicas, eventually
 
 WAIT_S = 15.0

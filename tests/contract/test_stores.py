@@ -30,11 +30,11 @@ from bourse.ports.stores import (
     UnknownAccount,
     UsageRecord,
 )
-from bourse.storage.schema import MIGRATIONS
+from bourse.storage.schema import migrations
 from tests.support.databases import StoreFactory, with_database
 
 NOW = 1_700_000_000.0
-LATEST = max(v for v, _ in MIGRATIONS)
+LATEST = max(v for v, _ in migrations())
 
 
 def _id(prefix: str) -> str:
@@ -830,3 +830,32 @@ async def test_failed_open_raises_and_leaves_no_thread_behind(
             break
         await asyncio.sleep(0.02)
     assert leaked == set(), f"threads left running after a failed open(): {sorted(t.name for t in leaked)}"
+
+
+@pytest.mark.anyio
+async def test_postgres_transactions_survive_the_server_dropping_every_connection(postgres_dsn: str) -> None:
+    """PostgreSQL only: when the server drops every connection of the store (a restart,
+    a failover), the next transactions run on new connections; none fails, none is
+    applied twice."""
+    import psycopg
+
+    from bourse.storage.postgres import PostgresStore
+
+    store = PostgresStore(postgres_dsn, max_size=4)
+    await store.open()
+    try:
+        await store.create_account("a", 1_000, NOW)
+        await asyncio.gather(*(store.account("a") for _ in range(32)))  # several connections in use
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            dropped = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        assert dropped is not None and dropped[0] >= 1
+        holds = [mk_hold("a", 10) for _ in range(8)]
+        await asyncio.gather(*(store.place_hold(h) for h in holds))
+        assert (await acct(store, "a")).balance_micros == 1_000 - 80
+        assert {h.id for h in await store.holds("open", account_id="a")} == {h.id for h in holds}
+        await balanced(store)
+    finally:
+        await store.close()

@@ -23,12 +23,12 @@ from typing import Any
 
 from bourse.domain.book import Admission, Order
 from bourse.domain.errors import GatewayError, invalid_request, model_not_found
+from bourse.domain.ratelimit import retry_after_header
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
 from bourse.ports.limits import KeyLimits, LimiterUnavailable, RateLimiter
 from bourse.services.auth import Authenticator, Principal
 from bourse.services.billing import Billing, prompt_bytes_and_messages
 from bourse.services.ids import new_request_id
-from bourse.services.limits import retry_after_header
 from bourse.services.market import Market
 from bourse.wire.requests import GATEWAY_FIELDS, ChatCompletionRequest, CompletionRequest
 

@@ -32,7 +32,7 @@ from bourse.ports.stores import (
     UnknownAccount,
     UsageRecord,
 )
-from bourse.storage.schema import MIGRATIONS
+from bourse.storage.schema import migrations
 
 Row = Mapping[str, Any]
 T = TypeVar("T")
@@ -136,12 +136,11 @@ def _migrate(db: Executor, lock_sql: str | None, now: float) -> int:
     )
     row = db.fetchrow("SELECT MAX(version) AS v FROM schema_migrations")
     version = 0 if row is None or row["v"] is None else int(row["v"])
-    for v, sql in MIGRATIONS:
+    for v, statements in migrations():
         if v <= version:
             continue
-        for statement in sql.split(";"):
-            if statement.strip():
-                db.execute(statement)
+        for statement in statements:
+            db.execute(statement)
         db.execute("INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)", v, now)
         version = v
     return version

@@ -16,7 +16,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from bourse.cluster.hub import RedisHub
+from bourse.coordination.redis_hub import RedisHub
 from bourse.ports.limits import Decision, KeyLimits, LimiterUnavailable
 
 
