@@ -31,6 +31,7 @@ from bourse.services.accounts import AdminService, admin_key_hash, bootstrap_dem
 from bourse.services.auth import Authenticator
 from bourse.services.billing import Billing
 from bourse.services.completion import CompletionService, Limits
+from bourse.services.housekeeping import Housekeeping
 from bourse.services.jobs import JobLimits, JobService
 from bourse.services.market import Market
 from bourse.settings import Config, DeploymentConfig, Environment, deployment_name
@@ -93,6 +94,7 @@ class Container:
     store: SqlStore
     billing: Billing
     jobs: JobService
+    housekeeping: Housekeeping
     engines: dict[str, Engine] = field(default_factory=dict)
     generated_admin_key: str | None = None
     hub: Any = None
@@ -123,6 +125,7 @@ class Container:
         if resumed:
             log.info("resumed %d jobs left queued or running by the previous run", resumed)
         self.demo_key = await bootstrap_demo(self.admin)
+        self.housekeeping.start()
         if self.announce:
             if self.generated_admin_key:
                 print(f"bourse: admin key (shown once, kept in the data folder): {self.generated_admin_key}",
@@ -133,6 +136,7 @@ class Container:
         log.info("bourse serving %d products from %s", len(self.completions.markets), self.config.source)
 
     async def stop(self) -> None:
+        await self.housekeeping.stop()
         await self.jobs.stop()
         for m in self.completions.markets.values():
             await m.aclose()
@@ -299,6 +303,8 @@ def build(
             max_active=j.max_active,
         ),
     )
+    housekeeping = Housekeeping(store, interval_s=config.storage.idempotency_purge_interval_s)
     return Container(
-        config, service, auth, admin, store, billing, jobs, engines, generated_admin_key=generated, hub=hub
-    )
+        config, service, auth, admin, store, billing, jobs,
+        housekeeping=housekeeping, engines=engines, generated_admin_key=generated, hub=hub,
+    )  # fmt: skip

@@ -476,6 +476,43 @@ async def test_idempotency(store_factory: StoreFactory) -> None:
         assert (await s.idem_begin("a", "k", "h2", NOW + ttl + 1, ttl)).state == "new"
 
 
+async def idempotency_rows(store: Any) -> dict[tuple[str, str], str]:
+    """Every stored idempotency key (``(account, key) -> state``), read straight from the table."""
+
+    def read(db: Any) -> dict[tuple[str, str], str]:
+        rows = db.fetch("SELECT account_id, key, state FROM idempotency")
+        return {(r["account_id"], r["key"]): r["state"] for r in rows}
+
+    out: dict[tuple[str, str], str] = await store._read(read)
+    return out
+
+
+@pytest.mark.anyio
+async def test_purge_deletes_only_expired_idempotency_keys(store_factory: StoreFactory) -> None:
+    """The table shrinks to the keys still within their TTL, ``limit`` at a time; those
+    keep their state (in flight, or done with their answer)."""
+    async with store_factory() as s:
+        for i in range(5):  # expire at NOW + 10
+            assert (await s.idem_begin("a", f"old{i}", "h", NOW, 10)).state == "new"
+        assert (await s.idem_begin("b", "old-done", "h", NOW, 10)).state == "new"
+        await s.idem_complete("b", "old-done", StoredResponse(200, {}, b"{}"))
+        assert (await s.idem_begin("a", "live", "h", NOW, 100)).state == "new"  # expires at NOW + 100
+        assert (await s.idem_begin("b", "live-done", "h", NOW, 100)).state == "new"
+        await s.idem_complete("b", "live-done", StoredResponse(201, {"x": "1"}, b"kept"))
+        assert len(await idempotency_rows(s)) == 8
+
+        assert await s.purge_idempotency(NOW + 5, 1000) == 0  # nothing expired yet
+        assert await s.purge_idempotency(NOW + 50, 4) == 4  # a batch at most
+        assert len(await idempotency_rows(s)) == 4
+        assert await s.purge_idempotency(NOW + 50, 4) == 2
+        assert await s.purge_idempotency(NOW + 50, 4) == 0
+        assert await idempotency_rows(s) == {("a", "live"): "in_flight", ("b", "live-done"): "done"}
+
+        assert (await s.idem_begin("a", "live", "h", NOW + 60, 100)).state == "in_flight"
+        done = await s.idem_begin("b", "live-done", "h", NOW + 60, 100)
+        assert done.state == "done" and done.response == StoredResponse(201, {"x": "1"}, b"kept")
+
+
 # -- concurrency ------------------------------------------------------------------------------
 
 
