@@ -76,9 +76,15 @@ class RedisHub:
             socket_timeout=5,
             socket_connect_timeout=5,
         )
-        # the admission channel waits for messages without a read timeout
+        # the admission channel waits for messages without a read timeout; named, so
+        # an operator (or a test) can tell it apart in CLIENT LIST
+        self.subscriber_name = f"{prefix}:admissions:{self.replica}"
         self._sub: aioredis.Redis = aioredis.from_url(
-            url, decode_responses=True, health_check_interval=30, socket_connect_timeout=5
+            url,
+            decode_responses=True,
+            health_check_interval=30,
+            socket_connect_timeout=5,
+            client_name=self.subscriber_name,
         )
         self._books: dict[str, ReplicaBook] = {}
         self._tasks: list[asyncio.Task[None]] = []
