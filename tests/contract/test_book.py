@@ -106,7 +106,7 @@ async def admitted(
 ) -> Admission:
     loop = asyncio.get_running_loop()
     try:
-        adm = await book.wait(order, fut, loop.time() + within)
+        adm: Admission = await book.wait(order, fut, loop.time() + within)
     except TimeoutError:
         raise AssertionError(
             f"order {order.id} (bid {order.bid}) was not admitted within {within} s"
@@ -382,7 +382,8 @@ async def test_never_more_busy_than_slots(make_book: Books) -> None:
 
             async def waiter() -> Admission:
                 try:
-                    return await book.wait(order, fut, loop.time() + 60)
+                    got: Admission = await book.wait(order, fut, loop.time() + 60)
+                    return got
                 except asyncio.CancelledError:
                     give_back(oid)  # wait() withdrew the order or gave its slot back
                     raise
@@ -623,11 +624,11 @@ async def test_requeue_at_once_after_the_admission_gets_the_new_terms(
     Redis: the first admission's channel message, if any, is pinned to arrive while
     the requeue is on its way (pub/sub delivery is not ordered with script replies)."""
     book = await make_book([("a", 1.0, 1), ("b", 2.0, 1)])
-    late: list[tuple[str, ...]] = []
+    late: list[tuple[Any, ...]] = []
     if isinstance(book, RedisBook):
         real_on, real_call = book.on_admitted, book.hub.call
 
-        def held_back(*msg: str) -> None:
+        def held_back(*msg: Any) -> None:
             late.append(msg)
 
         async def call(name: str, keys: list[str], args: list[Any]) -> Any:
@@ -840,7 +841,8 @@ async def test_redis_timeout_racing_an_admission_keeps_the_slot_counted(
             await removed.wait()
             return await coro
 
-        return real_spawn(after_remove())
+        task: asyncio.Task[Any] = real_spawn(after_remove())
+        return task
 
     async def call(name: str, keys: list[str], args: list[Any]) -> Any:
         if name != "REMOVE" or args[-1] != o.id:

@@ -59,8 +59,8 @@ async def test_claim_jobs_by_lapsed_lease_and_own_previous_life(store_factory: S
         got = await s.claim_jobs("me", NOW, all_others=False)
         assert [j.id for j in got] == [orphan.id, dead.id]
         assert all(j.owner == "me" for j in got)
-        assert (await s.job(dead.id)).owner == "me"  # type: ignore[union-attr]
-        assert (await s.job(alive.id)).owner == "alive"  # type: ignore[union-attr]
+        assert (await s.job(dead.id)).owner == "me"
+        assert (await s.job(alive.id)).owner == "alive"
         # claimed once: a second sweep finds nothing new
         assert await s.claim_jobs("me", NOW, all_others=False) == []
         # at start-up, this instance's own jobs from before the crash come too
@@ -99,7 +99,7 @@ async def test_own_holds_from_a_previous_life_are_reconciled_at_start(store_fact
             await s.place_hold(h)
         assert await s.reconcile_orphans("me", NOW, all_others=False) == 0
         assert await s.reconcile_orphans("me", NOW, all_others=False, include_own=True) == 1
-        assert (await s.hold(mine.id)).state == "reconciling"  # type: ignore[union-attr]
-        assert (await s.hold(theirs.id)).state == "open"  # type: ignore[union-attr]
+        assert (await s.hold(mine.id)).state == "reconciling"
+        assert (await s.hold(theirs.id)).state == "open"
         t = await s.totals()
         assert t.credits_micros == t.balances_micros + t.holds_micros + t.revenue_micros

@@ -252,10 +252,11 @@ async def test_redis_dead_replica_streams_stop_counting_after_its_lease(redis_li
     assert replicas is not None
     await replicas.crash(dead.hub)
     crashed_at = time.monotonic()
-    d = await alive.acquire("k", limits, 1)
+    first: Decision = await alive.acquire("k", limits, 1)
+    d: Decision | None = first
     if (await replicas.replica_lease_ms(dead.hub) or 0) > await replicas.now_ms():
         # its entry in {prefix}:replicas had not lapsed yet: its streams still counted
-        refused(d, "in flight")
+        refused(first, "in flight")
         d = None
 
     async def admitted_again() -> bool:
