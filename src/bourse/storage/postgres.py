@@ -39,8 +39,9 @@ RECONNECT_ATTEMPTS = 3
 
 
 class ConnectionLost(psycopg.OperationalError):
-    """The transaction's connection broke (the server went away); it is safe to run it again
-    on another connection."""
+    """The transaction's connection broke (the server went away), so it is run again on
+    another one: a break before COMMIT rolled it back; in the rare break during COMMIT
+    the repeat meets the ledger's own guards (a hold id exists, a hold is no longer open)."""
 
 
 class _PgExecutor:
