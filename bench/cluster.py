@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 
 from bench.common import gateway, pct
+from bourse.coordination.book_local import LocalBook
 from bourse.domain.book import Deployment, ProductBook
-from bourse.services.book_local import LocalBook
 
 
 def _deps(slots: int) -> list[Deployment]:
@@ -37,8 +37,8 @@ def _deps(slots: int) -> list[Deployment]:
 
 
 async def _redis_book(url: str, prefix: str, slots: int) -> Any:
-    from bourse.cluster.hub import RedisHub
-    from bourse.cluster.redis_book import RedisBook
+    from bourse.coordination.book_redis import RedisBook
+    from bourse.coordination.redis_hub import RedisHub
 
     hub = RedisHub(url, prefix=prefix, lease_s=3.0)
     book = RedisBook(hub, "p", _deps(slots), max_waiting=100_000)

@@ -1,8 +1,9 @@
 """The composition root: builds engines, stores, markets and services from a
 :class:`Config`.
 
-The only module that imports adapters (``bourse.engines``, ``bourse.storage``), and
-it imports them lazily, so an optional dependency is needed only when configured.
+The only module that imports adapters (``bourse.engines``, ``bourse.storage``,
+``bourse.coordination``), the optional ones lazily, so an optional dependency is
+needed only when configured.
 Nothing is built at import time; :func:`build` is called by the CLI and the tests.
 """
 
@@ -17,6 +18,8 @@ from typing import Any
 
 from starlette.types import ASGIApp
 
+from bourse.coordination.book_local import LocalBook
+from bourse.coordination.limits_local import MemoryRateLimiter
 from bourse.domain.book import Deployment, ProductBook
 from bourse.domain.breaker import CircuitBreaker
 from bourse.http.app import create_app
@@ -26,10 +29,9 @@ from bourse.ports.limits import RateLimiter
 from bourse.services.accounts import AdminService, admin_key_hash, bootstrap_demo
 from bourse.services.auth import Authenticator
 from bourse.services.billing import Billing
-from bourse.services.book_local import LocalBook
 from bourse.services.completion import CompletionService, Limits
+from bourse.services.housekeeping import Housekeeping
 from bourse.services.jobs import JobLimits, JobService
-from bourse.services.limits import MemoryRateLimiter
 from bourse.services.market import Market
 from bourse.settings import Config, DeploymentConfig, Environment, deployment_name
 from bourse.storage.private import SecretBox, announce_keys
@@ -92,10 +94,11 @@ class Container:
     store: SqlStore
     billing: Billing
     jobs: JobService
+    housekeeping: Housekeeping
     engines: dict[str, Engine] = field(default_factory=dict)
     generated_admin_key: str | None = None
     hub: Any = None
-    """The Redis hub (``bourse.cluster.hub.RedisHub``) when ``[cluster] redis_url`` is set."""
+    """The Redis hub (``bourse.coordination.redis_hub.RedisHub``) when ``[cluster] redis_url`` is set."""
     demo_key: str | None = None
     announce: bool = True
     data_dir: Path | None = None
@@ -122,11 +125,13 @@ class Container:
         if resumed:
             log.info("resumed %d jobs left queued or running by the previous run", resumed)
         self.demo_key = await bootstrap_demo(self.admin)
+        self.housekeeping.start()
         if self.announce:
             announce_keys(self.data_dir, self.generated_admin_key, self.demo_key)
         log.info("bourse serving %d products from %s", len(self.completions.markets), self.config.source)
 
     async def stop(self) -> None:
+        await self.housekeeping.stop()
         await self.jobs.stop()
         for m in self.completions.markets.values():
             await m.aclose()
@@ -213,7 +218,7 @@ def build(
     owner = instance_id(data)
     hub = None
     if redis_url:
-        from bourse.cluster.hub import RedisHub
+        from bourse.coordination.redis_hub import RedisHub
 
         hub = RedisHub(
             redis_url, prefix=config.cluster.key_prefix, lease_s=config.cluster.lease_s, replica=owner
@@ -225,7 +230,7 @@ def build(
 
     def make_book(product: str, deployments: list[Deployment], max_waiting: int) -> BookPort:
         if hub is not None:
-            from bourse.cluster.redis_book import RedisBook
+            from bourse.coordination.book_redis import RedisBook
 
             return RedisBook(hub, product, deployments, max_waiting=max_waiting)
         return LocalBook(ProductBook(product, deployments, max_waiting=max_waiting))
@@ -274,7 +279,7 @@ def build(
     limits = Limits(config.server.book_timeout_s, config.server.book_timeout_max_s)
     limiter: RateLimiter = MemoryRateLimiter()
     if hub is not None:
-        from bourse.cluster.redis_limits import RedisRateLimiter
+        from bourse.coordination.limits_redis import RedisRateLimiter
 
         limiter = RedisRateLimiter(hub)
     service = CompletionService(markets, limits, models, billing=billing, limiter=limiter, auth=auth)
@@ -297,6 +302,8 @@ def build(
             max_active=j.max_active,
         ),
     )
+    housekeeping = Housekeeping(store, interval_s=config.storage.idempotency_purge_interval_s)
     return Container(
-        config, service, auth, admin, store, billing, jobs, engines, generated_admin_key=generated, hub=hub
-    )
+        config, service, auth, admin, store, billing, jobs,
+        housekeeping=housekeeping, engines=engines, generated_admin_key=generated, hub=hub,
+    )  # fmt: skip

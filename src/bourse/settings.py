@@ -156,6 +156,8 @@ class StorageConfig(_Strict):
     database: str | None = None
     """``postgresql://…`` for a shared database; default: SQLite in the data folder."""
     idempotency_ttl_s: float = Field(default=86_400.0, ge=60, le=30 * 86_400)
+    idempotency_purge_interval_s: float = Field(default=600.0, ge=0.05, le=86_400)
+    """How often expired idempotency keys are deleted (default every 10 minutes)."""
 
 
 class JobsConfig(_Strict):

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 
-from bourse.cluster.hub import RedisHub
+from bourse.coordination.redis_hub import RedisHub
 
 
 class Replicas:

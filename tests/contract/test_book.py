@@ -1,6 +1,6 @@
 """The book port contract (``bourse.ports.book``), run over both adapters:
-``local`` (:class:`~bourse.services.book_local.LocalBook`) and ``redis``
-(:class:`~bourse.cluster.redis_book.RedisBook`, one hub per replica).
+``local`` (:class:`~bourse.coordination.book_local.LocalBook`) and ``redis``
+(:class:`~bourse.coordination.book_redis.RedisBook`, one hub per replica).
 
 The Redis adapter is asynchronous where the local one is not (a release is a
 fire-and-forget script call, an admission arrives on a channel), so the tests wait
@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from bourse.cluster.redis_book import RedisBook
+from bourse.coordination.book_local import LocalBook
+from bourse.coordination.book_redis import RedisBook
 from bourse.domain.book import Admission, BookFull, Deployment, Order, ProductBook
 from bourse.ports.book import BookView, DeploymentView
-from bourse.services.book_local import LocalBook
 from tests.contract.cluster import Replicas, eventually
 
 PRODUCT = "prod"
@@ -803,6 +803,39 @@ async def test_redis_lost_admission_message_is_delivered_by_the_heartbeat(redis_
     assert (view.waiting, busy(view)) == (0, {"d": 1})
     assert view.admitted_total == 2  # the admission found, not a second one
     deaf.release(adm)
+    await settled(other, waiting=0, busy_total=0)
+
+
+@pytest.mark.anyio
+@pytest.mark.redis
+async def test_redis_admission_channel_comes_back_after_its_connection_drops(redis_books: Books) -> None:
+    """The server closes the replica's subscriber connection: the hub subscribes again,
+    and the next admission arrives on the channel (the heartbeat is far off)."""
+    lease_s = 30.0  # a heartbeat every 10 s: an admission well before it came by message
+    deps = [("d", 1.0, 1)]
+    cut = await redis_books(deps, lease_s=lease_s)
+    other = await redis_books(deps, lease_s=lease_s)
+    replicas = redis_books.replicas
+    assert replicas is not None
+    clients = await replicas.admin.client_list(_type="pubsub")
+    [victim] = [c["id"] for c in clients if c.get("name") == cut.hub.subscriber_name]
+    await replicas.admin.client_kill_filter(_id=victim)
+
+    async def resubscribed() -> bool:
+        now = await replicas.admin.client_list(_type="pubsub")
+        ours = [c for c in now if c.get("name") == cut.hub.subscriber_name]
+        return len(ours) == 1 and ours[0]["id"] != victim and await replicas.subscribers(cut.hub) == 1
+
+    await eventually(resubscribed, within=WAIT_S, what="the admission channel subscribed again")
+    _, f = await submit(other, "holder", 5.0)
+    holder = now_admitted(f)
+    o, fo = await submit(cut, "waiter", 4.0)
+    beats = cut.hub.heartbeats
+    other.release(holder)
+    adm = await admitted(cut, o, fo, within=lease_s / 3 - 1.0)
+    assert cut.hub.heartbeats == beats  # delivered by the channel, not found by a heartbeat
+    assert (adm.deployment, adm.price) == ("d", 1.0)
+    cut.release(adm)
     await settled(other, waiting=0, busy_total=0)
 
 

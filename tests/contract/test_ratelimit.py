@@ -1,6 +1,6 @@
 """The rate-limit port contract (``bourse.ports.limits``), run over both adapters:
-``memory`` (:class:`~bourse.services.limits.MemoryRateLimiter`) and ``redis``
-(:class:`~bourse.cluster.redis_limits.RedisRateLimiter`, one hub per replica).
+``memory`` (:class:`~bourse.coordination.limits_local.MemoryRateLimiter`) and ``redis``
+(:class:`~bourse.coordination.limits_redis.RedisRateLimiter`, one hub per replica).
 
 Buckets refill continuously (``limit / 60`` per second), so token counts read from
 headers are checked within a band that allows a few seconds of refill on a slow
@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from bourse.cluster.redis_limits import RedisRateLimiter
+from bourse.coordination.limits_local import MemoryRateLimiter
+from bourse.coordination.limits_redis import RedisRateLimiter
+from bourse.domain.ratelimit import retry_after_header
 from bourse.ports.limits import Decision, KeyLimits
-from bourse.services.limits import MemoryRateLimiter, retry_after_header
 from tests.contract.cluster import Replicas, eventually
 
 WAIT_S = 15.0
@@ -251,10 +252,11 @@ async def test_redis_dead_replica_streams_stop_counting_after_its_lease(redis_li
     assert replicas is not None
     await replicas.crash(dead.hub)
     crashed_at = time.monotonic()
-    d = await alive.acquire("k", limits, 1)
+    first: Decision = await alive.acquire("k", limits, 1)
+    d: Decision | None = first
     if (await replicas.replica_lease_ms(dead.hub) or 0) > await replicas.now_ms():
         # its entry in {prefix}:replicas had not lapsed yet: its streams still counted
-        refused(d, "in flight")
+        refused(first, "in flight")
         d = None
 
     async def admitted_again() -> bool:

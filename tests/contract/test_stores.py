@@ -31,11 +31,11 @@ from bourse.ports.stores import (
     UnknownAccount,
     UsageRecord,
 )
-from bourse.storage.schema import MIGRATIONS
+from bourse.storage.schema import migrations
 from tests.support.databases import StoreFactory, with_database
 
 NOW = 1_700_000_000.0
-LATEST = max(v for v, _ in MIGRATIONS)
+LATEST = max(v for v, _ in migrations())
 
 
 def _id(prefix: str) -> str:
@@ -478,6 +478,43 @@ async def test_idempotency(store_factory: StoreFactory) -> None:
         assert (await s.idem_begin("a", "k", "h2", NOW + ttl + 1, ttl)).state == "new"
 
 
+async def idempotency_rows(store: Any) -> dict[tuple[str, str], str]:
+    """Every stored idempotency key (``(account, key) -> state``), read straight from the table."""
+
+    def read(db: Any) -> dict[tuple[str, str], str]:
+        rows = db.fetch("SELECT account_id, key, state FROM idempotency")
+        return {(r["account_id"], r["key"]): r["state"] for r in rows}
+
+    out: dict[tuple[str, str], str] = await store._read(read)
+    return out
+
+
+@pytest.mark.anyio
+async def test_purge_deletes_only_expired_idempotency_keys(store_factory: StoreFactory) -> None:
+    """The table shrinks to the keys still within their TTL, ``limit`` at a time; those
+    keep their state (in flight, or done with their answer)."""
+    async with store_factory() as s:
+        for i in range(5):  # expire at NOW + 10
+            assert (await s.idem_begin("a", f"old{i}", "h", NOW, 10)).state == "new"
+        assert (await s.idem_begin("b", "old-done", "h", NOW, 10)).state == "new"
+        await s.idem_complete("b", "old-done", StoredResponse(200, {}, b"{}"))
+        assert (await s.idem_begin("a", "live", "h", NOW, 100)).state == "new"  # expires at NOW + 100
+        assert (await s.idem_begin("b", "live-done", "h", NOW, 100)).state == "new"
+        await s.idem_complete("b", "live-done", StoredResponse(201, {"x": "1"}, b"kept"))
+        assert len(await idempotency_rows(s)) == 8
+
+        assert await s.purge_idempotency(NOW + 5, 1000) == 0  # nothing expired yet
+        assert await s.purge_idempotency(NOW + 50, 4) == 4  # a batch at most
+        assert len(await idempotency_rows(s)) == 4
+        assert await s.purge_idempotency(NOW + 50, 4) == 2
+        assert await s.purge_idempotency(NOW + 50, 4) == 0
+        assert await idempotency_rows(s) == {("a", "live"): "in_flight", ("b", "live-done"): "done"}
+
+        assert (await s.idem_begin("a", "live", "h", NOW + 60, 100)).state == "in_flight"
+        done = await s.idem_begin("b", "live-done", "h", NOW + 60, 100)
+        assert done.state == "done" and done.response == StoredResponse(201, {"x": "1"}, b"kept")
+
+
 # -- concurrency ------------------------------------------------------------------------------
 
 
@@ -840,3 +877,32 @@ async def test_failed_open_raises_and_leaves_no_thread_behind(
             break
         await asyncio.sleep(0.02)
     assert leaked == set(), f"threads left running after a failed open(): {sorted(t.name for t in leaked)}"
+
+
+@pytest.mark.anyio
+async def test_postgres_transactions_survive_the_server_dropping_every_connection(postgres_dsn: str) -> None:
+    """PostgreSQL only: when the server drops every connection of the store (a restart,
+    a failover), the next transactions run on new connections; none fails, none is
+    applied twice."""
+    import psycopg
+
+    from bourse.storage.postgres import PostgresStore
+
+    store = PostgresStore(postgres_dsn, max_size=4)
+    await store.open()
+    try:
+        await store.create_account("a", 1_000, NOW)
+        await asyncio.gather(*(store.account("a") for _ in range(32)))  # several connections in use
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            dropped = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        assert dropped is not None and dropped[0] >= 1
+        holds = [mk_hold("a", 10) for _ in range(8)]
+        await asyncio.gather(*(store.place_hold(h) for h in holds))
+        assert (await acct(store, "a")).balance_micros == 1_000 - 80
+        assert {h.id for h in await store.holds("open", account_id="a")} == {h.id for h in holds}
+        await balanced(store)
+    finally:
+        await store.close()

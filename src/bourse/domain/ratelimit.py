@@ -8,6 +8,7 @@ returned when the request ends.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -44,3 +45,8 @@ def bucket(state: Bucket | None, capacity: int, now: float) -> Bucket:
         return Bucket(float(capacity), float(capacity), now)
     state.refill(now)
     return state
+
+
+def retry_after_header(seconds: float) -> str:
+    """The ``retry-after`` value for a wait of ``seconds``: whole seconds, rounded up, at least 1."""
+    return str(max(1, math.ceil(seconds)))

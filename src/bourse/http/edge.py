@@ -96,8 +96,10 @@ async def serve(route: HotRoute, scope: Scope, receive: Receive, send: Send) -> 
         await error_response(internal_error(rid), rid)(scope, receive, send)
 
 
-async def read_body(receive: Receive, declared: bytes | None, limit: int) -> bytes:
-    """The request body (``declared``: the content-length header), at most ``limit`` bytes."""
+async def read_body(receive: Receive, declared: bytes | str | None, limit: int) -> bytes:
+    """The request body (``declared``: the content-length header), at most ``limit`` bytes;
+    :class:`ClientGone` if the client left first. The one body reader: Starlette routes
+    use it too (:func:`bourse.http.deps.read_body`)."""
     if declared is not None:
         try:
             n = int(declared)

@@ -2,9 +2,9 @@
 
 Two adapters implement it:
 
-- :class:`bourse.services.book_local.LocalBook` — the in-process book of one gateway
+- :class:`bourse.coordination.book_local.LocalBook` — the in-process book of one gateway
   (the embedded default);
-- :class:`bourse.cluster.redis_book.RedisBook` — one book shared by every replica
+- :class:`bourse.coordination.book_redis.RedisBook` — one book shared by every replica
   through Redis (``[cluster] redis_url``).
 
 The contract (``tests/contract/test_book.py`` runs it over both):

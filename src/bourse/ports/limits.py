@@ -3,7 +3,10 @@
 ``acquire`` either admits (consuming one request, the token estimate and one stream
 slot, atomically) or refuses with the time to wait. ``finish`` gives back the
 stream slot and the difference between the token estimate and what was used.
-In-process today; a Redis adapter shares the counters across replicas.
+Two adapters (``tests/contract/test_ratelimit.py`` runs the contract over both):
+:class:`bourse.coordination.limits_local.MemoryRateLimiter` in process, and
+:class:`bourse.coordination.limits_redis.RedisRateLimiter`, whose counters every
+replica shares.
 """
 
 from __future__ import annotations

@@ -179,6 +179,10 @@ class IdempotencyStore(Protocol):
         """Store the answer; ``None`` forgets the key (a failure that may be retried)."""
         ...
 
+    async def purge_idempotency(self, now: float, limit: int) -> int:
+        """Delete at most ``limit`` keys that expired before ``now``; how many were deleted."""
+        ...
+
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "canceled", "expired"]
 FINAL_JOB_STATES: frozenset[str] = frozenset({"succeeded", "failed", "canceled", "expired"})
@@ -217,10 +221,6 @@ class JobStore(Protocol):
         """Set columns: status, hold_id, request_id, started_at, finished_at, result, error, webhook_state."""
         ...
 
-    async def unfinished_jobs(self) -> Sequence[Job]:
-        """Queued and running jobs, oldest first."""
-        ...
-
     async def claim_jobs(
         self, owner: str, now: float, *, all_others: bool, include_own: bool = False
     ) -> Sequence[Job]:
@@ -237,10 +237,3 @@ class JobStore(Protocol):
     async def expire_jobs(self, now: float) -> int:
         """Finished jobs past ``expires_at``: drop the result, status ``expired``."""
         ...
-
-
-class Store(LedgerStore, KeyStore, UsageStore, IdempotencyStore, JobStore, Protocol):
-    """One database holding every concern (what the composition root opens)."""
-
-    async def open(self) -> None: ...
-    async def close(self) -> None: ...

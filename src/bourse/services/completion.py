@@ -32,11 +32,11 @@ from bourse.domain.book import Admission, Order
 from bourse.domain.charging import Outcome, RecordedOutcome
 from bourse.domain.errors import GatewayError, invalid_request, model_not_found
 from bourse.domain.policy import Policy
+from bourse.domain.ratelimit import retry_after_header
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
 from bourse.ports.limits import KeyLimits, LimiterUnavailable, RateLimiter
 from bourse.services.auth import Authenticator, Principal
 from bourse.services.billing import Billing, Closing, Quote, quote_for
-from bourse.services.limits import retry_after_header
 from bourse.services.market import Market
 from bourse.wire.prompt import PromptSize, measure_prompt
 from bourse.wire.requests import GATEWAY_FIELDS, ChatCompletionRequest, CompletionRequest, bounded_header

@@ -1,28 +1,47 @@
 """The PostgreSQL adapter: a shared database for several gateway replicas.
 
-psycopg (3) connections, one per worker thread of a small pool: every transaction
-is one function run on a worker (one hop off the event loop), its statements on
-that thread's connection. Holds are owned by gateway instances with leases
-(``instances``), so a replica's orphaned holds are found by the others once its
-lease lapses. A broken connection is replaced and the transaction retried once.
+psycopg (3) connections from a :class:`psycopg_pool.ConnectionPool`, used by the
+worker threads of a small executor (as many threads as connections): every
+transaction is one function run on a worker (one hop off the event loop), its
+statements on one pooled connection. Holds are owned by gateway instances with
+leases (``instances``), so a replica's orphaned holds are found by the others once
+its lease lapses. The pool opens connections as the load needs them (one at
+start-up) and closes the extra ones after ten idle minutes.
+
+A connection the server dropped (a restart, a failover) is discarded by the pool,
+which opens a new one in the background; the transaction that found it broken is
+retried with :func:`bourse.retrying.retrying` after the pool has checked its idle
+connections (so the retry does not pick up another dead one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
 
+from bourse.retrying import retrying
 from bourse.storage.sql import IntegrityError, Row, SqlStore
 
 T = TypeVar("T")
 _PARAM = re.compile(r"\$(\d+)")
+
+CONNECT_TIMEOUT_S = 10.0
+"""How long opening a connection, or waiting for a free one, may take."""
+RECONNECT_ATTEMPTS = 3
+"""Attempts of a transaction whose connection the server dropped (the first included)."""
+
+
+class ConnectionLost(psycopg.OperationalError):
+    """The transaction's connection broke (the server went away), so it is run again on
+    another one: a break before COMMIT rolled it back; in the rare break during COMMIT
+    the repeat meets the ledger's own guards (a hold id exists, a hold is no longer open)."""
 
 
 class _PgExecutor:
@@ -68,59 +87,95 @@ class PostgresStore(SqlStore):
     single_node = False
     migration_lock_sql = "SELECT pg_advisory_xact_lock(7243001)"
 
-    def __init__(self, dsn: str, *, max_size: int = 8, min_size: int = 0) -> None:
+    def __init__(self, dsn: str, *, max_size: int = 8) -> None:
         self.dsn = dsn
         self._size = max(1, max_size)
-        self._pool: ThreadPoolExecutor | None = None
-        self._local = threading.local()
-        self._conns: list[psycopg.Connection[Any]] = []
-        self._lock = threading.Lock()
+        self._threads: ThreadPoolExecutor | None = None
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._cache: dict[str, str] = {}
 
-    def _conn(self) -> psycopg.Connection[Any]:
-        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
-        if conn is None or conn.closed:
-            conn = psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=10)
-            self._local.conn = conn
-            with self._lock:
-                self._conns.append(conn)
-        return conn
-
-    def _tx(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool) -> T:
-        for attempt in (1, 2):
-            conn = self._conn()
-            try:
-                ex = _PgExecutor(conn, self._cache)
-                if not write:
-                    return fn(ex, *args)
-                with conn.transaction():
-                    return fn(ex, *args)
-            except psycopg.OperationalError:
-                if attempt == 2 or not conn.closed:
-                    raise
-                self._local.conn = None  # the server went away: reconnect and retry once
-        raise AssertionError("unreachable")
-
     async def open(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=self._size, thread_name_prefix="bourse-pg")
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=self._size,
+            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": int(CONNECT_TIMEOUT_S)},
+            timeout=CONNECT_TIMEOUT_S,
+            open=False,
+            name="bourse-pg",
+        )
+        threads = ThreadPoolExecutor(max_workers=self._size, thread_name_prefix="bourse-pg")
+        try:
+            await asyncio.get_running_loop().run_in_executor(threads, _open_pool, pool, self.dsn)
+        except BaseException:
+            threads.shutdown(wait=False)
+            raise
+        self._pool, self._threads = pool, threads
         await self.migrate()
 
     async def close(self) -> None:
-        pool = self._pool
-        self._pool = None
+        threads, pool = self._threads, self._pool
+        self._threads = self._pool = None
+        if threads is not None:
+            threads.shutdown(wait=True)
         if pool is not None:
-            pool.shutdown(wait=True)
-        with self._lock:
-            conns, self._conns = self._conns, []
-        for c in conns:
-            c.close()
+            pool.close()
+
+    def _tx(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool) -> T:
+        """One transaction on a worker thread: ``fn(executor, *args)`` on a pooled connection."""
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("the PostgreSQL store is not open")
+        conn = pool.getconn()
+        try:
+            ex = _PgExecutor(conn, self._cache)
+            if not write:
+                return fn(ex, *args)
+            with conn.transaction():
+                return fn(ex, *args)
+        except psycopg.OperationalError as exc:
+            if not conn.broken:
+                raise
+            lost = exc
+        finally:
+            pool.putconn(conn)  # a broken one is discarded and replaced
+        pool.check()  # its idle siblings may be dead too (the server restarted)
+        raise ConnectionLost(str(lost)) from lost
+
+    async def _call(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool) -> T:
+        threads = self._threads
+        if threads is None:
+            raise RuntimeError("the PostgreSQL store is not open")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(threads, self._tx, fn, args, write)
+        except ConnectionLost:
+            pass  # the retries below, off the fast path (no retry state per transaction)
+        async for attempt in retrying(
+            attempts=RECONNECT_ATTEMPTS - 1,
+            base_s=0.05,
+            max_s=1.0,
+            retry_on=ConnectionLost,
+            what="a PostgreSQL transaction after a lost connection",
+        ):
+            with attempt:
+                return await loop.run_in_executor(threads, self._tx, fn, args, write)
+        raise AssertionError("unreachable: retrying re-raises the last failure")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._pool is None:
-            raise RuntimeError("the PostgreSQL store is not open")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._tx, fn, args, True)
+        return await self._call(fn, args, True)
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._pool is None:
-            raise RuntimeError("the PostgreSQL store is not open")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._tx, fn, args, False)
+        return await self._call(fn, args, False)
+
+
+def _open_pool(pool: ConnectionPool[psycopg.Connection[Any]], dsn: str) -> None:
+    """Open ``pool`` and wait for its first connections. One plain connection first, so
+    a database that refuses us fails at once with the server's own reason (the pool
+    would keep trying until its timeout)."""
+    psycopg.connect(dsn, connect_timeout=int(CONNECT_TIMEOUT_S)).close()
+    try:
+        pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
+    except BaseException:
+        pool.close()
+        raise

@@ -1,116 +1,37 @@
-"""Versioned migrations, one SQL text per version, valid on SQLite and PostgreSQL.
+"""Versioned migrations, one SQL file per version, valid on SQLite and PostgreSQL.
 
-Each version is applied once, in order, inside a transaction, and recorded in
-``schema_migrations``. Add a version; never edit one that has shipped.
-Money columns are integer micro-USD with CHECK constraints that make an overdraft
-or an over-charge impossible at the database level.
+The files are ``migrations/NNNN_name.sql`` in this package (read with
+:mod:`importlib.resources`, so they ship in the wheel): version ``NNNN`` is applied
+once, in order, inside a transaction, and recorded in ``schema_migrations``. Add a
+file; never edit one that has shipped. Statements end with ``;``; whole-line ``--``
+comments are dropped before splitting. Money columns are integer micro-USD with
+CHECK constraints that make an overdraft or an over-charge impossible at the
+database level.
 """
 
 from __future__ import annotations
 
-MIGRATIONS: list[tuple[int, str]] = [
-    (
-        1,
-        """
-CREATE TABLE accounts (
-    id TEXT PRIMARY KEY,
-    balance_micros BIGINT NOT NULL CHECK (balance_micros >= 0),
-    created_at DOUBLE PRECISION NOT NULL,
-    webhook_secret TEXT
-);
-CREATE TABLE credits (
-    id TEXT PRIMARY KEY,
-    account_id TEXT NOT NULL REFERENCES accounts(id),
-    amount_micros BIGINT NOT NULL CHECK (amount_micros > 0),
-    memo TEXT NOT NULL DEFAULT '',
-    created_at DOUBLE PRECISION NOT NULL
-);
-CREATE INDEX credits_account ON credits(account_id);
-CREATE TABLE holds (
-    id TEXT PRIMARY KEY,
-    account_id TEXT NOT NULL REFERENCES accounts(id),
-    request_id TEXT NOT NULL,
-    amount_micros BIGINT NOT NULL CHECK (amount_micros >= 0),
-    charged_micros BIGINT NOT NULL DEFAULT 0 CHECK (charged_micros >= 0 AND charged_micros <= amount_micros),
-    state TEXT NOT NULL CHECK (state IN ('open', 'settled', 'released', 'reconciling')),
-    owner TEXT NOT NULL,
-    product TEXT NOT NULL DEFAULT '',
-    note TEXT,
-    created_at DOUBLE PRECISION NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL
-);
-CREATE INDEX holds_state ON holds(state);
-CREATE INDEX holds_owner ON holds(owner, state);
-CREATE INDEX holds_account ON holds(account_id, state);
-CREATE TABLE api_keys (
-    id TEXT PRIMARY KEY,
-    key_hash TEXT NOT NULL UNIQUE,
-    account_id TEXT NOT NULL REFERENCES accounts(id),
-    products TEXT,
-    rpm INTEGER,
-    tpm INTEGER,
-    max_streams INTEGER,
-    created_at DOUBLE PRECISION NOT NULL
-);
-CREATE TABLE usage (
-    request_id TEXT PRIMARY KEY,
-    account_id TEXT NOT NULL,
-    product TEXT NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    outcome TEXT NOT NULL,
-    cost_micros BIGINT NOT NULL,
-    record TEXT NOT NULL
-);
-CREATE INDEX usage_account_time ON usage(account_id, created_at);
-CREATE TABLE idempotency (
-    account_id TEXT NOT NULL,
-    key TEXT NOT NULL,
-    body_hash TEXT NOT NULL,
-    state TEXT NOT NULL,
-    status INTEGER,
-    headers TEXT,
-    body BYTEA,
-    created_at DOUBLE PRECISION NOT NULL,
-    expires_at DOUBLE PRECISION NOT NULL,
-    PRIMARY KEY (account_id, key)
-);
-CREATE TABLE instances (
-    id TEXT PRIMARY KEY,
-    started_at DOUBLE PRECISION NOT NULL,
-    lease_until DOUBLE PRECISION NOT NULL
-);
-""",
-    ),
-    (
-        2,
-        """
-CREATE TABLE jobs (
-    id TEXT PRIMARY KEY,
-    account_id TEXT NOT NULL,
-    key_id TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    body TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'canceled', 'expired')),
-    request_id TEXT NOT NULL,
-    bid DOUBLE PRECISION NOT NULL,
-    hold_id TEXT,
-    webhook_url TEXT,
-    webhook_state TEXT NOT NULL DEFAULT 'none',
-    result TEXT,
-    error TEXT,
-    created_at DOUBLE PRECISION NOT NULL,
-    expires_at DOUBLE PRECISION NOT NULL,
-    started_at DOUBLE PRECISION,
-    finished_at DOUBLE PRECISION
-);
-CREATE INDEX jobs_account ON jobs(account_id, created_at);
-CREATE INDEX jobs_status ON jobs(status, expires_at);
-""",
-    ),
-    (
-        3,
-        """
-ALTER TABLE jobs ADD COLUMN owner TEXT;
-""",
-    ),
-]
+import re
+from importlib import resources
+
+_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+
+def statements(sql: str) -> list[str]:
+    """The statements of one migration file, without comments and empty ones."""
+    text = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+    return [s.strip() for s in text.split(";") if s.strip()]
+
+
+def migrations() -> list[tuple[int, list[str]]]:
+    """Every migration as ``(version, statements)``, in version order; versions run 1, 2, … without gaps."""
+    found: list[tuple[int, list[str]]] = []
+    for entry in resources.files("bourse.storage").joinpath("migrations").iterdir():
+        match = _FILE.match(entry.name)
+        if match is not None:
+            found.append((int(match.group(1)), statements(entry.read_text(encoding="utf-8"))))
+    found.sort(key=lambda m: m[0])
+    versions = [v for v, _ in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"the migration files are not numbered 1 to {len(found)}: {versions}")
+    return found

@@ -33,7 +33,7 @@ from bourse.ports.stores import (
     UnknownAccount,
     UsageRecord,
 )
-from bourse.storage.schema import MIGRATIONS
+from bourse.storage.schema import migrations
 
 Row = Mapping[str, Any]
 T = TypeVar("T")
@@ -137,12 +137,11 @@ def _migrate(db: Executor, lock_sql: str | None, now: float) -> int:
     )
     row = db.fetchrow("SELECT MAX(version) AS v FROM schema_migrations")
     version = 0 if row is None or row["v"] is None else int(row["v"])
-    for v, sql in MIGRATIONS:
+    for v, statements in migrations():
         if v <= version:
             continue
-        for statement in sql.split(";"):
-            if statement.strip():
-                db.execute(statement)
+        for statement in statements:
+            db.execute(statement)
         db.execute("INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)", v, now)
         version = v
     return version
@@ -655,9 +654,13 @@ class SqlStore:
     async def idem_complete(self, account_id: str, key: str, response: StoredResponse | None) -> None:
         await self._run(_idem_complete, account_id, key, response)
 
-    async def purge_idempotency(self, now: float) -> int:
+    async def purge_idempotency(self, now: float, limit: int) -> int:
         def purge(db: Executor) -> int:
-            return db.execute("DELETE FROM idempotency WHERE expires_at < $1", now)
+            return db.execute(
+                "DELETE FROM idempotency WHERE (account_id, key) IN "
+                f"(SELECT account_id, key FROM idempotency WHERE expires_at < $1 LIMIT {max(1, int(limit))})",
+                now,
+            )
 
         return await self._run(purge)
 
@@ -686,15 +689,6 @@ class SqlStore:
         self, owner: str, now: float, *, all_others: bool, include_own: bool = False
     ) -> Sequence[Job]:
         return await self._run(_claim_jobs, owner, now, all_others, include_own)
-
-    async def unfinished_jobs(self) -> Sequence[Job]:
-        def get(db: Executor) -> list[Job]:
-            rows = db.fetch(
-                "SELECT * FROM jobs WHERE status IN ('queued', 'running') ORDER BY created_at, id"
-            )
-            return [_job(r) for r in rows]
-
-        return await self._read(get)
 
     async def jobs_to_notify(self) -> Sequence[Job]:
         def get(db: Executor) -> list[Job]:

@@ -23,12 +23,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bourse.retrying import retrying
 from bourse.storage.private import narrow_files, private_file
 from bourse.storage.sql import IntegrityError, Row, SqlStore
 
 T = TypeVar("T")
 log = logging.getLogger("bourse.storage")
 _PARAM = re.compile(r"\$(\d+)")
+WAL_ATTEMPTS = 25
+"""Tries to switch a new file to WAL while another process writes it (about 10 s)."""
+
+
+class _Locked(sqlite3.OperationalError):
+    """The file is locked by another connection (retried)."""
 
 
 class _SqliteExecutor:
@@ -106,35 +113,48 @@ class SqliteStore(SqlStore):
             private_file(Path(self.path))
             narrow_files(Path(self.path + "-wal"), Path(self.path + "-shm"))
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+        conn.row_factory = sqlite3.Row
+        self._conn = conn  # closed by close(), also after a failed open()
+        conn.execute("PRAGMA busy_timeout=5000")
+
+    def _use_wal(self) -> None:
+        conn = self._conn
+        assert conn is not None
         try:
-            conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA busy_timeout=5000")
-            # switching a new file to WAL answers "locked" at once (no busy wait)
-            # while another connection writes it: retry until a deadline
-            deadline = time.monotonic() + 10.0
-            while True:
-                try:
-                    conn.execute("PRAGMA journal_mode=WAL")
-                    break
-                except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            if self.path != ":memory:":
-                # no checkpoint (and its fsyncs) inside a commit: _checkpoint does them
-                conn.execute("PRAGMA wal_autocheckpoint=0")
-                conn.execute(f"PRAGMA journal_size_limit={int(self.WAL_LIMIT_BYTES)}")
-        except BaseException:
-            conn.close()
+            conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc):
+                raise _Locked(str(exc)) from exc
             raise
-        self._conn = conn
+
+    def _configure(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        if self.path != ":memory:":
+            # no checkpoint (and its fsyncs) inside a commit: _checkpoint does them
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+            conn.execute(f"PRAGMA journal_size_limit={int(self.WAL_LIMIT_BYTES)}")
         self._exec = _SqliteExecutor(conn, self._cache)
 
     async def open(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bourse-sqlite")
-        await asyncio.get_running_loop().run_in_executor(self._pool, self._connect)
+        pool = self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bourse-sqlite")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(pool, self._connect)
+        # switching a new file to WAL answers "locked" at once (no busy wait) while
+        # another connection writes it (another process starting on the same file)
+        async for attempt in retrying(
+            attempts=WAL_ATTEMPTS,
+            base_s=0.02,
+            max_s=0.5,
+            retry_on=_Locked,
+            what="switching SQLite to WAL",
+            logger=log,
+        ):
+            with attempt:
+                await loop.run_in_executor(pool, self._use_wal)
+        await loop.run_in_executor(pool, self._configure)
         if self.path != ":memory:":
             self._start_checkpointer()
         await self.migrate()

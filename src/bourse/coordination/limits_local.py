@@ -5,7 +5,6 @@ Everything happens synchronously on the event loop, so each acquire is atomic.
 
 from __future__ import annotations
 
-import math
 import time
 
 from bourse.domain.ratelimit import KeyState, bucket
@@ -76,7 +75,3 @@ class MemoryRateLimiter:
             back = min(float(reserved_tokens), st.tokens.capacity) - used_tokens
             if back > 0:
                 st.tokens.level = min(st.tokens.capacity, st.tokens.level + back)
-
-
-def retry_after_header(seconds: float) -> str:
-    return str(max(1, math.ceil(seconds)))

@@ -17,14 +17,34 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Coroutine
+from importlib import resources
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 from redis.commands.core import AsyncScript
 
-from bourse.cluster import scripts
+from bourse.retrying import retrying
 
-log = logging.getLogger("bourse.cluster")
+log = logging.getLogger("bourse.coordination")
+
+BOOK_SCRIPTS = ("SUBMIT", "REMOVE", "RELEASE", "COOL", "HEARTBEAT", "STANDING", "VIEW")
+"""The book's scripts: ``lua/book.lua`` (what they share) followed by ``lua/book_{name}.lua``."""
+RATE_SCRIPTS = ("RATE_ACQUIRE", "RATE_FINISH")
+"""The rate limiter's scripts: ``lua/{name}.lua``, each on its own."""
+
+
+def load_scripts() -> dict[str, str]:
+    """Every Lua script by name (as :meth:`RedisHub.call` names them), read from the package."""
+    lua = resources.files("bourse.coordination").joinpath("lua")
+    common = lua.joinpath("book.lua").read_text(encoding="utf-8")
+    out = {
+        name: common + lua.joinpath(f"book_{name.lower()}.lua").read_text(encoding="utf-8")
+        for name in BOOK_SCRIPTS
+    }
+    for name in RATE_SCRIPTS:
+        out[name] = lua.joinpath(f"{name.lower()}.lua").read_text(encoding="utf-8")
+    return out
 
 
 class ReplicaBook(Protocol):
@@ -56,9 +76,15 @@ class RedisHub:
             socket_timeout=5,
             socket_connect_timeout=5,
         )
-        # the admission channel waits for messages without a read timeout
+        # the admission channel waits for messages without a read timeout; named, so
+        # an operator (or a test) can tell it apart in CLIENT LIST
+        self.subscriber_name = f"{prefix}:admissions:{self.replica}"
         self._sub: aioredis.Redis = aioredis.from_url(
-            url, decode_responses=True, health_check_interval=30, socket_connect_timeout=5
+            url,
+            decode_responses=True,
+            health_check_interval=30,
+            socket_connect_timeout=5,
+            client_name=self.subscriber_name,
         )
         self._books: dict[str, ReplicaBook] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -84,7 +110,7 @@ class RedisHub:
             await self.redis.ping()
         except Exception as exc:
             raise RuntimeError(f"cannot reach Redis at {_safe_url(self.url)}: {exc}") from exc
-        for name, source in scripts.ALL.items():
+        for name, source in load_scripts().items():
             self.script[name] = self.redis.register_script(source)
         await self.beat_replica()
         self._tasks.append(asyncio.create_task(self._listen(), name="bourse-redis-admissions"))
@@ -103,35 +129,44 @@ class RedisHub:
         return int(sec) * 1000 + int(usec) // 1000
 
     async def _listen(self) -> None:
+        """Deliver admissions from this replica's channel; resubscribe whenever the
+        connection is lost (with back-off while Redis refuses). The heartbeat
+        reconciles admissions published while we were away."""
         channel = self.channel_prefix + self.replica
-        backoff = 0.05
         while True:
-            pubsub = self._sub.pubsub(ignore_subscribe_messages=True)
+            async for attempt in retrying(
+                attempts=None, base_s=0.05, max_s=2.0, what="cluster: admission channel", logger=log
+            ):
+                with attempt:
+                    pubsub = await self._subscribe(channel)
+            self._subscribed.set()
             try:
-                await pubsub.subscribe(channel)
-                self._subscribed.set()
-                backoff = 0.05
-                books = self._books
-                while True:
-                    msg = await pubsub.get_message(timeout=None)
-                    if msg is None or msg.get("type") != "message":
-                        continue
-                    product, oid, dep, price, level, attempt = str(msg["data"]).split("|", 5)
-                    book = books.get(product)
-                    if book is not None:
-                        book.on_admitted(oid, dep, price, level, int(attempt))
-            except asyncio.CancelledError:
-                raise
+                await self._deliver(pubsub)
             except Exception as exc:
-                # the heartbeat reconciles admissions published while we were away
                 log.warning("cluster: admission channel lost (%s); reconnecting", exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
             finally:
-                try:
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-                except Exception:
-                    pass
+                await _close_quietly(pubsub)
+
+    async def _subscribe(self, channel: str) -> PubSub:
+        pubsub = self._sub.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(channel)
+        except BaseException:
+            await _close_quietly(pubsub)
+            raise
+        return pubsub
+
+    async def _deliver(self, pubsub: PubSub) -> None:
+        """Hand each admission message to its book, until the connection fails."""
+        books = self._books
+        while True:
+            msg = await pubsub.get_message(timeout=None)
+            if msg is None or msg.get("type") != "message":
+                continue
+            product, oid, dep, price, level, attempt = str(msg["data"]).split("|", 5)
+            book = books.get(product)
+            if book is not None:
+                book.on_admitted(oid, dep, price, level, int(attempt))
 
     async def _heartbeat(self) -> None:
         while True:
@@ -186,6 +221,13 @@ class RedisHub:
                 await asyncio.wait_for(client.aclose(), timeout=5)
             except Exception:
                 pass
+
+
+async def _close_quietly(pubsub: PubSub) -> None:
+    try:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+    except Exception:
+        pass
 
 
 def _safe_url(url: str) -> str:

@@ -2,8 +2,8 @@
 shared by every replica.
 
 The token buckets are those of :mod:`bourse.domain.ratelimit`, kept in a Redis
-hash and updated by one Lua script, so a key's requests/min and tokens/min hold
-across replicas. Concurrent streams are counted per replica; a replica whose lease
+hash and updated atomically in Lua (``lua/rate_acquire.lua``, ``lua/rate_finish.lua``),
+so a key's requests/min and tokens/min hold across replicas. Concurrent streams are counted per replica; a replica whose lease
 lapsed (it died) no longer counts, so a crash cannot lock a key out. A key with
 no limit at all costs no round trip (limits set later count streams opened after).
 A count that missed an update while Redis was unreachable is rewritten from this
@@ -16,7 +16,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from bourse.cluster.hub import RedisHub
+from bourse.coordination.redis_hub import RedisHub
 from bourse.ports.limits import Decision, KeyLimits, LimiterUnavailable
 
 

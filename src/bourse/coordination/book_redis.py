@@ -1,10 +1,10 @@
 """The Redis adapter of the book port: one book per product shared by every replica.
 
-Admission runs in Lua (:mod:`bourse.cluster.scripts`), so across replicas no slot
-is given twice and no better order is passed over. This replica keeps only what
-its own clients wait on: the future of each of its waiting orders and the
-admissions it holds. An admission reaches the waiter through the hub's channel
-(or, if that message was lost, through the next heartbeat).
+Admission runs in Lua (``lua/book_*.lua``; the key layout in ``lua/book.lua``), so
+across replicas no slot is given twice and no better order is passed over. This
+replica keeps only what its own clients wait on: the future of each of its waiting
+orders and the admissions it holds. An admission reaches the waiter through the
+hub's channel (or, if that message was lost, through the next heartbeat).
 
 Circuit breakers stay per replica; when one opens it publishes "cooling until" for
 its deployment, which every replica's clears respect.
@@ -20,12 +20,14 @@ from typing import Any
 import orjson
 from redis.exceptions import RedisError
 
-from bourse.cluster.hub import RedisHub
-from bourse.cluster.scripts import BOOK_KEYS
+from bourse.coordination.redis_hub import RedisHub
 from bourse.domain.book import Admission, BookFull, Deployment, Order
 from bourse.ports.book import BookUnavailable, BookView, Clear, DeploymentView
 
-log = logging.getLogger("bourse.cluster")
+log = logging.getLogger("bourse.coordination")
+
+BOOK_KEYS = ("book", "orders", "held", "lease", "busy", "cool", "stats", "recent", "seq")
+"""The keys of one product's book, in the scripts' ``KEYS`` order (see ``lua/book.lua``)."""
 
 VIEW_BIDS = 10_000
 """The market view lists at most this many waiting bids (the best ones)."""
@@ -59,7 +61,6 @@ class RedisBook:
         self._resting: set[str] = set()
         """Waiting orders whose submit Redis has answered (only these are renewed and checked)."""
         self._level = self.min_floor
-        self._cooling_sent: dict[str, float] = {}
 
     @staticmethod
     def now() -> float:

@@ -1,1 +1,0 @@
-"""Adapters that let several gateway replicas act as one exchange, over Redis."""
