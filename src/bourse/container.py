@@ -24,14 +24,19 @@ from bourse.http.app import create_app
 from bourse.ports.book import BookPort
 from bourse.ports.engine import Engine
 from bourse.ports.limits import RateLimiter
+from bourse.ports.reports import ReportStore
 from bourse.services.accounts import AdminService, admin_key_hash, bootstrap_demo
 from bourse.services.auth import Authenticator
 from bourse.services.billing import Billing
 from bourse.services.book_local import LocalBook
 from bourse.services.completion import CompletionService, Limits
+from bourse.services.dashboard import Dashboard
 from bourse.services.jobs import JobLimits, JobService
 from bourse.services.limits import MemoryRateLimiter
 from bourse.services.market import Market
+from bourse.services.request_feed import RequestFeed
+from bourse.services.sessions import Sessions
+from bourse.services.tape import MarketTape
 from bourse.settings import Config, DeploymentConfig, Environment, deployment_name
 from bourse.storage.sql import SqlStore
 
@@ -98,6 +103,8 @@ class Container:
     """The Redis hub (``bourse.cluster.hub.RedisHub``) when ``[cluster] redis_url`` is set."""
     demo_key: str | None = None
     announce: bool = True
+    reports: ReportStore = field(kw_only=True)
+    dashboard: Dashboard = field(kw_only=True)
 
     @property
     def max_body_bytes(self) -> int:
@@ -130,6 +137,7 @@ class Container:
         log.info("bourse serving %d products from %s", len(self.completions.markets), self.config.source)
 
     async def stop(self) -> None:
+        await self.dashboard.stop()
         await self.jobs.stop()
         for m in self.completions.markets.values():
             await m.aclose()
@@ -296,6 +304,14 @@ def build(
             max_active=j.max_active,
         ),
     )
+    from bourse.storage.reports import SqlReports
+
+    reports = SqlReports(store)
+    dashboard = Dashboard(
+        sessions=Sessions(store, admin_hash), reports=reports, admin=admin, jobs=jobs,
+        tape=MarketTape(markets), feed=RequestFeed(service, store),
+    )  # fmt: skip
     return Container(
-        config, service, auth, admin, store, billing, jobs, engines, generated_admin_key=generated, hub=hub
-    )
+        config, service, auth, admin, store, billing, jobs, engines, generated_admin_key=generated, hub=hub,
+        reports=reports, dashboard=dashboard,
+    )  # fmt: skip
