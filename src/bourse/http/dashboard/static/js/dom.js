@@ -1,6 +1,6 @@
 // DOM building and number formatting. Elements are built with createElement and
 // textContent only: no HTML is ever parsed from strings (the page runs under
-// Trusted Types with no policy, so innerHTML would throw).
+// Trusted Types with no policy: assigning markup to an element would throw).
 
 export function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
