@@ -1,12 +1,12 @@
 """The market tape: each product's book sampled over time, for the dashboard.
 
-A product is sampled (one :meth:`Market.view`) every ``interval_s`` while someone
-watches it, and for ``linger_s`` after the last watcher left, so a page opened again
-soon finds its charts filled. Each product keeps its last ``keep`` samples and its
-last admissions (the book's recent clears, taken once each: the growth of
-``admitted_total`` between two samples says how many of the newest are new). Nothing
-runs for a product nobody watches. Per process: every replica samples the book it
-sees (the shared book, with ``[cluster] redis_url``).
+A product is sampled (one :meth:`Market.view`) every ``interval_s`` (half a second)
+while someone watches it, and for ``linger_s`` after the last watcher left, so a page
+opened again soon finds its charts filled. Each product keeps its last ``keep``
+samples (ten minutes) and its last admissions (the book's recent clears, taken once
+each: the growth of ``admitted_total`` between two samples says how many of the
+newest are new). Nothing runs for a product nobody watches. Per process: every
+replica samples the book it sees (the shared book, with ``[cluster] redis_url``).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ class MarketTape:
         self,
         markets: Mapping[str, Market],
         *,
-        interval_s: float = 1.0,
-        keep: int = 900,
+        interval_s: float = 0.5,
+        keep: int = 1200,
         keep_clears: int = 300,
         linger_s: float = 600.0,
         clock: Callable[[], float] = time.time,

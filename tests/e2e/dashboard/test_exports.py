@@ -4,45 +4,20 @@ dashboard's download. Each row says what the JSON record says."""
 
 from __future__ import annotations
 
-import csv
-import io
 import time
-from typing import Any
 
 import httpx
 
-from bourse.http.usage_csv import COLUMNS
 from tests.e2e.dashboard.conftest import World
 from tests.support.gateway import ADMIN_KEY
+from tests.support.usage_rows import assert_row_is_record, parse_csv
 
 
 def _rows(r: httpx.Response) -> list[dict[str, str]]:
     assert r.status_code == 200, r.text
     assert r.headers["content-type"] == "text/csv; charset=utf-8"
     assert r.headers["content-disposition"].startswith("attachment;")
-    rows = list(csv.DictReader(io.StringIO(r.text)))
-    assert r.text.splitlines()[0].split(",") == [name for name, _ in COLUMNS]
-    return rows
-
-
-def _value(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
-    for part in path:
-        doc = doc.get(part) if isinstance(doc, dict) else None  # type: ignore[assignment]
-    return doc
-
-
-def assert_row_is_record(row: dict[str, str], record: dict[str, Any], account: str) -> None:
-    for name, path in COLUMNS:
-        want = account if not path else _value(record, path)
-        got = row[name]
-        if want is None:
-            assert got == "", (name, got)
-        elif isinstance(want, bool):
-            assert got == str(want).lower(), name
-        elif isinstance(want, int | float):
-            assert float(got) == want, (name, got, want)
-        else:
-            assert got == str(want), (name, got, want)
+    return parse_csv(r.text)
 
 
 def test_v1_usage_csv_pages_like_the_json(world: World) -> None:

@@ -6,7 +6,7 @@ import { feed } from "./api.js";
 import { priceAxis, priceValue, timeChart } from "./charts.js";
 import { $, clock, h, price, replaceRows, secs, td } from "./dom.js";
 
-const KEEP = 900;
+const KEEP = 1200;
 
 export function mount(ctx) {
   const select = $("#market-product");
