@@ -113,4 +113,11 @@ CREATE INDEX jobs_status ON jobs(status, expires_at);
 ALTER TABLE jobs ADD COLUMN owner TEXT;
 """,
     ),
+    (
+        4,
+        """
+CREATE INDEX usage_time ON usage(created_at, request_id);
+CREATE INDEX jobs_time ON jobs(created_at, id);
+""",
+    ),
 ]

@@ -35,11 +35,12 @@ from bourse.ports.stores import UsageRecord
 from bourse.services.dashboard import Dashboard
 from bourse.services.market import Market
 from bourse.services.sessions import Session
+from bourse.services.tape import Sample
 from bourse.wire.requests import check_id
 from bourse.wire.sse import KEEP_ALIVE, data_frame
 
 STREAM_LIFE_S = 300.0
-KEEP_ALIVE_S = 15.0
+KEEP_ALIVE_S = 5.0
 RECENT_CLEARS = 30
 
 
@@ -65,6 +66,20 @@ def takes(where: UsageFilter, rec: UsageRecord) -> bool:
 
 def routes(guard: Guard, dash: Dashboard, markets: Mapping[str, Market]) -> list[Route]:
     tape = dash.tape
+    rendered: dict[str, tuple[Sample, bytes]] = {}
+
+    def snapshot(name: str, m: Market, sample: Sample) -> bytes:
+        """The ``snapshot`` event of a sample, rendered once for every watcher."""
+        last = rendered.get(name)
+        if last is not None and last[0] is sample:
+            return last[1]
+        _, clears = tape.history(name)
+        doc = market_doc(name, m, sample.view, depth=True)
+        doc.pop("recent_clears", None)
+        frame = event("snapshot", {**doc, "point": point(sample),
+                                   "clears": [clear_doc(c) for c in clears[:RECENT_CLEARS]]})  # fmt: skip
+        rendered[name] = (sample, frame)
+        return frame
 
     async def market_events(request: Request, s: Session) -> Response:
         name = check_id(request.path_params["product"], "product")
@@ -81,11 +96,7 @@ def routes(guard: Guard, dash: Dashboard, markets: Mapping[str, Market]) -> list
             ends = time.monotonic() + STREAM_LIFE_S
             async with contextlib.aclosing(tape.watch(name)) as samples_:
                 async for sample in samples_:
-                    _, clears = tape.history(name)
-                    doc = market_doc(name, m, sample.view, depth=True)
-                    doc.pop("recent_clears", None)
-                    yield event("snapshot", {**doc, "point": point(sample),
-                                             "clears": [clear_doc(c) for c in clears[:RECENT_CLEARS]]})  # fmt: skip
+                    yield snapshot(name, m, sample)
                     if time.monotonic() >= ends:
                         break
             yield event("end", {})
