@@ -80,18 +80,16 @@ class MarketTape:
         return list(feed.samples), list(feed.clears)
 
     async def watch(self, product: str) -> AsyncGenerator[Sample, None]:
-        """Each new sample of ``product`` (the first at once if none is kept), until the
-        caller stops iterating. KeyError for an unknown product."""
+        """Each new sample of ``product`` as it is taken (a view that fails gives none),
+        until the caller stops iterating. KeyError for an unknown product."""
         feed = self._feed(product)
         feed.watchers += 1
         try:
             if feed.task is None or feed.task.done():
                 feed.task = asyncio.create_task(self._sample(product, feed))
             while True:
-                tick = feed.tick
-                await tick.wait()
-                if feed.samples:
-                    yield feed.samples[-1]
+                await feed.tick.wait()
+                yield feed.samples[-1]
         finally:
             feed.watchers -= 1
             feed.left_at = self._clock()
@@ -102,10 +100,12 @@ class MarketTape:
                 view = await feed.market.view()
             except GatewayError as exc:  # the shared book is unreachable: no sample this time
                 log.debug("market tape: no view of %s: %s", product, exc)
+            except Exception:  # never leave the watchers waiting on a dead sampler
+                log.exception("market tape: sampling %s failed", product)
             else:
                 self._record(feed, view)
-            tick, feed.tick = feed.tick, asyncio.Event()
-            tick.set()
+                tick, feed.tick = feed.tick, asyncio.Event()
+                tick.set()
             if feed.watchers == 0 and self._clock() - feed.left_at >= self._linger:
                 return
             await asyncio.sleep(self.interval_s)

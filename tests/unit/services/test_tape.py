@@ -87,3 +87,29 @@ async def test_request_feed_filters_and_bounds_each_queue() -> None:
         assert [every.get_nowait().request_id for _ in range(every.qsize())] == ["r2", "r3"]
     feed.publish(rec(9, "a"))  # no watcher left: nothing kept
     assert feed._watchers == []
+
+
+class FlakyMarket(FakeMarket):
+    """A book whose every other view fails (unexpectedly, not as a GatewayError)."""
+
+    calls = 0
+
+    async def view(self) -> BookView:
+        self.calls += 1
+        if self.calls % 2:
+            raise RuntimeError("boom")
+        return await super().view()
+
+
+async def test_a_failing_view_does_not_stop_the_samples(caplog: pytest.LogCaptureFixture) -> None:
+    m = FlakyMarket()
+    tape = MarketTape({"p": cast(Market, m)}, interval_s=0.01, linger_s=0.0)
+    got = 0
+    async with aclosing(tape.watch("p")) as samples:
+        async for _ in samples:
+            got += 1
+            if got == 3:
+                break
+    assert m.calls >= 5 and m.views >= got
+    assert caplog.text.count("sampling p failed") >= 2
+    await tape.aclose()
