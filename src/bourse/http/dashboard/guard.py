@@ -11,6 +11,7 @@ session's CSRF token in the ``x-csrf-token`` header. Without a session the answe
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -66,25 +67,32 @@ def not_signed_in() -> GatewayError:
 
 
 def check_same_origin(request: Request) -> None:
-    """403 for a request another site made (a cross-site form or script)."""
+    """403 for a request another site made (a cross-site form or script): the browser's
+    ``Sec-Fetch-Site``, else its ``Origin`` against the ``Host`` the request came to (the
+    host only: behind a TLS proxy the page is https and the gateway sees http)."""
     site = request.headers.get("sec-fetch-site")
     origin = request.headers.get("origin")
-    ours = f"{request.url.scheme}://{request.headers.get('host', '')}"
-    if (site is not None and site not in ("same-origin", "none")) or (origin is not None and origin != ours):
+    host = request.headers.get("host", "")
+    if (site is not None and site not in ("same-origin", "none")) or (
+        origin is not None and urlsplit(origin).netloc != host
+    ):
         raise GatewayError(403, "cross_site", "The dashboard takes actions from its own pages only.")
+
+
+def _https(request: Request) -> bool:
+    """Whether the page is served over HTTPS (here or by a proxy in front)."""
+    return request.url.scheme == "https" or request.headers.get("origin", "").startswith("https://")
 
 
 def set_cookie(response: Response, request: Request, token: str, max_age_s: int) -> None:
     response.set_cookie(
         COOKIE, token, max_age=max_age_s, path=COOKIE_PATH, httponly=True, samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=_https(request),
     )  # fmt: skip
 
 
 def clear_cookie(response: Response, request: Request) -> None:
-    response.delete_cookie(
-        COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict", secure=request.url.scheme == "https"
-    )
+    response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict", secure=_https(request))
 
 
 class Guard:

@@ -108,9 +108,9 @@ def routes(guard: Guard, dash: Dashboard, markets: Mapping[str, Market]) -> list
         where = UsageFilter(dash.scope(s, asked.account_id), asked.key_id, asked.product, asked.outcome)
 
         async def body() -> AsyncIterator[bytes]:
-            yield event("ready", {})
             ends = time.monotonic() + STREAM_LIFE_S
             with dash.feed.subscribe(lambda r: takes(where, r)) as queue:
+                yield event("ready", {})  # from here on, nothing that finishes is missed
                 while (left := ends - time.monotonic()) > 0:
                     try:
                         rec = await asyncio.wait_for(queue.get(), min(left, KEEP_ALIVE_S))
