@@ -130,3 +130,15 @@ def test_pages_and_files_carry_a_strict_csp(world: World, path: str) -> None:
 def test_only_the_dashboards_files_are_served(world: World, path: str) -> None:
     r = httpx.get(world.url + path)
     assert r.status_code == 404, r.text
+
+
+def test_behind_a_tls_proxy_the_cookie_is_secure(world: World) -> None:
+    host = world.url.removeprefix("http://")
+    with world.browser() as c:
+        r = c.post("/dashboard/api/session", json={"key": ADMIN_KEY}, headers={"origin": f"https://{host}"})
+        assert r.status_code == 200, r.text
+        assert "secure" in [a.strip().lower() for a in _cookie_header(r).split(";")]
+        r = c.post(
+            "/dashboard/api/session", json={"key": ADMIN_KEY}, headers={"origin": "https://elsewhere:1"}
+        )
+        assert r.status_code == 403
