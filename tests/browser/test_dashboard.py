@@ -200,6 +200,7 @@ def test_pages_are_usable_on_a_phone(floor: Floor, page: Any) -> None:
     _open(page, floor, "market/sim-market", ADMIN_KEY)
     page.wait_for_selector("#market-live.on")
     page.wait_for_selector("#chart-depth canvas")
+    page.wait_for_selector("#ladder-level")  # the first snapshot is drawn
     width = page.evaluate("() => document.documentElement.scrollWidth")
     assert width <= 390, f"the market page scrolls sideways on a phone ({width}px)"
     _shot(page, "phone-market")
