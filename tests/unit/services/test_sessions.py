@@ -3,6 +3,9 @@ key, forgery, and the CSRF token."""
 
 from __future__ import annotations
 
+import base64
+
+import orjson
 import pytest
 
 from bourse.domain.errors import GatewayError
@@ -97,10 +100,6 @@ async def test_forged_or_damaged_tokens_are_refused() -> None:
     _, user_token = await s.sign_in(USER_KEY)
     version, payload, mac = user_token.split(".")
     # the user's payload with the role changed, signed by someone without the secret
-    import base64
-
-    import orjson
-
     doc = orjson.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     doc["role"] = "operator"
     forged = base64.urlsafe_b64encode(orjson.dumps(doc)).rstrip(b"=").decode()
