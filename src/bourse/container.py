@@ -26,13 +26,18 @@ from bourse.http.app import create_app
 from bourse.ports.book import BookPort
 from bourse.ports.engine import Engine
 from bourse.ports.limits import RateLimiter
+from bourse.ports.reports import ReportStore
 from bourse.services.accounts import AdminService, admin_key_hash, bootstrap_demo
 from bourse.services.auth import Authenticator
 from bourse.services.billing import Billing
 from bourse.services.completion import CompletionService, Limits
+from bourse.services.dashboard import Dashboard
 from bourse.services.housekeeping import Housekeeping
 from bourse.services.jobs import JobLimits, JobService
 from bourse.services.market import Market
+from bourse.services.request_feed import RequestFeed
+from bourse.services.sessions import Sessions
+from bourse.services.tape import MarketTape
 from bourse.settings import Config, DeploymentConfig, Environment, deployment_name
 from bourse.storage.private import SecretBox, announce_keys
 from bourse.storage.sql import SqlStore
@@ -103,6 +108,8 @@ class Container:
     announce: bool = True
     data_dir: Path | None = None
     """Where keys generated at the first start are kept (set by ``bourse serve``)."""
+    reports: ReportStore = field(kw_only=True)
+    dashboard: Dashboard = field(kw_only=True)
 
     @property
     def max_body_bytes(self) -> int:
@@ -131,6 +138,7 @@ class Container:
         log.info("bourse serving %d products from %s", len(self.completions.markets), self.config.source)
 
     async def stop(self) -> None:
+        await self.dashboard.stop()
         await self.housekeeping.stop()
         await self.jobs.stop()
         for m in self.completions.markets.values():
@@ -303,7 +311,15 @@ def build(
         ),
     )
     housekeeping = Housekeeping(store, interval_s=config.storage.idempotency_purge_interval_s)
+    from bourse.storage.reports import SqlReports
+
+    reports = SqlReports(store)
+    dashboard = Dashboard(
+        sessions=Sessions(store, admin_hash), reports=reports, admin=admin, jobs=jobs,
+        tape=MarketTape(markets), feed=RequestFeed(service, store),
+    )  # fmt: skip
     return Container(
         config, service, auth, admin, store, billing, jobs,
         housekeeping=housekeeping, engines=engines, generated_admin_key=generated, hub=hub,
+        reports=reports, dashboard=dashboard,
     )  # fmt: skip

@@ -106,7 +106,15 @@ class LocalBook:
                     continue
                 fut.set_result(adm)
                 self.admitted_total += 1
-                self.recent.append(Clear(time.time(), adm.price, adm.order.bid, adm.deployment))
+                self.recent.append(
+                    Clear(
+                        time.time(),
+                        adm.price,
+                        adm.order.bid,
+                        adm.deployment,
+                        max(0.0, now - adm.order.arrived_at),
+                    )
+                )
         if self.book.waiting and self._wakeup is None:
             at = self.book.next_recovery(now)
             if at is not None:

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import math
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import micros_to_usd
-from bourse.http.deps import Services, page_limit
+from bourse.http import usage_csv
+from bourse.http.deps import Services, page_limit, unix_time
 from bourse.http.responses import JSON
 from bourse.wire.requests import check_id, optional_id
-
-
-def _float(request: Request, name: str) -> float | None:
-    v = request.query_params.get(name)
-    if v is None:
-        return None
-    try:
-        t = float(v)
-    except ValueError:
-        t = math.nan
-    if not math.isfinite(t):
-        raise invalid_request(f"{name}: expected a unix time in seconds, got {v!r}", param=name)
-    return t
 
 
 def routes(services: Services) -> list[Route]:
@@ -65,17 +51,22 @@ def routes(services: Services) -> list[Route]:
 
     async def usage_list(request: Request) -> Response:
         p = await auth.user(request.headers.get("authorization"))
+        fmt = request.query_params.get("format", "json")
+        if fmt not in ("json", "csv"):
+            raise invalid_request("format: expected json or csv", param="format")
         limit = page_limit(request)
         rows = await store.usage_page(
             p.account_id,
             limit=limit + 1,
-            before=_float(request, "before"),
-            since=_float(request, "since"),
-            until=_float(request, "until"),
+            before=unix_time(request, "before"),
+            since=unix_time(request, "since"),
+            until=unix_time(request, "until"),
             after=optional_id(request.query_params.get("after"), "after"),
         )
         page = rows[:limit]
         more = len(rows) > limit
+        if fmt == "csv":
+            return usage_csv.page_response(page, more, page[-1].request_id if more and page else None)
         return JSON(
             {
                 "object": "list",

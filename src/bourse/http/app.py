@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bourse.domain.errors import GatewayError, internal_error
-from bourse.http import account, admin, completions, jobs, market
+from bourse.http import account, admin, completions, dashboard, jobs, market, usage_csv
 from bourse.http.deps import Services
 from bourse.http.edge import HotRouter
 from bourse.http.responses import JSON, error_response
@@ -93,6 +93,8 @@ def create_app(services: Services) -> HotRouter:
         *account.routes(services),
         *jobs.routes(services),
         *admin.routes(services),
+        *usage_csv.routes(services),
+        *dashboard.routes(services),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]

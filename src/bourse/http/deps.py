@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -9,10 +10,12 @@ from starlette.requests import ClientDisconnect, Request
 
 from bourse.domain.errors import invalid_request
 from bourse.http import edge
+from bourse.ports.reports import ReportStore
 from bourse.ports.stores import IdempotencyStore, UsageStore
 from bourse.services.accounts import AdminService
 from bourse.services.auth import Authenticator
 from bourse.services.completion import CompletionService
+from bourse.services.dashboard import Dashboard
 from bourse.services.jobs import JobService
 from bourse.wire.requests import parse_body
 
@@ -34,6 +37,10 @@ class Services(Protocol):
     def jobs(self) -> JobService: ...
     @property
     def store(self) -> ServiceStore: ...
+    @property
+    def reports(self) -> ReportStore: ...
+    @property
+    def dashboard(self) -> Dashboard: ...
     @property
     def max_body_bytes(self) -> int: ...
     @property
@@ -75,3 +82,17 @@ def page_limit(request: Request, default: int = 20, most: int = 100) -> int:
     if not 1 <= limit <= most:
         raise invalid_request(f"limit: expected 1 to {most}", param="limit")
     return limit
+
+
+def unix_time(request: Request, name: str) -> float | None:
+    """A query parameter holding a unix time in seconds (finite), if given."""
+    v = request.query_params.get(name)
+    if v is None:
+        return None
+    try:
+        t = float(v)
+    except ValueError:
+        t = math.nan
+    if not math.isfinite(t):
+        raise invalid_request(f"{name}: expected a unix time in seconds, got {v!r}", param=name)
+    return t

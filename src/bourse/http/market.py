@@ -13,6 +13,7 @@ from starlette.routing import Route
 from bourse.domain.errors import model_not_found
 from bourse.http.deps import Services
 from bourse.http.responses import JSON
+from bourse.ports.book import BookView
 from bourse.services.market import Market
 from bourse.wire.requests import check_id
 
@@ -31,7 +32,12 @@ def _buckets(bids: list[float]) -> list[dict[str, Any]]:
 
 
 async def market_view(name: str, m: Market, *, depth: bool) -> dict[str, Any]:
-    v = await m.view()
+    return market_doc(name, m, await m.view(), depth=depth)
+
+
+def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, Any]:
+    """The market view of one product from a view of its book (``depth``: the book
+    and the recent admissions too)."""
     busy = sum(d.busy for d in v.deployments)
     total = sum(d.slots for d in v.deployments)
     out: dict[str, Any] = {

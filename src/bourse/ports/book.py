@@ -52,6 +52,8 @@ class Clear:
     price: float
     bid: float
     deployment: str
+    waited_s: float | None = None
+    """How long the order waited in the book (``None`` when the adapter does not know)."""
 
 
 @dataclass(slots=True)

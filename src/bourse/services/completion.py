@@ -84,6 +84,8 @@ class Finished:
 
 
 RunEvent = ChunkEvent | Queued | Requeued | Finished
+SettledHook = Callable[[Closing, Finished], None]
+"""Called once per run after its settlement (the usage record is written); must not block."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -139,6 +141,8 @@ class CompletionService:
         self.limiter = limiter
         self.auth = auth
         self.background: set[asyncio.Task[Any]] = set()
+        self.on_settled: list[SettledHook] = []
+        """Listeners of settled runs (the dashboard's live tail)."""
 
     async def open(
         self,
@@ -255,7 +259,13 @@ class CompletionService:
             s = await self.billing.settle(closing)
         finally:
             await self._limits_done(grant, int(closing.usage.get("total_tokens") or 0))
-        return Finished(s.outcome, error, s.usage, s.receipt, text_tokens, s.cost_micros)
+        fin = Finished(s.outcome, error, s.usage, s.receipt, text_tokens, s.cost_micros)
+        for hook in self.on_settled:
+            try:
+                hook(closing, fin)
+            except Exception:  # a listener's failure never touches the money
+                log.exception("an on_settled listener failed for %s", closing.request_id)
+        return fin
 
     def market(self, model: str) -> Market:
         m = self.markets.get(model)

@@ -1,0 +1,35 @@
+"""The web dashboard at ``/dashboard``: the exchange floor in a browser.
+
+One page (``static/index.html`` with its script and style, served from inside the
+package; no other origin is ever contacted) and the routes it calls:
+
+- :mod:`.assets`: the page and its files, with a strict Content-Security-Policy;
+- :mod:`.signin`: sign in with a key (a form), an HttpOnly SameSite=Strict session
+  cookie, sign out;
+- :mod:`.guard`: the session, origin and CSRF checks around every data route;
+- :mod:`.api`: markets, money (accounts, holds, spend; settle and release),
+  requests, jobs (cancel), the CSV download;
+- :mod:`.streams`: the live market and requests feeds (server-sent events).
+
+The use cases behind them are :class:`bourse.services.dashboard.Dashboard`.
+"""
+
+from __future__ import annotations
+
+from starlette.routing import Route
+
+from bourse.http.dashboard import api, assets, signin, streams
+from bourse.http.dashboard.guard import Guard
+from bourse.http.deps import Services
+
+
+def routes(services: Services) -> list[Route]:
+    dash = services.dashboard
+    markets = services.completions.markets
+    guard = Guard(dash.sessions)
+    return [
+        *assets.routes(),
+        *signin.routes(guard, list(markets)),
+        *streams.routes(guard, dash, markets),
+        *api.routes(guard, dash, markets),
+    ]

@@ -1,0 +1,93 @@
+"""Signing in and out of the dashboard: ``/dashboard/api/session``.
+
+- ``GET``: who is signed in (``{"signed_in": false}`` when nobody is, with 200, so a
+  fresh page does not log an error), with the session's CSRF token;
+- ``POST``: sign in with a key sent in the body, as JSON ``{"key": …}`` (the page's
+  script) or as a form field ``key`` (the form alone; answered with a redirect).
+  The key travels in the body only, never in a URL, and is not kept;
+- ``POST /dashboard/api/session/end``: sign out (an action: same origin and the
+  CSRF token); the cookie is cleared and the session forgotten.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from bourse.domain.errors import GatewayError, invalid_request
+from bourse.http.dashboard.guard import Guard, check_same_origin, clear_cookie, secure, set_cookie
+from bourse.http.deps import read_body
+from bourse.http.responses import JSON
+from bourse.services.sessions import Session, Sessions
+
+MAX_SIGN_IN_BYTES = 4096
+
+
+def whoami(sessions: Sessions, s: Session, products: list[str]) -> dict[str, Any]:
+    return {
+        "signed_in": True,
+        "role": s.role,
+        "account": s.account_id,
+        "key_id": s.key_id,
+        "expires_at": s.expires_at,
+        "csrf": sessions.csrf_token(s),
+        "products": products,
+    }
+
+
+def _key_from(raw: bytes, form: bool) -> str:
+    if form:
+        values = parse_qs(raw.decode("utf-8", "replace")).get("key", [""])
+        return values[0]
+    try:
+        doc = orjson.loads(raw or b"{}")
+    except orjson.JSONDecodeError:
+        raise invalid_request('body: expected JSON {"key": "..."}') from None
+    key = doc.get("key") if isinstance(doc, dict) else None
+    if not isinstance(key, str):
+        raise invalid_request("key: expected a string", param="key")
+    return key
+
+
+def routes(guard: Guard, products: list[str]) -> list[Route]:
+    sessions = guard.sessions
+
+    async def current(request: Request) -> Response:
+        s = await guard.session(request)
+        if s is None:
+            return secure(JSON({"signed_in": False}))
+        return secure(JSON(whoami(sessions, s, products)))
+
+    async def sign_in(request: Request) -> Response:
+        check_same_origin(request)
+        form = request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded")
+        key = _key_from(await read_body(request, MAX_SIGN_IN_BYTES), form)
+        try:
+            s, token = await sessions.sign_in(key)
+        except GatewayError:
+            if form:
+                return secure(RedirectResponse("/dashboard#signin-failed", status_code=303))
+            raise
+        out: Response = (
+            RedirectResponse("/dashboard", status_code=303) if form else JSON(whoami(sessions, s, products))
+        )
+        set_cookie(out, request, token, int(s.expires_at - s.issued_at))
+        out.headers["cache-control"] = "no-store"
+        return secure(out)
+
+    async def sign_out(request: Request, s: Session) -> Response:
+        sessions.sign_out(s)
+        out = JSON({"signed_in": False})
+        clear_cookie(out, request)
+        return out
+
+    return [
+        Route("/dashboard/api/session", current, methods=["GET"]),
+        Route("/dashboard/api/session", sign_in, methods=["POST"]),
+        Route("/dashboard/api/session/end", guard.action(sign_out), methods=["POST"]),
+    ]

@@ -1,0 +1,171 @@
+// The market page: one product's book as a ladder with the level marked, depth and
+// level over time, cleared prices, slot use per deployment, breaker states and the
+// latest admissions, live from /dashboard/api/markets/{product}/events.
+
+import { feed } from "./api.js";
+import { priceAxis, priceValue, timeChart } from "./charts.js";
+import { $, clock, h, price, replaceRows, secs, td } from "./dom.js";
+
+const KEEP = 1200;
+
+export function mount(ctx) {
+  const select = $("#market-product");
+  const products = ctx.session.products;
+  if (!select.options.length) {
+    for (const p of products) select.append(h("option", { value: p }, p));
+  }
+  const wanted = ctx.arg && products.includes(ctx.arg) ? ctx.arg : select.value || products[0];
+  select.value = wanted;
+  const onChange = () => {
+    location.hash = "market/" + encodeURIComponent(select.value);
+  };
+  select.addEventListener("change", onChange);
+
+  const state = { points: [], clears: [], deployments: [], charts: null, product: wanted };
+  const live = $("#market-live");
+  const source = feed(
+    `/dashboard/api/markets/${encodeURIComponent(wanted)}/events`,
+    {
+      history: (doc) => {
+        state.points = doc.points;
+        state.clears = doc.clears.slice().reverse();
+        redraw(state);
+      },
+      snapshot: (doc) => {
+        state.points.push(doc.point);
+        if (state.points.length > KEEP) state.points.splice(0, state.points.length - KEEP);
+        mergeClears(state, doc.clears);
+        render(doc, state);
+        redraw(state);
+      },
+    },
+    (up) => {
+      live.textContent = up ? "live" : "reconnecting…";
+      live.classList.toggle("on", up);
+    },
+  );
+  return () => {
+    source.close();
+    select.removeEventListener("change", onChange);
+    if (state.charts) for (const c of Object.values(state.charts)) c.destroy();
+  };
+}
+
+function mergeClears(state, newestFirst) {
+  const last = state.clears.length ? state.clears[state.clears.length - 1].t : -Infinity;
+  for (const c of newestFirst.slice().reverse()) {
+    if (c.t > last) state.clears.push(c);
+  }
+  if (state.clears.length > KEEP) state.clears.splice(0, state.clears.length - KEEP);
+}
+
+function render(doc, state) {
+  $("#market-desc").textContent = `${doc.product}: floor ${price(doc.floor)}, default bid ${price(doc.default_bid)} (USD per 1M tokens)`;
+  $("#stat-level").textContent = price(doc.level);
+  $("#stat-best").textContent = price(doc.best_bid);
+  $("#stat-waiting").textContent = String(doc.waiting);
+  $("#stat-slots").textContent = `${doc.slots.busy} / ${doc.slots.total}`;
+  $("#stat-floor").textContent = price(doc.floor);
+  $("#stat-admitted").textContent = String(doc.admitted_total);
+  renderLadder(doc);
+  replaceRows(
+    $("#deployments tbody"),
+    doc.deployments.map((d) =>
+      h("tr", { "data-deployment": d.name },
+        td(d.name),
+        td(price(d.floor)),
+        h("td", {}, h("progress", { max: d.slots, value: d.busy, "aria-label": `${d.busy} of ${d.slots} slots busy` }), ` ${d.busy} / ${d.slots}`),
+        h("td", {}, h("span", { class: "state " + (d.healthy ? "healthy" : "unhealthy") }, d.healthy ? "healthy" : "cooling down")),
+        h("td", {}, h("span", { class: "state " + d.breaker, "data-breaker": d.breaker }, d.breaker.replace("_", " "))),
+      ),
+    ),
+  );
+  const names = doc.deployments.map((d) => d.name).join("\n");
+  if (names !== state.deployments.join("\n")) {
+    state.deployments = doc.deployments.map((d) => d.name);
+    if (state.charts) {
+      state.charts.slots.destroy();
+      state.charts.slots = slotsChart(state.deployments);
+    }
+  }
+  replaceRows(
+    $("#admissions tbody"),
+    state.clears.slice(-20).reverse().map((c) =>
+      h("tr", {}, td(clock(c.t)), td(price(c.bid), "num"), td(price(c.price), "num"), td(secs(c.wait_s), "num"), td(c.deployment)),
+    ),
+    "No admissions yet.",
+  );
+}
+
+function renderLadder(doc) {
+  const tbody = $("#ladder tbody");
+  const most = Math.max(1, ...doc.book.map((b) => b.orders));
+  const rows = [];
+  let marked = false;
+  const levelRow = () =>
+    h("tr", { class: "level", id: "ladder-level" },
+      h("td", { colspan: 3 }, `level ${price(doc.level)}`),
+    );
+  for (const b of doc.book) {
+    if (!marked && b.price < doc.level) {
+      rows.push(levelRow());
+      marked = true;
+    }
+    const bar = h("div", { class: "bar" });
+    bar.style.width = `${(100 * b.orders) / most}%`;
+    rows.push(
+      h("tr", { class: "rung", "data-price": b.price, "data-orders": b.orders },
+        td(price(b.price), "num"),
+        td(String(b.orders), "num"),
+        h("td", { class: "depth", "aria-hidden": "true" }, bar),
+      ),
+    );
+  }
+  if (!marked) rows.push(levelRow());
+  if (!doc.book.length) rows.unshift(h("tr", { class: "empty" }, h("td", { colspan: 3 }, "No orders waiting.")));
+  tbody.replaceChildren(...rows);
+}
+
+function slotsChart(deployments) {
+  return timeChart(
+    $("#chart-slots"),
+    deployments.map((d) => ({ label: d, step: true })),
+    { scales: { y: { range: (u, min, max) => [0, Math.max(1, max)] } } },
+  );
+}
+
+function ensureCharts(state) {
+  if (state.charts) return state.charts;
+  state.charts = {
+    depth: timeChart(
+      $("#chart-depth"),
+      [
+        { label: "orders waiting", scale: "n", step: true },
+        { label: "level", scale: "price", step: true, value: priceValue },
+      ],
+      { scales: { n: { range: (u, min, max) => [0, Math.max(1, max)] } }, axes: [{ scale: "n" }, priceAxis] },
+    ),
+    cleared: timeChart(
+      $("#chart-cleared"),
+      [
+        { label: "cleared", scale: "price", points: true, value: priceValue },
+        { label: "bid", scale: "price", points: true, hollow: true, value: priceValue },
+      ],
+      { axes: [priceAxis] },
+    ),
+    slots: slotsChart(state.deployments),
+  };
+  return state.charts;
+}
+
+function redraw(state) {
+  if (!state.deployments.length && state.points.length) {
+    state.deployments = Object.keys(state.points[state.points.length - 1].busy);
+  }
+  const charts = ensureCharts(state);
+  const ts = state.points.map((p) => p.t);
+  charts.depth.set([ts, state.points.map((p) => p.waiting), state.points.map((p) => p.level)]);
+  charts.slots.set([ts, ...state.deployments.map((d) => state.points.map((p) => p.busy[d] ?? null))]);
+  const cs = state.clears;
+  charts.cleared.set([cs.map((c) => c.t), cs.map((c) => c.price), cs.map((c) => c.bid)]);
+}

@@ -1,0 +1,166 @@
+"""Usage records as CSV: the columns, one row per record, and the download routes.
+
+One table for every export: ``GET /v1/usage?format=csv`` (a key's own page, with the
+JSON list's filters and paging; see :mod:`bourse.http.account`), ``GET
+/admin/usage.csv`` (every account over a time range, streamed page by page) and the
+dashboard's download buttons. Each column is a field of the usage record as
+``GET /v1/usage/{request_id}`` returns it (:data:`COLUMNS` names its path), so a row
+and the JSON record say the same thing. Text cells that a spreadsheet would run as a
+formula (``=``, ``+``, ``-``, ``@`` first) are prefixed with ``'``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from bourse.domain.errors import invalid_request
+from bourse.http.deps import Services, unix_time
+from bourse.ports.reports import ReportStore, UsageFilter
+from bourse.ports.stores import UsageRecord
+from bourse.services.ids import new_request_id
+from bourse.wire.requests import optional_id
+
+COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("request_id", ("id",)),
+    ("created", ("created",)),
+    ("account", ()),
+    ("key_id", ("key_id",)),
+    ("model", ("model",)),
+    ("endpoint", ("endpoint",)),
+    ("outcome", ("outcome",)),
+    ("prompt_tokens", ("usage", "prompt_tokens")),
+    ("completion_tokens", ("usage", "completion_tokens")),
+    ("total_tokens", ("usage", "total_tokens")),
+    ("usage_estimated", ("usage", "usage_estimated")),
+    ("cost_micros", ("usage", "cost_micros")),
+    ("cost_usd", ("usage", "cost")),
+    ("bid", ("usage", "x_market", "bid")),
+    ("cleared_price", ("usage", "x_market", "cleared_price")),
+    ("level", ("usage", "x_market", "level")),
+    ("queued_ms", ("usage", "x_market", "queued_ms")),
+    ("deployment", ("usage", "x_market", "deployment")),
+    ("ttft_ms", ("receipt", "ttft_ms")),
+    ("latency_ms", ("receipt", "latency_ms")),
+    ("quote_micros", ("receipt", "quote_micros")),
+)
+"""(column, path in the usage record); ``account`` is the record's account."""
+
+MEDIA_TYPE = "text/csv; charset=utf-8"
+EXPORT_PAGE = 1000
+DEFAULT_RANGE_S = 86_400.0
+"""``/admin/usage.csv`` without ``since``: the last day."""
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def header() -> list[str]:
+    return [name for name, _ in COLUMNS]
+
+
+def _cell(value: Any) -> str:
+    if value is None or isinstance(value, dict | list):
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value)
+    return "'" + text if text.startswith(_FORMULA) else text
+
+
+def _get(doc: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = doc
+    for part in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
+
+
+def row(record: UsageRecord) -> list[str]:
+    doc = record.record
+    return [_cell(_get(doc, path) if path else record.account_id) for _, path in COLUMNS]
+
+
+def render(records: Iterable[UsageRecord], *, with_header: bool = True) -> str:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\r\n")
+    if with_header:
+        w.writerow(header())
+    for r in records:
+        w.writerow(row(r))
+    return out.getvalue()
+
+
+def attachment(name: str) -> dict[str, str]:
+    return {"content-disposition": f'attachment; filename="{name}"', "cache-control": "no-store"}
+
+
+def page_response(records: Sequence[UsageRecord], more: bool, next_after: str | None) -> Response:
+    """One page of a key's records (``GET /v1/usage?format=csv``); the paging is in
+    the headers ``x-has-more`` and ``x-next-after``."""
+    headers = {
+        **attachment("usage.csv"),
+        "x-request-id": new_request_id("req"),
+        "x-has-more": str(more).lower(),
+    }
+    if next_after is not None:
+        headers["x-next-after"] = next_after
+    return Response(render(records), media_type=MEDIA_TYPE, headers=headers)
+
+
+async def _pages(reports: ReportStore, where: UsageFilter) -> AsyncIterator[str]:
+    yield render((), with_header=True)
+    after: str | None = None
+    while True:
+        page = await reports.usage_rows(where, limit=EXPORT_PAGE, after=after)
+        if page:
+            yield render(page, with_header=False)
+        if len(page) < EXPORT_PAGE:
+            return
+        after = page[-1].request_id
+
+
+def export_response(reports: ReportStore, where: UsageFilter, filename: str) -> Response:
+    """Every record matching ``where``, newest first, streamed a page at a time."""
+    headers = {**attachment(filename), "x-request-id": new_request_id("req")}
+    return StreamingResponse(_pages(reports, where), media_type=MEDIA_TYPE, headers=headers)
+
+
+def export_filter(request: Request, account_id: str | None) -> UsageFilter:
+    """The filter of an export from its query (``since``, ``until``, ``key``, ``product``,
+    ``outcome``); ``account_id`` when the caller sees one account only."""
+    q = request.query_params
+    until = unix_time(request, "until")
+    since = unix_time(request, "since")
+    if since is None:
+        since = (until if until is not None else time.time()) - DEFAULT_RANGE_S
+    if until is not None and until < since:
+        raise invalid_request("until: must not be before since", param="until")
+    return UsageFilter(
+        account_id=account_id,
+        key_id=optional_id(q.get("key"), "key"),
+        product=optional_id(q.get("product"), "product"),
+        outcome=optional_id(q.get("outcome"), "outcome"),
+        since=since,
+        until=until,
+    )
+
+
+def routes(services: Services) -> list[Route]:
+    auth = services.auth
+    reports = services.reports
+
+    async def admin_usage_csv(request: Request) -> Response:
+        auth.admin(request.headers.get("authorization"))
+        account = optional_id(request.query_params.get("account"), "account")
+        return export_response(reports, export_filter(request, account), "usage-all.csv")
+
+    return [Route("/admin/usage.csv", admin_usage_csv, methods=["GET"])]

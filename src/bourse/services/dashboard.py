@@ -1,0 +1,163 @@
+"""The dashboard's use cases: what a signed-in person may see and do.
+
+Every method takes the caller's :class:`~bourse.services.sessions.Session`. An
+operator (signed in with the admin key) sees every account and may settle or release
+a reconciling hold and cancel any job; a user (signed in with an API key) sees their
+own account only and may cancel their own jobs. Operator actions are written to the
+audit log through an :class:`AuditSink` (by default :class:`LogAudit`, one JSON line
+on the ``bourse.audit`` logger) before the result is returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from bourse.domain.errors import GatewayError
+from bourse.ports.reports import ReportStore, SpendPoint, UsageFilter
+from bourse.ports.stores import Account, HoldState, JobStatus, UsageRecord
+from bourse.services.accounts import AdminService
+from bourse.services.jobs import JobService
+from bourse.services.request_feed import RequestFeed
+from bourse.services.sessions import Session, Sessions
+from bourse.services.tape import MarketTape
+
+MAX_LIST = 200
+MAX_SPEND_POINTS = 20_000
+
+
+@dataclass(slots=True, frozen=True)
+class AuditEntry:
+    at: float
+    actor: str
+    """Who acted: ``operator`` or ``user:<account>``, with the session id."""
+    action: str
+    target: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class AuditSink(Protocol):
+    async def record(self, entry: AuditEntry) -> None: ...
+
+
+class LogAudit:
+    """The audit log as JSON lines on the ``bourse.audit`` logger (level INFO)."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self._log = logger or logging.getLogger("bourse.audit")
+
+    async def record(self, entry: AuditEntry) -> None:
+        self._log.info("audit %s", orjson.dumps(asdict(entry)).decode())
+
+
+def forbidden(message: str) -> GatewayError:
+    return GatewayError(403, "admin_only", message)
+
+
+class Dashboard:
+    def __init__(
+        self,
+        *,
+        sessions: Sessions,
+        reports: ReportStore,
+        admin: AdminService,
+        jobs: JobService,
+        tape: MarketTape,
+        feed: RequestFeed,
+        audit: AuditSink | None = None,
+    ) -> None:
+        self.sessions = sessions
+        self.reports = reports
+        self.admin = admin
+        self.jobs = jobs
+        self.tape = tape
+        self.feed = feed
+        self.audit = audit or LogAudit()
+
+    async def stop(self) -> None:
+        await self.tape.aclose()
+
+    # -- scope --------------------------------------------------------------------
+
+    @staticmethod
+    def scope(s: Session, account: str | None = None) -> str | None:
+        """The account a query covers: the user's own; for an operator ``account``
+        (``None``: every account)."""
+        return account if s.operator else s.account_id
+
+    async def _audit(self, s: Session, action: str, target: str, **detail: Any) -> None:
+        actor = f"operator session {s.sid}" if s.operator else f"user:{s.account_id} session {s.sid}"
+        await self.audit.record(AuditEntry(time.time(), actor, action, target, detail))
+
+    # -- money ----------------------------------------------------------------------
+
+    async def accounts(self, s: Session) -> Sequence[Account]:
+        if s.operator:
+            return await self.reports.accounts(MAX_LIST)
+        assert s.account_id is not None
+        acc = await self.admin.store.account(s.account_id)
+        return [] if acc is None else [acc]
+
+    async def holds(self, s: Session, state: HoldState) -> list[dict[str, Any]]:
+        return await self.admin.holds(state, self.scope(s), MAX_LIST)
+
+    async def settle(self, s: Session, hold_id: str, amount_micros: int | None) -> dict[str, Any]:
+        if not s.operator:
+            raise forbidden("Only an operator (signed in with the admin key) may settle a hold.")
+        out = await self.admin.settle_hold(hold_id, amount_micros)
+        await self._audit(s, "hold.settle", hold_id, account=out["account_id"],
+                          charged_micros=out["charged_micros"], amount_micros=out["amount_micros"])  # fmt: skip
+        return out
+
+    async def release(self, s: Session, hold_id: str) -> dict[str, Any]:
+        if not s.operator:
+            raise forbidden("Only an operator (signed in with the admin key) may release a hold.")
+        out = await self.admin.release_hold(hold_id)
+        await self._audit(
+            s, "hold.release", hold_id, account=out["account_id"], amount_micros=out["amount_micros"]
+        )
+        return out
+
+    async def spend(self, s: Session, since: float, bucket_s: int) -> Sequence[SpendPoint]:
+        points = await self.reports.spend(UsageFilter(account_id=self.scope(s), since=since), bucket_s)
+        return points[-MAX_SPEND_POINTS:]
+
+    # -- requests -------------------------------------------------------------------
+
+    async def requests(
+        self, s: Session, where: UsageFilter, limit: int, after: str | None
+    ) -> Sequence[UsageRecord]:
+        scoped = UsageFilter(self.scope(s, where.account_id), where.key_id, where.product, where.outcome,
+                             where.since, where.until)  # fmt: skip
+        return await self.reports.usage_rows(scoped, limit=limit, after=after)
+
+    async def request(self, s: Session, request_id: str, account: str | None) -> UsageRecord:
+        owner = self.scope(s, account)
+        rec = None if owner is None else await self.admin.store.usage(owner, request_id)
+        if rec is None:
+            raise GatewayError(404, "not_found", f"No usage record '{request_id}' here.")
+        return rec
+
+    # -- jobs -----------------------------------------------------------------------
+
+    async def job_list(self, s: Session, status: JobStatus | None) -> list[dict[str, Any]]:
+        out = []
+        for job in await self.reports.jobs(self.scope(s), status, MAX_LIST):
+            view = await self.jobs.view(job)
+            view["account"] = job.account_id
+            out.append(view)
+        return out
+
+    async def cancel_job(self, s: Session, job_id: str) -> dict[str, Any]:
+        job = await self.jobs.store.job(job_id, self.scope(s))
+        if job is None:
+            raise GatewayError(404, "not_found", f"No job '{job_id}' here.")
+        out = await self.jobs.cancel(job_id, job.account_id)
+        if s.operator:
+            await self._audit(s, "job.cancel", job_id, account=job.account_id, status=out["status"])
+        return out

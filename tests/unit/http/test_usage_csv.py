@@ -1,0 +1,89 @@
+"""The CSV of usage records: cells, the formula guard, and the export's paging."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from bourse.http import usage_csv
+from bourse.ports.reports import SpendPoint, UsageFilter
+from bourse.ports.stores import Account, Job, JobStatus, UsageRecord
+
+pytestmark = pytest.mark.anyio
+
+
+def _rec(rid: str, **doc: Any) -> UsageRecord:
+    return UsageRecord(rid, "acme", "p", 1.0, "completed", 7, {"id": rid, **doc})
+
+
+def test_a_row_follows_the_record() -> None:
+    rec = _rec(
+        "r1", created=1700000000, key_id="key_1", model="p", outcome="completed",
+        usage={"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7, "cost_micros": 7, "cost": 7e-06,
+               "x_market": {"bid": 0.2, "cleared_price": 0.1, "level": None, "queued_ms": 1.5, "deployment": "p/0"}},
+        receipt={"ttft_ms": 12.25, "latency_ms": 40.0, "quote_micros": 99},
+    )  # fmt: skip
+    row = dict(zip(usage_csv.header(), usage_csv.row(rec), strict=True))
+    assert row["request_id"] == "r1" and row["account"] == "acme" and row["key_id"] == "key_1"
+    assert row["cost_usd"] == "7e-06" and float(row["cost_usd"]) == 7e-06
+    assert row["level"] == "" and row["usage_estimated"] == ""
+    assert (row["bid"], row["ttft_ms"], row["quote_micros"]) == ("0.2", "12.25", "99")
+
+
+def test_cells_that_a_spreadsheet_would_run_are_quoted() -> None:
+    rec = _rec(
+        "r2",
+        model="=HYPERLINK(1)",
+        endpoint="@SUM",
+        outcome="-1",
+        key_id="+x",
+        usage={"usage_estimated": True},
+    )
+    row = dict(zip(usage_csv.header(), usage_csv.row(rec), strict=True))
+    assert (row["model"], row["endpoint"], row["outcome"], row["key_id"]) == (
+        "'=HYPERLINK(1)",
+        "'@SUM",
+        "'-1",
+        "'+x",
+    )
+    assert row["usage_estimated"] == "true"
+    text = usage_csv.render([_rec("r3", model='a "quoted", name\nnext')])
+    back = list(csv.reader(io.StringIO(text)))
+    assert back[1][usage_csv.header().index("model")] == 'a "quoted", name\nnext'
+
+
+class Rows:
+    """A report store of ``n`` usage rows (newest first), paged by the cursor."""
+
+    def __init__(self, n: int) -> None:
+        self.rows = [_rec(f"r{i:05d}") for i in range(n, 0, -1)]
+        self.calls = 0
+
+    async def usage_rows(
+        self, where: UsageFilter, *, limit: int, after: str | None = None
+    ) -> Sequence[UsageRecord]:
+        self.calls += 1
+        start = 0 if after is None else [r.request_id for r in self.rows].index(after) + 1
+        return self.rows[start : start + limit]
+
+    async def accounts(self, limit: int) -> Sequence[Account]:
+        return []
+
+    async def spend(self, where: UsageFilter, bucket_s: int) -> Sequence[SpendPoint]:
+        return []
+
+    async def jobs(self, account_id: str | None, status: JobStatus | None, limit: int) -> Sequence[Job]:
+        return []
+
+
+@pytest.mark.parametrize("n", [0, 1, usage_csv.EXPORT_PAGE, 2 * usage_csv.EXPORT_PAGE + 17])
+async def test_the_export_streams_every_row_once(n: int) -> None:
+    store = Rows(n)
+    text = "".join([part async for part in usage_csv._pages(store, UsageFilter())])
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert [r["request_id"] for r in rows] == [r.request_id for r in store.rows]
+    assert store.calls == n // usage_csv.EXPORT_PAGE + 1
