@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ AnyCase = BeforeValidator(_casefold)
 EngineName = Annotated[Literal["sim", "openai", "llamacpp"], AnyCase]
 LogLevel = Annotated[Literal["debug", "info", "warning", "error"], AnyCase]
 PositiveFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+_ORIGIN = re.compile(r"https?://[^/\s?#@]+")
 
 
 class ConfigError(Exception):
@@ -165,7 +167,21 @@ class ServerConfig(_Strict):
     book_timeout_max_s: float = Field(default=3600.0, gt=0, le=86_400)
     """Cap on a client's ``timeout``."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
+    """The largest request body; a larger one gets 413 ``request_too_large`` naming the limit."""
     log_level: LogLevel = "info"
+    cors_origins: list[str] = Field(default_factory=list, max_length=1000)
+    """Browser origins allowed to call the API (``"*"``: any); empty: CORS off."""
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, origins: list[str]) -> list[str]:
+        for origin in origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f'expected "*" or origins such as "https://app.example.com" '
+                    f"(a scheme and a host, no path), got {origin!r}"
+                )
+        return origins
 
 
 class StorageConfig(_Strict):

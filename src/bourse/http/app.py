@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -18,9 +18,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from bourse.domain.errors import GatewayError, internal_error
 from bourse.http import account, admin, completions, jobs, market
+from bourse.http.cors import with_cors
 from bourse.http.deps import Services
 from bourse.http.edge import HotRouter
 from bourse.http.responses import JSON, error_response
@@ -37,7 +39,8 @@ def _rid(request: Request) -> str:
     return rid
 
 
-def create_app(services: Services) -> HotRouter:
+def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIApp:
+    """The gateway's ASGI app; behind CORS when ``cors_origins`` are given."""
     markets = services.completions.markets
 
     async def healthz(request: Request) -> Response:
@@ -96,4 +99,5 @@ def create_app(services: Services) -> HotRouter:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    return HotRouter(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), hot)
+    app = HotRouter(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), hot)
+    return with_cors(app, cors_origins)
