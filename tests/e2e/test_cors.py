@@ -60,7 +60,7 @@ def test_preflight_from_an_allowed_origin_is_204_with_the_cors_headers(cors_gw: 
     assert "access-control-allow-credentials" not in r.headers
 
 
-@pytest.mark.parametrize("path", ROUTES[:2] + ["/v1/models"])
+@pytest.mark.parametrize("path", [*ROUTES[:2], "/v1/models"])
 def test_preflight_from_another_origin_is_refused(cors_gw: Gateway, path: str) -> None:
     r = _preflight(cors_gw.url + path, OTHER)
     assert_error_envelope(r, 405, "method_not_allowed")
