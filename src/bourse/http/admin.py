@@ -10,7 +10,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bourse.domain.errors import invalid_request
-from bourse.http.deps import Services, json_model
+from bourse.http.deps import Services, json_model, page_limit
 from bourse.http.responses import JSON
 
 
@@ -30,13 +30,13 @@ class Credit(_In):
 class NewKey(_In):
     account: str = Field(min_length=1, max_length=128)
     products: list[str] | None = None
-    rpm: int | None = Field(default=None, ge=1)
-    tpm: int | None = Field(default=None, ge=1)
-    max_streams: int | None = Field(default=None, ge=1)
+    rpm: int | None = Field(default=None, ge=1, le=10**9)
+    tpm: int | None = Field(default=None, ge=1, le=10**12)
+    max_streams: int | None = Field(default=None, ge=1, le=10**6)
 
 
 class SettleHold(_In):
-    amount_micros: int | None = Field(default=None, ge=0)
+    amount_micros: int | None = Field(default=None, ge=0, le=10**15)  # 1e9 USD, as a credit
 
 
 def routes(services: Services) -> list[Route]:
@@ -72,10 +72,7 @@ def routes(services: Services) -> list[Route]:
         if state not in (None, "open", "settled", "released", "reconciling"):
             raise invalid_request("state: expected open, settled, released or reconciling", param="state")
         account = request.query_params.get("account")
-        try:
-            limit = int(request.query_params.get("limit", "100"))
-        except ValueError:
-            raise invalid_request("limit: expected an integer", param="limit") from None
+        limit = page_limit(request, default=100, most=1000)
         st: Literal["open", "settled", "released", "reconciling"] | None = state  # type: ignore[assignment]
         return JSON({"object": "list", "data": await admin.holds(st, account, limit)})
 

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from bourse.domain.errors import GatewayError, internal_error
-from bourse.http import account, admin, completions, jobs, market
+from bourse.http import account, admin, completions, jobs, market, openapi
 from bourse.http.cors import with_cors
 from bourse.http.deps import Services
 from bourse.http.edge import HotRouter
@@ -65,7 +65,7 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
         elif exc.status_code == 405:
             err = GatewayError(
                 405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}.",
-                error_type="invalid_request_error",
+                error_type="invalid_request_error", headers=dict(exc.headers or {}),  # Allow (RFC 9110)
             )  # fmt: skip
         else:
             err = GatewayError(exc.status_code, "invalid_request", str(exc.detail))
@@ -99,5 +99,6 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
+    routes.append(openapi.route(routes))
     app = HotRouter(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), hot)
     return with_cors(app, cors_origins)

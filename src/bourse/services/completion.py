@@ -23,6 +23,7 @@ from typing import Any
 
 from bourse.domain.book import Admission, Order
 from bourse.domain.errors import GatewayError, invalid_request, model_not_found
+from bourse.domain.money import MAX_PRICE_USD
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
 from bourse.ports.limits import KeyLimits, LimiterUnavailable, RateLimiter
 from bourse.services.auth import Authenticator, Principal
@@ -209,6 +210,9 @@ class CompletionService:
         bid = _header_number(max_price_header, "X-Max-Price") if req.max_price is None else req.max_price
         if bid is None:
             bid = market.default_bid
+        if bid > MAX_PRICE_USD:
+            raise invalid_request(f"max_price: {bid:g} USD per 1M tokens is over the highest bid accepted "
+                                  f"({MAX_PRICE_USD:.0f}).", param="max_price")  # fmt: skip
         if bid < market.min_floor:
             raise invalid_request(
                 f"max_price: {bid:g} USD per 1M tokens is below the lowest floor of '{req.model}' "
