@@ -180,6 +180,7 @@ def test_wrong_method_is_an_envelope(env: Env) -> None:
         ("TRACE", "/v1/completions", {"POST"}),
         ("DELETE", "/v1/models", {"GET", "HEAD"}),
         ("PUT", "/admin/accounts", {"POST"}),
+        ("DELETE", "/v1/jobs", {"GET", "HEAD", "POST"}),
     ],
 )
 def test_wrong_method_is_405_with_allow(env: Env, method: str, path: str, allowed: set[str]) -> None:

@@ -17,8 +17,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
-from starlette.types import ASGIApp
+from starlette.routing import BaseRoute, Match, Route
+from starlette.types import ASGIApp, Scope
 
 from bourse.domain.errors import GatewayError, internal_error
 from bourse.http import account, admin, completions, jobs, market, openapi
@@ -37,6 +37,15 @@ def _rid(request: Request) -> str:
         rid = new_request_id("chat")
         request.state.request_id = rid
     return rid
+
+
+def _allowed(routes: Sequence[BaseRoute], scope: Scope) -> str:
+    """The methods a path takes over every route that matches it: a 405's ``Allow`` (RFC 9110)."""
+    methods: set[str] = set()
+    for route in routes:
+        if isinstance(route, Route) and route.methods and route.matches(scope)[0] is not Match.NONE:
+            methods |= route.methods
+    return ", ".join(sorted(methods))
 
 
 def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIApp:
@@ -65,7 +74,7 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
         elif exc.status_code == 405:
             err = GatewayError(
                 405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}.",
-                error_type="invalid_request_error", headers=dict(exc.headers or {}),  # Allow (RFC 9110)
+                error_type="invalid_request_error", headers={"allow": _allowed(routes, request.scope)},
             )  # fmt: skip
         else:
             err = GatewayError(exc.status_code, "invalid_request", str(exc.detail))
