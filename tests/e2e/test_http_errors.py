@@ -203,6 +203,51 @@ def test_settling_a_hold_for_more_than_any_amount_is_400() -> None:
         assert gw.admin("GET", "/admin/holds", params={"state": "open"}).json()["data"] == holds
 
 
+@pytest.mark.parametrize(
+    ("path", "extra", "field"),
+    [
+        ("/v1/chat/completions", {"stream": 0}, "stream"),
+        ("/v1/chat/completions", {"max_tokens": "3"}, "max_tokens"),
+        ("/v1/chat/completions", {"seed": 1.0}, "seed"),
+        ("/v1/chat/completions", {"stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+        ("/v1/completions", {"echo": "yes"}, "echo"),
+    ],
+)
+def test_a_value_of_another_type_is_400_not_coerced(
+    env: Env, path: str, extra: dict[str, object], field: str
+) -> None:
+    """Found by schemathesis (a schema-invalid body accepted): ``"max_tokens": "3"`` was
+    read as 3 for the quote while the raw string went on to the engine."""
+    body = {
+        "model": "alpha",
+        **({"prompt": "hi"} if path == "/v1/completions" else {"messages": USER}),
+        **extra,
+    }
+    err = assert_error_envelope(env.post(path, body), 400, "invalid_request")
+    assert err["param"] == field, err
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/admin/accounts", {"id": "typed", "credit_usd": "5"}, "credit_usd"),
+        ("/admin/keys", {"account": "test", "rpm": "5"}, "rpm"),
+        ("/admin/keys", {"account": "test", "rpm": 5.0}, "rpm"),
+    ],
+)
+def test_an_admin_value_of_another_type_is_400(
+    env: Env, path: str, body: dict[str, object], field: str
+) -> None:
+    err = assert_error_envelope(env.gateway.admin("POST", path, json=body), 400, "invalid_request")
+    assert err["param"] == field, err
+
+
+def test_a_job_value_of_another_type_is_400(env: Env) -> None:
+    job = {"endpoint": "/v1/chat/completions", "body": {"model": "alpha", "messages": USER}, "ttl_s": "60"}
+    err = assert_error_envelope(env.post("/v1/jobs", job), 400, "invalid_request")
+    assert err["param"] == "ttl_s", err
+
+
 @pytest.mark.parametrize("field", ["rpm", "tpm", "max_streams"])
 def test_a_key_limit_over_any_sensible_value_is_400(env: Env, field: str) -> None:
     """Found by probing what schemathesis found: a huge limit overflowed the database driver (a 500)."""

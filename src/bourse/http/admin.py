@@ -15,7 +15,7 @@ from bourse.http.responses import JSON
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class NewAccount(_In):

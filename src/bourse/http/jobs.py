@@ -15,7 +15,7 @@ from bourse.http.responses import JSON
 
 
 class NewJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     endpoint: str
     body: dict[str, Any]
     webhook_url: str | None = Field(default=None, max_length=2048)

@@ -60,13 +60,15 @@ class Param:
 
 @dataclass(frozen=True, slots=True)
 class Operation:
+    """What the document says of one method on one route."""
+
     summary: str
     tag: str
     auth: Auth = "key"
     body: type[BaseModel] | None = None
     ok: int = 200
-    answer: str = "Object"
-    """The component schema of the success answer."""
+    answer: str | None = "Object"
+    """The component schema of the (JSON) success answer; None: not described."""
     stream: bool = False
     """The success answer may be an event stream (``stream: true``)."""
     errors: tuple[int, ...] = ()
@@ -382,7 +384,9 @@ def _model_schema(model: type[BaseModel], components: dict[str, Any]) -> dict[st
 
 
 def _responses(op: Operation, path_params: bool) -> dict[str, Any]:
-    ok = _json("the answer", op.answer)
+    ok: dict[str, Any] = (
+        {"description": "the answer"} if op.answer is None else _json("the answer", op.answer)
+    )
     if op.stream:
         ok["content"]["text/event-stream"] = {"schema": _ref("Event")}
     out: dict[str, Any] = {str(op.ok): ok}
@@ -404,7 +408,7 @@ def _responses(op: Operation, path_params: bool) -> dict[str, Any]:
 
 
 def _operation(method: str, path: str, route: Route, components: dict[str, Any]) -> dict[str, Any]:
-    op = OPERATIONS.get((method, path)) or Operation(route.name or path, "other")
+    op = OPERATIONS.get((method, path)) or Operation(route.name or path, "other", answer=None)
     names = list(route.param_convertors)
     out: dict[str, Any] = {
         "operationId": f"{method.lower()}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}",

@@ -22,7 +22,7 @@ GATEWAY_FIELDS = ("max_price", "timeout", "detached")
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # no coercion: the raw body goes on upstream
 
 
 class StreamOptions(_Open):
