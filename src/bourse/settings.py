@@ -42,6 +42,9 @@ AnyCase = BeforeValidator(_casefold)
 EngineName = Annotated[Literal["sim", "openai", "llamacpp"], AnyCase]
 LogLevel = Annotated[Literal["debug", "info", "warning", "error"], AnyCase]
 PositiveFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+_ENUM_KNOBS = ("usage_chunk", "on_disconnect", "charge_on_disconnect", "charge_on_error", "missing_usage",
+               "reasoning_field")  # fmt: skip
+"""The policy knobs whose values are names (read in any case)."""
 _ORIGIN = re.compile(r"https?://[^/\s?#@]+")
 
 
@@ -141,10 +144,7 @@ class ProductConfig(_Strict):
     max_requeues: int | None = None
     deployments: list[DeploymentConfig] = Field(min_length=1)
 
-    @field_validator(
-        "policy", "usage_chunk", "on_disconnect", "charge_on_disconnect", "charge_on_error",
-        "missing_usage", "reasoning_field", mode="before",
-    )  # fmt: skip
+    @field_validator("policy", *_ENUM_KNOBS, mode="before")
     @classmethod
     def _any_case(cls, value: Any) -> Any:
         return _casefold(value)
@@ -310,7 +310,7 @@ def _policy_problems(data: dict[str, Any]) -> list[str]:
         if not isinstance(product, dict):
             continue
         preset = product.get("policy", "default")
-        knobs = {k: _casefold(v) for k, v in product.items() if k in KNOBS and isinstance(v, str)}
+        knobs = {k: _casefold(v) for k, v in product.items() if k in _ENUM_KNOBS and isinstance(v, str)}
         if isinstance(preset, str):
             try:
                 resolve_policy(preset.lower(), knobs)

@@ -122,3 +122,10 @@ def test_a_wrong_type_anywhere_is_a_one_line_config_error(text: str, where: str)
 def test_no_products_is_one_line() -> None:
     with pytest.raises(ConfigError, match=r"^config error in bourse.toml: products: Field required$"):
         _parse("[server]\nport = 1\n")
+
+
+def test_a_knob_pydantic_reads_is_not_reported_beside_another_problem() -> None:
+    text = '[server]\nport = "x"\n[products.p]\ndone_after_error = "true"\n[[products.p.deployments]]\nengine = "sim"\n'
+    with pytest.raises(ConfigError) as info:
+        _parse(text)
+    assert [p.split(":")[0] for p in info.value.problems] == ["server.port"], info.value.problems
