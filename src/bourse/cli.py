@@ -1,4 +1,8 @@
-"""The ``bourse`` command line: ``serve`` and ``sim-upstream``."""
+"""The ``bourse`` command line: ``serve`` and ``sim-upstream`` (``admin`` and ``jobs``
+live in their own modules), and how every command fails: :func:`main` turns an
+expected failure (a file that cannot be read, a server that cannot be reached, an
+answer or a file that is not JSON, :class:`CliError`) into one line on stderr and
+exit status 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -16,6 +20,13 @@ if TYPE_CHECKING:
 
     from bourse.settings import Config, ServerConfig
 
+EXIT_FAILURE = 2
+"""The exit status of every CLI failure (bad arguments, config, file, server)."""
+
+
+class CliError(Exception):
+    """A failure the command reports as one line (its message) and exit status 2."""
+
 
 def _serve(args: argparse.Namespace) -> int:
     from bourse.settings import ConfigError, load_config
@@ -23,8 +34,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        print(f"bourse: {exc}", file=sys.stderr)
-        return 2
+        for line in exc.lines():
+            print(f"bourse: {line}", file=sys.stderr)
+        return EXIT_FAILURE
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     # the port first: a start that cannot listen writes nothing (no data folder, no key)
@@ -32,7 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
         sock = listen(host, port)
     except OSError as exc:
         print(f"bourse: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAILURE
     with sock:
         return _serve_on(args, config, sock)
 
@@ -65,12 +77,12 @@ def _serve_on(args: argparse.Namespace, config: Config, sock: socket.socket) -> 
     if problems:
         for problem in problems:
             print(f"bourse: {problem}", file=sys.stderr)
-        return 2
+        return EXIT_FAILURE
     try:
         container = build(config, data_dir=data_dir, env=env, database=args.database)
     except ValueError as exc:
         print(f"bourse: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAILURE
     container.data_dir = data_dir
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -142,7 +154,7 @@ def _sim_upstream(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         print(f"bourse sim-upstream: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAILURE
     print(f"bourse sim-upstream: http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     serve_sim_upstream(args.host, args.port, settings)
     return 0
@@ -175,9 +187,35 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def failure_line(exc: Exception) -> str:
+    """What went wrong, in one line, for an operator (no traceback)."""
+    import httpx
+
+    if isinstance(exc, httpx.RequestError):
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"cannot reach {exc.request.url}: {reason}"
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"cannot use {exc.filename}: {exc.strerror or exc}"
+    if isinstance(exc, CliError):
+        return str(exc)
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _prog(args: Any) -> str:
+    command = getattr(args, "command", None)
+    return "bourse" if command in (None, "serve") else f"bourse {command}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    rc: int = args.func(args)
+    try:
+        rc: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        print(f"{_prog(args)}: {failure_line(exc)}", file=sys.stderr, flush=True)
+        return EXIT_FAILURE
     return rc
 
 

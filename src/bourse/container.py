@@ -155,7 +155,7 @@ class Container:
         await self.store.close()
 
     def app(self) -> ASGIApp:
-        return create_app(self)
+        return create_app(self, cors_origins=self.config.server.cors_origins)
 
 
 def unreachable_services(config: Config, env: Environment, database: str | None = None) -> list[str]:

@@ -1,4 +1,8 @@
-"""``bourse jobs …``: submit, watch, cancel and fetch detached jobs (over HTTP)."""
+"""``bourse jobs …``: submit, watch, cancel and fetch detached jobs (over HTTP).
+
+Failures (no key, a file that cannot be read or is not JSON, a server that cannot be
+reached or does not answer JSON) are raised; :func:`bourse.cli.main` reports them in
+one line, exit status 2."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from bourse.cli import CliError
 from bourse.settings import read_environment
 
 FINAL = {"succeeded", "failed", "canceled", "expired"}
@@ -60,15 +65,23 @@ def line(job: dict[str, Any]) -> str:
     return out
 
 
+def _doc(r: httpx.Response) -> Any:
+    """The JSON answer of ``r``; a server that does not answer JSON is a CLI failure."""
+    try:
+        return r.json()
+    except ValueError:
+        raise CliError(f"{r.request.url} answered {r.status_code} with a body that is not JSON") from None
+
+
 def watch(client: httpx.Client, job_id: str, interval: float) -> int:
     tty = sys.stderr.isatty()
     last = ""
     while True:
         r = client.get(f"/v1/jobs/{job_id}")
+        job = _doc(r)
         if r.status_code != 200:
-            print(r.text, file=sys.stderr)
+            print(json.dumps(job), file=sys.stderr)
             return 1
-        job = r.json()
         text = line(job)
         if tty:
             print("\r\033[K" + text, end="", file=sys.stderr, flush=True)
@@ -87,48 +100,48 @@ def run(args: argparse.Namespace) -> int:
     url = (args.url or env.url or "http://127.0.0.1:8080").rstrip("/")
     key = args.api_key or env.api_key
     if not key:
-        print("bourse jobs: no API key: pass --api-key or set BOURSE_API_KEY", file=sys.stderr)
-        return 2
+        raise CliError("no API key: pass --api-key or set BOURSE_API_KEY")
     with httpx.Client(base_url=url, headers={"authorization": f"Bearer {key}"}, timeout=30) as client:
+        return _act(client, args)
+
+
+def _read_job(path: str, endpoint: str) -> dict[str, Any]:
+    """The job in FILE (or stdin for ``-``): {endpoint, body, …} or a bare request body."""
+    if path == "-":
+        text = sys.stdin.read()
+    else:
         try:
-            return _act(client, args)
-        except httpx.HTTPError as exc:
-            print(f"bourse jobs: cannot reach {url}: {exc}", file=sys.stderr)
-            return 1
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError:
+            raise CliError(f"{path} is not UTF-8 text") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise CliError(f"{path}: expected a JSON object")
+    return doc if "endpoint" in doc else {"endpoint": endpoint, "body": doc}
 
 
 def _act(client: httpx.Client, args: argparse.Namespace) -> int:
     if args.action == "submit":
-        if args.file == "-":
-            text = sys.stdin.read()
-        else:
-            with open(args.file, encoding="utf-8") as f:
-                text = f.read()
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            print(f"bourse jobs: {args.file} is not JSON: {exc}", file=sys.stderr)
-            return 2
-        if not isinstance(doc, dict):
-            print("bourse jobs: expected a JSON object", file=sys.stderr)
-            return 2
-        if "endpoint" not in doc:
-            doc = {"endpoint": args.endpoint, "body": doc}
-        r = client.post("/v1/jobs", json=doc)
-        print(json.dumps(r.json(), indent=2))
+        r = client.post("/v1/jobs", json=_read_job(args.file, args.endpoint))
+        job = _doc(r)
+        print(json.dumps(job, indent=2))
         if r.status_code != 202:
             return 1
-        return watch(client, r.json()["id"], 0.5) if args.watch else 0
+        return watch(client, job["id"], 0.5) if args.watch else 0
     if args.action == "watch":
         return watch(client, args.id, args.interval)
     if args.action == "cancel":
         r = client.post(f"/v1/jobs/{args.id}/cancel")
-        print(json.dumps(r.json(), indent=2))
+        print(json.dumps(_doc(r), indent=2))
         return 0 if r.is_success else 1
     r = client.get(f"/v1/jobs/{args.id}")
+    job = _doc(r)
     if r.status_code != 200:
-        print(r.text, file=sys.stderr)
+        print(json.dumps(job), file=sys.stderr)
         return 1
-    job = r.json()
     print(json.dumps(job.get("result") or job.get("error") or job, indent=2))
     return 0 if job.get("status") == "succeeded" else 1

@@ -2,15 +2,17 @@
 
 This module is the only reader of the environment (``api_key_env`` of an upstream).
 :func:`load_config` turns a file into a :class:`Config` or raises
-:class:`ConfigError` with one message naming the file, the key and what was
-expected.
+:class:`ConfigError` listing every problem found, one line each, naming the file,
+the key and what was expected. Enum values (``engine``, ``log_level``, a policy and
+its knobs) are read case-insensitively.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -26,14 +29,31 @@ from pydantic import (
     model_validator,
 )
 
-from bourse.domain.policy import KNOBS, Policy, resolve_policy
+from bourse.domain.policy import CHOICES, KNOBS, Policy, resolve_policy
 
-EngineName = Literal["sim", "openai", "llamacpp"]
+
+def _casefold(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+AnyCase = BeforeValidator(_casefold)
+"""An enum value in any case (``"INFO"`` reads as ``"info"``)."""
+EngineName = Annotated[Literal["sim", "openai", "llamacpp"], AnyCase]
+LogLevel = Annotated[Literal["debug", "info", "warning", "error"], AnyCase]
 PositiveFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+_ORIGIN = re.compile(r"https?://[^/\s?#@]+")
 
 
 class ConfigError(Exception):
-    """A config that cannot be used; the message is meant for the operator."""
+    """A config that cannot be used: every problem found, one line each for the operator."""
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        super().__init__("\n".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        return [f"config error in {self.source}: {p}" for p in self.problems]
 
 
 class _Strict(BaseModel):
@@ -121,8 +141,20 @@ class ProductConfig(_Strict):
         if "policy_overrides" in data:
             raise ValueError("policy_overrides: unknown key (write the knobs beside 'policy')")
         out = {k: v for k, v in data.items() if k not in KNOBS}
-        out["policy_overrides"] = {k: v for k, v in data.items() if k in KNOBS}
+        out["policy_overrides"] = {
+            k: _casefold(v) if k in CHOICES else v for k, v in data.items() if k in KNOBS
+        }
         return out
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _any_case(cls, value: Any) -> Any:
+        return _casefold(value)
+
+    @model_validator(mode="after")
+    def _policy(self) -> ProductConfig:
+        resolve_policy(self.policy, self.knobs())  # its ValueError names the key
+        return self
 
     def knobs(self) -> dict[str, Any]:
         return dict(self.policy_overrides)
@@ -137,7 +169,10 @@ class ServerConfig(_Strict):
     book_timeout_max_s: float = Field(default=3600.0, gt=0, le=86_400)
     """Cap on a client's ``timeout``."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """The largest request body; a larger one gets 413 ``request_too_large`` naming the limit."""
+    log_level: LogLevel = "info"
+    cors_origins: list[str] = Field(default_factory=list, max_length=1000)
+    """Browser origins allowed to call the API (``"*"``: any); empty: CORS off."""
     header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     """Time a client has to send a request's line and headers, from its first byte; then
     it gets 408 and the connection is closed (slow-header clients, "slowloris")."""
@@ -150,6 +185,17 @@ class ServerConfig(_Strict):
     max_connections: int = Field(default=2048, ge=1, le=1_000_000)
     """Client connections open at once; one more is answered 503 (``retry-after``) and
     closed at once. Streams in progress count: size it above the expected concurrency."""
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, origins: list[str]) -> list[str]:
+        for origin in origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f'expected "*" or origins such as "https://app.example.com" '
+                    f"(a scheme and a host, no path), got {origin!r}"
+                )
+        return origins
 
 
 class StorageConfig(_Strict):
@@ -208,6 +254,11 @@ class Config(_Strict):
         # (2 s) yields to the server's setting.
         return resolve_policy(p.policy, knobs)
 
+    @model_validator(mode="after")
+    def _unique_names(self) -> Config:
+        _check_names(self)
+        return self
+
 
 def _path(loc: tuple[int | str, ...]) -> str:
     out = ""
@@ -219,55 +270,82 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def _check_policies(cfg: Config) -> None:
-    for name in cfg.products:
-        try:
-            cfg.policy_for(name)
-        except ValueError as exc:
-            raise ConfigError(f"products.{name}.{exc}") from None
-
-
-def _resolve_secrets(data: dict[str, Any], env: Mapping[str, str]) -> None:
-    for pname, product in (data.get("products") or {}).items():
-        if not isinstance(product, dict):
+def _resolve_secrets(data: dict[str, Any], env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """``data`` with each ``api_key_env`` read into ``api_key`` (a copy), and the variables missing."""
+    products = data.get("products")
+    if not isinstance(products, dict):
+        return data, []
+    problems: list[str] = []
+    out: dict[str, Any] = {}
+    for pname, product in products.items():
+        deps = product.get("deployments") if isinstance(product, dict) else None
+        if not isinstance(deps, list):
+            out[pname] = product
             continue
-        for i, dep in enumerate(product.get("deployments") or []):
-            if isinstance(dep, dict) and isinstance(dep.get("api_key_env"), str):
-                var = dep["api_key_env"]
-                if var not in env:
-                    raise ConfigError(
+        resolved = []
+        for i, dep in enumerate(deps):
+            var = dep.get("api_key_env") if isinstance(dep, dict) else None
+            if isinstance(var, str):
+                if var in env:
+                    dep = {**dep, "api_key": env[var]}
+                else:
+                    problems.append(
                         f"products.{pname}.deployments[{i}].api_key_env: the environment variable {var} is not set"
                     )
-                dep["api_key"] = env[var]
+            resolved.append(dep)
+        out[pname] = {**product, "deployments": resolved}
+    return {**data, "products": out}, problems
+
+
+def _problem(err: Any) -> str:
+    """One pydantic error as ``key: what was expected``."""
+    where = _path(err["loc"])
+    msg: str = err["msg"]
+    if msg.startswith("Value error, "):
+        inner = msg.removeprefix("Value error, ")
+        key, sep, rest = inner.partition(": ")
+        if sep and " " not in key:
+            where, msg = f"{where}.{key}" if where != "(top level)" else key, rest
+        else:
+            msg = inner
+    elif err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif "input" in err and not isinstance(err["input"], dict | list):
+        msg = f"{msg} (got {err['input']!r})"
+    return f"{where}: {msg}"
+
+
+def _policy_problems(data: dict[str, Any]) -> list[str]:
+    """Each product's preset and enum knobs, checked on the raw mapping: a product with
+    another problem never reaches its own policy check, and this one is still shown."""
+    products = data.get("products")
+    if not isinstance(products, dict):
+        return []
+    problems = []
+    for name, product in products.items():
+        if not isinstance(product, dict):
+            continue
+        preset = product.get("policy", "default")
+        knobs = {k: _casefold(v) for k, v in product.items() if k in CHOICES and isinstance(v, str)}
+        if isinstance(preset, str):
+            try:
+                resolve_policy(preset.lower(), knobs)
+            except ValueError as exc:
+                problems.append(f"products.{name}.{exc}")
+    return problems
 
 
 def parse_config(data: dict[str, Any], source: str, env: Mapping[str, str] | None = None) -> Config:
-    """Validate a config mapping; ConfigError names ``source``, the key and the expectation."""
+    """Validate a config mapping; ConfigError lists every problem: ``source``, the key, the expectation."""
     env = os.environ if env is None else env
-    data = {k: v for k, v in data.items()}
+    data, problems = _resolve_secrets(data, env)
     try:
-        _resolve_secrets(data, env)
         cfg = Config.model_validate({**data, "source": source})
-        _check_policies(cfg)
-        _check_names(cfg)
-    except ConfigError as exc:
-        raise ConfigError(f"config error in {source}: {exc}") from None
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        where = _path(err["loc"])
-        msg = err["msg"]
-        if msg.startswith("Value error, "):
-            inner = msg.removeprefix("Value error, ")
-            key, sep, rest = inner.partition(": ")
-            if sep and " " not in key:
-                where, msg = f"{where}.{key}" if where != "(top level)" else key, rest
-            else:
-                msg = inner
-        elif err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif "input" in err and not isinstance(err["input"], dict | list):
-            msg = f"{msg} (got {err['input']!r})"
-        raise ConfigError(f"config error in {source}: {where}: {msg}") from None
+        problems += [_problem(err) for err in exc.errors(include_url=False)]
+        problems += _policy_problems(data)
+    if problems:
+        raise ConfigError(source, list(dict.fromkeys(problems)))
     return cfg
 
 
@@ -277,7 +355,7 @@ def _check_names(cfg: Config) -> None:
         for i, dep in enumerate(product.deployments):
             name = deployment_name(pname, i, dep)
             if name in seen:
-                raise ConfigError(f"products.{pname}.deployments[{i}].name: {name!r} is used twice")
+                raise ValueError(f"products.{pname}.deployments[{i}].name: {name!r} is used twice")
             seen.add(name)
 
 
@@ -296,11 +374,11 @@ def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -
         try:
             text = p.read_text()
         except OSError as exc:
-            raise ConfigError(f"config error in {source}: cannot read the file ({exc.strerror})") from None
+            raise ConfigError(source, [f"cannot read the file ({exc.strerror})"]) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config error in {source}: not valid TOML: {exc}") from None
+        raise ConfigError(source, [f"not valid TOML: {exc}"]) from None
     return parse_config(data, source, env)
 
 

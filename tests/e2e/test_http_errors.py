@@ -13,7 +13,8 @@ from tests.support.bodies import USER
 from tests.support.config import Dep, Product
 from tests.support.env import Env, start_env
 from tests.support.errors import assert_error_envelope
-from tests.support.sse import collect_sse
+from tests.support.gateway import running_gateway
+from tests.support.sse import collect_sse, open_sse
 
 MAX_BODY = 2048
 
@@ -111,20 +112,47 @@ def test_n_other_than_one_is_400(env: Env, stream: bool) -> None:
     assert "n" in err["message"].split(":")[0] or "n=" in err["message"], err
 
 
-def test_body_over_the_limit_is_413(env: Env) -> None:
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/jobs"])
+def test_body_over_the_limit_is_413_naming_the_limit(env: Env, path: str) -> None:
     big = [{"role": "user", "content": "x" * (MAX_BODY * 2)}]
-    assert_error_envelope(_post(env, {"model": "alpha", "messages": big}), 413, "request_too_large")
+    err = assert_error_envelope(
+        _post(env, {"model": "alpha", "messages": big}, path=path), 413, "request_too_large"
+    )
+    assert f"the limit is {MAX_BODY} bytes" in err["message"], err
 
 
-def test_body_over_the_limit_without_content_length_is_413(env: Env) -> None:
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/jobs"])
+def test_body_over_the_limit_without_content_length_is_413(env: Env, path: str) -> None:
     def gen() -> Iterator[bytes]:
         yield b'{"model": "alpha", "messages": [{"role": "user", "content": "'
         for _ in range(8):
             yield b"y" * 512
         yield b'"}]}'
 
-    r = env.post("/v1/chat/completions", content=gen())
-    assert_error_envelope(r, 413, "request_too_large")
+    r = env.post(path, content=gen())
+    err = assert_error_envelope(r, 413, "request_too_large")
+    assert f"the limit is {MAX_BODY} bytes" in err["message"], err
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers"),
+    [
+        ("/v1/chat/completions", {"max_price": 7.9e201}, {}),
+        ("/v1/completions", {"max_price": 1e7, "prompt": "hi"}, {}),
+        ("/v1/chat/completions", {}, {"x-max-price": "1e300"}),
+        ("/v1/completions", {"detached": True, "max_price": 3.9e195, "prompt": "hi"}, {}),
+    ],
+    ids=["chat-body", "legacy-body", "header", "detached"],
+)
+def test_a_bid_over_the_highest_price_is_400(
+    env: Env, path: str, body: dict[str, object], headers: dict[str, str]
+) -> None:
+    """Found by schemathesis: a huge bid made a hold too large for the ledger (a 500)."""
+    full = {"model": "alpha", **({"messages": USER} if "prompt" not in body else {}), **body}
+    r = env.post(path, full, headers=headers)
+    err = assert_error_envelope(r, 400, "invalid_request")
+    assert err["param"] in ("max_price", "X-Max-Price"), err
+    assert "1000000" in err["message"] or "1e+06" in err["message"], err
 
 
 def test_unknown_route_is_404_envelope(env: Env) -> None:
@@ -138,6 +166,97 @@ def test_wrong_method_is_an_envelope(env: Env) -> None:
     r = env.get("/v1/chat/completions")
     assert r.status_code in (404, 405)
     assert_error_envelope(r, r.status_code)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/v1/chat/completions", {"POST"}),
+        ("TRACE", "/v1/completions", {"POST"}),
+        ("DELETE", "/v1/models", {"GET", "HEAD"}),
+        ("PUT", "/admin/accounts", {"POST"}),
+        ("DELETE", "/v1/jobs", {"GET", "HEAD", "POST"}),
+    ],
+)
+def test_wrong_method_is_405_with_allow(env: Env, method: str, path: str, allowed: set[str]) -> None:
+    """RFC 9110: a 405 lists the methods the route takes (found by schemathesis)."""
+    r = httpx.request(method, env.url + path, headers=env.auth, timeout=30)
+    assert_error_envelope(r, 405, "method_not_allowed")
+    assert {m.strip() for m in r.headers["allow"].split(",")} == allowed, r.headers
+
+
+def test_settling_a_hold_for_more_than_any_amount_is_400() -> None:
+    """Found by schemathesis: a huge amount_micros overflowed the database driver (a 500)."""
+    slow = '[products.slow]\n[[products.slow.deployments]]\nengine = "sim"\nfloor = 1.0\nttft_ms = 20000\n'
+    with running_gateway(slow) as gw, open_sse(gw, {"model": "slow", "max_tokens": 5}, timeout=60):
+        # the stream has its 200: its hold is open while the engine thinks
+        holds = gw.admin("GET", "/admin/holds", params={"state": "open"}).json()["data"]
+        assert len(holds) == 1, holds
+        r = gw.admin("POST", f"/admin/holds/{holds[0]['id']}/settle", json={"amount_micros": 2**63})
+        err = assert_error_envelope(r, 400, "invalid_request")
+        assert err["param"] == "amount_micros", err
+        assert gw.admin("GET", "/admin/holds", params={"state": "open"}).json()["data"] == holds
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "field"),
+    [
+        ("/v1/chat/completions", {"stream": 0}, "stream"),
+        ("/v1/chat/completions", {"max_tokens": "3"}, "max_tokens"),
+        ("/v1/chat/completions", {"seed": 1.0}, "seed"),
+        ("/v1/chat/completions", {"stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+        ("/v1/completions", {"echo": "yes"}, "echo"),
+    ],
+)
+def test_a_value_of_another_type_is_400_not_coerced(
+    env: Env, path: str, extra: dict[str, object], field: str
+) -> None:
+    """Found by schemathesis (a schema-invalid body accepted): ``"max_tokens": "3"`` was
+    read as 3 for the quote while the raw string went on to the engine."""
+    body = {
+        "model": "alpha",
+        **({"prompt": "hi"} if path == "/v1/completions" else {"messages": USER}),
+        **extra,
+    }
+    err = assert_error_envelope(env.post(path, body), 400, "invalid_request")
+    assert err["param"] == field, err
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/admin/accounts", {"id": "typed", "credit_usd": "5"}, "credit_usd"),
+        ("/admin/keys", {"account": "test", "rpm": "5"}, "rpm"),
+        ("/admin/keys", {"account": "test", "rpm": 5.0}, "rpm"),
+    ],
+)
+def test_an_admin_value_of_another_type_is_400(
+    env: Env, path: str, body: dict[str, object], field: str
+) -> None:
+    err = assert_error_envelope(env.gateway.admin("POST", path, json=body), 400, "invalid_request")
+    assert err["param"] == field, err
+
+
+def test_a_job_value_of_another_type_is_400(env: Env) -> None:
+    job = {"endpoint": "/v1/chat/completions", "body": {"model": "alpha", "messages": USER}, "ttl_s": "60"}
+    err = assert_error_envelope(env.post("/v1/jobs", job), 400, "invalid_request")
+    assert err["param"] == "ttl_s", err
+
+
+@pytest.mark.parametrize("field", ["rpm", "tpm", "max_streams"])
+def test_a_key_limit_over_any_sensible_value_is_400(env: Env, field: str) -> None:
+    """Found by probing what schemathesis found: a huge limit overflowed the database driver (a 500)."""
+    r = env.gateway.admin("POST", "/admin/keys", json={"account": env.gateway.account, field: 2**63})
+    err = assert_error_envelope(r, 400, "invalid_request")
+    assert err["param"] == field, err
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "1001", "100000000000000000000000000000", "x"])
+def test_admin_holds_limit_out_of_range_is_400(env: Env, limit: str) -> None:
+    """Found by schemathesis: a huge limit overflowed the database driver (a 500)."""
+    r = env.gateway.admin("GET", "/admin/holds", params={"limit": limit})
+    err = assert_error_envelope(r, 400, "invalid_request")
+    assert err["param"] == "limit", err
 
 
 def test_bad_headers_are_400(env: Env) -> None:

@@ -17,6 +17,9 @@ PER_MILLION = 1_000_000
 MESSAGE_OVERHEAD_TOKENS = 8
 """Quote allowance per chat message (role markers, separators of chat templates)."""
 REQUEST_OVERHEAD_TOKENS = 8
+MAX_PRICE_USD = 1_000_000.0
+"""The highest bid accepted, USD per 1M tokens (a dollar a token): every quote, hold and
+charge then fits the ledger's 64-bit integers."""
 
 
 def price_units(usd_per_million: float) -> int:

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bourse.domain.errors import invalid_request
-from bourse.http.deps import Services, json_model
+from bourse.http.deps import Services, json_model, page_limit
 from bourse.http.responses import JSON
 from bourse.wire.requests import INT64_MAX, IdText, check_id, optional_id
 
@@ -19,7 +19,7 @@ INT32_MAX = 2**31 - 1
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class NewAccount(_In):
@@ -78,10 +78,7 @@ def routes(services: Services) -> list[Route]:
         if state not in (None, "open", "settled", "released", "reconciling"):
             raise invalid_request("state: expected open, settled, released or reconciling", param="state")
         account = optional_id(request.query_params.get("account"), "account")
-        try:
-            limit = int(request.query_params.get("limit", "100"))
-        except ValueError:
-            raise invalid_request("limit: expected an integer", param="limit") from None
+        limit = page_limit(request, default=100, most=1000)
         st: Literal["open", "settled", "released", "reconciling"] | None = state  # type: ignore[assignment]
         return JSON({"object": "list", "data": await admin.holds(st, account, limit)})
 

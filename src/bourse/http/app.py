@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Match, Route
+from starlette.types import ASGIApp, Scope
 
 from bourse.domain.errors import GatewayError, internal_error
-from bourse.http import account, admin, completions, dashboard, jobs, market, usage_csv
+from bourse.http import account, admin, completions, dashboard, jobs, market, openapi, usage_csv
+from bourse.http.cors import with_cors
 from bourse.http.deps import Services
 from bourse.http.edge import HotRouter
 from bourse.http.responses import JSON, error_response
@@ -37,7 +39,17 @@ def _rid(request: Request) -> str:
     return rid
 
 
-def create_app(services: Services) -> HotRouter:
+def _allowed(routes: Sequence[BaseRoute], scope: Scope) -> str:
+    """The methods a path takes over every route that matches it: a 405's ``Allow`` (RFC 9110)."""
+    methods: set[str] = set()
+    for route in routes:
+        if isinstance(route, Route) and route.methods and route.matches(scope)[0] is not Match.NONE:
+            methods |= route.methods
+    return ", ".join(sorted(methods))
+
+
+def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIApp:
+    """The gateway's ASGI app; behind CORS when ``cors_origins`` are given."""
     markets = services.completions.markets
 
     async def healthz(request: Request) -> Response:
@@ -62,7 +74,7 @@ def create_app(services: Services) -> HotRouter:
         elif exc.status_code == 405:
             err = GatewayError(
                 405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}.",
-                error_type="invalid_request_error",
+                error_type="invalid_request_error", headers={"allow": _allowed(routes, request.scope)},
             )  # fmt: skip
         else:
             err = GatewayError(exc.status_code, "invalid_request", str(exc.detail))
@@ -98,4 +110,6 @@ def create_app(services: Services) -> HotRouter:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    return HotRouter(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), hot)
+    routes.append(openapi.route(routes))
+    app = HotRouter(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), hot)
+    return with_cors(app, cors_origins)

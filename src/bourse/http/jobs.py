@@ -16,7 +16,7 @@ from bourse.wire.requests import check_id, optional_id
 
 
 class NewJob(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     endpoint: str
     body: dict[str, Any]
     webhook_url: str | None = Field(default=None, max_length=2048)

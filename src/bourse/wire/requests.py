@@ -20,6 +20,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bourse.domain.errors import GatewayError, invalid_request
+from bourse.domain.money import MAX_PRICE_USD
 
 Kind = Literal["chat", "completion"]
 
@@ -34,7 +35,7 @@ MAX_QUOTE_TOKENS = 2**32
 512 MiB (the ceiling of ``server.max_body_bytes``) and an output budget at most 10^7
 tokens (``max_output_tokens``), so a quote is below 6 * 2^29 + 10^7 + 8 < 2^32."""
 
-MAX_PRICE = 1_000_000.0
+MAX_PRICE = MAX_PRICE_USD
 """The highest ``max_price`` (and ``X-Max-Price``) a request may name, in USD per 1M
 tokens: one dollar a token. A hold is ``ceil(tokens * price * 10^6 / 10^6)`` micro-USD,
 so the largest is ``MAX_QUOTE_TOKENS * MAX_PRICE`` = 2^32 * 10^6 ~ 4.3e15 micro-USD, about
@@ -56,7 +57,7 @@ GATEWAY_FIELDS = ("max_price", "timeout", "detached")
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # no coercion: the raw body goes on upstream
 
 
 class StreamOptions(_Open):
