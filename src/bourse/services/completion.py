@@ -13,7 +13,9 @@ rewritten in place; nothing is copied or buffered. Every run ends in exactly one
 :class:`Finished` (or in an abandonment when its consumer stops), and every slot it
 took is given back exactly once. Only the run writes its own state: its consumers
 read ``phase``, ``tokens`` and ``order``, and tell it that the client left with
-:meth:`Run.client_gone`. The money is :class:`~bourse.services.billing.Billing`'s,
+:meth:`Run.client_gone`. A draining gateway stops a run with :meth:`Run.interrupt`:
+it ends with the drain's error (settled by its policy), or, a detached job's run,
+raises :class:`HandedBack` unsettled, for the jobs to give back. The money is :class:`~bourse.services.billing.Billing`'s,
 handed plain values: the run's :class:`~bourse.services.billing.Quote` before the
 book, its :class:`~bourse.services.billing.Closing` after the outcome.
 """
@@ -30,7 +32,7 @@ from typing import Any, TypeVar, cast
 
 from bourse.domain.book import Admission, Order
 from bourse.domain.charging import Outcome, RecordedOutcome
-from bourse.domain.errors import GatewayError, invalid_request, model_not_found
+from bourse.domain.errors import GatewayError, draining, invalid_request, model_not_found
 from bourse.domain.policy import Policy
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
 from bourse.ports.limits import KeyLimits, LimiterUnavailable, RateLimiter
@@ -86,6 +88,16 @@ class Finished:
 RunEvent = ChunkEvent | Queued | Requeued | Finished
 
 
+class HandedBack(Exception):
+    """A detached job's run stopped by a draining gateway, neither finished nor settled:
+    its slot is back; its hold is the consumer's to give back
+    (:meth:`CompletionService.give_back`)."""
+
+
+class _Stopped(Exception):
+    """Raised inside a run that a drain stopped before it could wait for a slot."""
+
+
 @dataclass(slots=True, frozen=True)
 class Limits:
     book_timeout_s: float = 300.0
@@ -139,6 +151,10 @@ class CompletionService:
         self.limiter = limiter
         self.auth = auth
         self.background: set[asyncio.Task[Any]] = set()
+        self.live: set[Run] = set()
+        """The runs booked and not yet ended."""
+        self.draining = False
+        """The gateway is shutting down: no new run opens (503 ``draining``)."""
 
     async def open(
         self,
@@ -158,6 +174,8 @@ class CompletionService:
         ``engine_stream`` False: the engine may produce the answer at once (a relayed
         non-streamed request); jobs keep the stream, so that their progress and a
         cancel's charge count the tokens as they come."""
+        if self.draining:
+            raise draining()
         t0 = time.perf_counter() if t0 is None else t0
         ask = self.prepare(kind, body, req, max_price_header=max_price_header, timeout_header=timeout_header)
         self.auth.check_product(principal, ask.market.product)
@@ -181,7 +199,16 @@ class CompletionService:
             await self.billing.release(hold_id)
             await self._limits_done(grant, 0)
             raise
+        self.live.add(run)
         return run
+
+    async def give_back(self, run: Run) -> None:
+        """A run handed back undone (:class:`HandedBack`): its hold released without a
+        usage record, its rate-limit reservation returned."""
+        try:
+            await self.billing.release(run.hold_id)
+        finally:
+            await self._limits_done(run.grant, 0)
 
     async def _check_fits(self, ask: Ask, prompt: PromptSize) -> None:
         """503 if no deployment can run; 400 if the prompt cannot fit the context."""
@@ -194,6 +221,9 @@ class CompletionService:
                 f"'{market.product}' cannot serve: {broken}",
                 headers={"retry-after": "30"},
             )
+        cooling = market.cooling()
+        if cooling is not None:  # no deployment can be tried before its cool-down ends
+            raise cooling
         param = "messages" if ask.kind == "chat" else "prompt"
         counter = market.token_counter()
         if counter is not None:  # the engine's own tokenizer: exact
@@ -359,6 +389,9 @@ class Run:
         "_engine_iter",
         "_fut",
         "_settlement",
+        "_stop",
+        "_stop_cancelled",
+        "_task",
         "_usage_event",
         "account_id",
         "admission",
@@ -368,6 +401,7 @@ class Run:
         "client_left",
         "created",
         "created_at",
+        "detached",
         "engine_stream",
         "grant",
         "hold_id",
@@ -439,6 +473,13 @@ class Run:
         self._deadline = 0.0
         self._engine_iter: AsyncIterator[EngineEvent] | None = None
         self._settlement: asyncio.Task[Finished] | None = None
+        self.detached = False
+        """The run of a detached job: a drain hands it back rather than ending it."""
+        self._stop: GatewayError | None = None
+        """Set by :meth:`interrupt`: the error the run ends with."""
+        self._stop_cancelled = False
+        self._task: asyncio.Task[Any] | None = None
+        """The task reading :meth:`events` (where :meth:`interrupt` stops it)."""
 
     @property
     def product(self) -> str:
@@ -451,6 +492,22 @@ class Run:
     @property
     def done(self) -> bool:
         return self.phase is Phase.DONE
+
+    @property
+    def interrupted(self) -> bool:
+        return self._stop is not None
+
+    def interrupt(self, error: GatewayError) -> None:
+        """A drain ends the run now, wherever it waits (an order leaves the book, an
+        engine is stopped): it ends with ``error``, settled by its policy, or, a
+        detached job's run, raises :class:`HandedBack`. Once; nothing if it has ended."""
+        if self.phase is Phase.DONE or self._stop is not None:
+            return
+        self._stop = error
+        task = self._task
+        if task is not None and not task.done():  # else it stops at its next attempt
+            self._stop_cancelled = True
+            task.cancel()
 
     def client_gone(self) -> None:
         """The client disconnected: an abandonment from now on is ``disconnected``."""
@@ -476,6 +533,7 @@ class Run:
         rid = self.request_id
         product = self.product
         streaming = Phase.STREAMING
+        self._task = asyncio.current_task()
         try:
             yield Queued(self.bid)
             while True:
@@ -508,12 +566,26 @@ class Run:
                 return
         except GatewayError as exc:
             yield await self._settled("timeout" if exc.status == 408 else "error", exc)
-        except (asyncio.CancelledError, GeneratorExit):
-            await self._abandon()
-            raise
+        except _Stopped:
+            yield await self._interrupted()
+        except (asyncio.CancelledError, GeneratorExit) as exc:
+            if type(exc) is GeneratorExit or not self._stop_cancelled:
+                await self._abandon()
+                raise
+            self._stop_cancelled = False
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the drain's cancellation, taken back: the run ends with its error
+            yield await self._interrupted()
+        finally:
+            self._task = None
 
     async def _attempt(self, on_admit: Callable[[Run], None] | None) -> AsyncIterator[EngineEvent]:
         """Wait for a slot (408 at the deadline) and start the engine on it."""
+        if self._stop is None and self.service.draining:
+            self._stop = draining()
+        if self._stop is not None:
+            raise _Stopped
         m, order, fut = self.market, self.order, self._fut
         assert order is not None and fut is not None
         self.phase = Phase.QUEUED
@@ -549,9 +621,13 @@ class Run:
             err = GatewayError(failure.status, failure.code, failure.message, error_type=failure.error_type)
             return await self._settled("error", err)
         if order.requeues < m.policy.max_requeues:
-            self._fut = await m.requeue(order, adm)
+            self._fut = fut = await m.requeue(order, adm)
             self.admission = None
             self.phase = Phase.QUEUED
+            cooling = m.cooling()
+            if cooling is not None:  # every deployment cools down: nothing could run it now
+                m.withdraw(order, fut)
+                return await self._settled("error", cooling)
             return Requeued(adm.deployment)
         m.report_failure(adm.deployment)
         return await self._settled("error", m.failure_after_requeues(failure.message))
@@ -577,6 +653,11 @@ class Run:
     async def _abandon(self) -> None:
         if self.phase is Phase.DONE:
             return
+        await self._halt()
+        self._finish("disconnected" if self.client_left else "canceled", None)
+
+    async def _halt(self) -> None:
+        """Stop the engine; take a waiting order out of the book."""
         it, self._engine_iter = self._engine_iter, None
         if it is not None:
             await _close_quietly(it)
@@ -587,7 +668,20 @@ class Run:
             and self._fut is not None
         ):
             self.market.withdraw(self.order, self._fut)
-        self._finish("disconnected" if self.client_left else "canceled", None)
+
+    async def _interrupted(self) -> Finished:
+        """The end of a run a drain stopped: with the drain's error, settled by the
+        policy; a detached job's run gives back its slot and raises :class:`HandedBack`."""
+        assert self._stop is not None
+        await self._halt()
+        if not self.detached:
+            return await self._settled("error", self._stop)
+        self.phase = Phase.DONE
+        if self.admission is not None:
+            self.market.release(self.admission)
+            self.admission = None
+        self.service.live.discard(self)
+        raise HandedBack(self.request_id)
 
     def _finish(self, outcome: Outcome, error: GatewayError | None) -> None:
         """The run ends: give back the slot, start the settlement (its own task)."""
@@ -595,6 +689,7 @@ class Run:
             return
         closing = self._closing(outcome)
         self.phase = Phase.DONE
+        self.service.live.discard(self)
         if self.admission is not None:
             self.market.release(self.admission)
             self.admission = None
