@@ -94,10 +94,6 @@ class HandedBack(Exception):
     (:meth:`CompletionService.give_back`)."""
 
 
-class _Stopped(Exception):
-    """Raised inside a run that a drain stopped before it could wait for a slot."""
-
-
 @dataclass(slots=True, frozen=True)
 class Limits:
     book_timeout_s: float = 300.0
@@ -509,6 +505,19 @@ class Run:
             self._stop_cancelled = True
             task.cancel()
 
+    def take_back_stop(self) -> bool:
+        """The consumer caught a cancellation: True (once) if it is the one
+        :meth:`interrupt` sent, which landed in the consumer rather than in the run (a
+        relay blocked writing to a slow client). It is taken back; the run has been
+        abandoned, settled by its policy."""
+        if not self._stop_cancelled:
+            return False
+        self._stop_cancelled = False
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return True
+
     def client_gone(self) -> None:
         """The client disconnected: an abandonment from now on is ``disconnected``."""
         self.client_left = True
@@ -565,27 +574,33 @@ class Run:
                 yield await self._settled("disconnected" if self.client_left else "completed", None)
                 return
         except GatewayError as exc:
-            yield await self._settled("timeout" if exc.status == 408 else "error", exc)
-        except _Stopped:
-            yield await self._interrupted()
+            yield await self._ended(exc)
         except (asyncio.CancelledError, GeneratorExit) as exc:
-            if type(exc) is GeneratorExit or not self._stop_cancelled:
-                await self._abandon()
-                raise
-            self._stop_cancelled = False
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()  # the drain's cancellation, taken back: the run ends with its error
+            await self._abandon_unless_stopped(exc)
             yield await self._interrupted()
         finally:
             self._task = None
+
+    async def _ended(self, exc: GatewayError) -> Finished:
+        """The end of a run by an error: the book's or the engine's, or a drain's stop."""
+        if exc is self._stop:
+            return await self._interrupted()
+        return await self._settled("timeout" if exc.status == 408 else "error", exc)
+
+    async def _abandon_unless_stopped(self, exc: asyncio.CancelledError | GeneratorExit) -> None:
+        """The consumer stops (``exc`` raised again, the run abandoned), unless ``exc`` is
+        the cancellation :meth:`interrupt` sent: that one is taken back, and the task goes
+        on to end the run with the drain's error."""
+        if type(exc) is GeneratorExit or not self.take_back_stop():
+            await self._abandon()
+            raise exc
 
     async def _attempt(self, on_admit: Callable[[Run], None] | None) -> AsyncIterator[EngineEvent]:
         """Wait for a slot (408 at the deadline) and start the engine on it."""
         if self._stop is None and self.service.draining:
             self._stop = draining()
         if self._stop is not None:
-            raise _Stopped
+            raise self._stop
         m, order, fut = self.market, self.order, self._fut
         assert order is not None and fut is not None
         self.phase = Phase.QUEUED
