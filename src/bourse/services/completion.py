@@ -15,9 +15,10 @@ took is given back exactly once. Only the run writes its own state: its consumer
 read ``phase``, ``tokens`` and ``order``, and tell it that the client left with
 :meth:`Run.client_gone`. A draining gateway stops a run with :meth:`Run.interrupt`:
 it ends with the drain's error (settled by its policy), or, a detached job's run,
-raises :class:`HandedBack` unsettled, for the jobs to give back. The money is :class:`~bourse.services.billing.Billing`'s,
-handed plain values: the run's :class:`~bourse.services.billing.Quote` before the
-book, its :class:`~bourse.services.billing.Closing` after the outcome.
+raises :class:`HandedBack` unsettled, for the jobs to give back. The money is
+:class:`~bourse.services.billing.Billing`'s, handed plain values: the run's
+:class:`~bourse.services.billing.Quote` before the book, its
+:class:`~bourse.services.billing.Closing` after the outcome.
 """
 
 from __future__ import annotations
@@ -164,19 +165,21 @@ class CompletionService:
         timeout_header: str | None = None,
         t0: float | None = None,
         engine_stream: bool = True,
+        fail_fast: bool = True,
     ) -> Run:
         """validate -> (authenticated) -> rate-limit -> quote -> hold -> book.
 
         ``engine_stream`` False: the engine may produce the answer at once (a relayed
         non-streamed request); jobs keep the stream, so that their progress and a
-        cancel's charge count the tokens as they come."""
+        cancel's charge count the tokens as they come. ``fail_fast`` False: the run waits
+        out open breakers in the book (a resumed job) rather than get 503 at once."""
         if self.draining:
             raise draining()
         t0 = time.perf_counter() if t0 is None else t0
         ask = self.prepare(kind, body, req, max_price_header=max_price_header, timeout_header=timeout_header)
         self.auth.check_product(principal, ask.market.product)
         prompt = measure_prompt(body)
-        await self._check_fits(ask, prompt)
+        await self._check_fits(ask, prompt, fail_fast)
         quote = quote_for(prompt, ask.max_output_tokens, ask.bid)
         grant = await self._acquire(principal, quote.tokens)
         try:
@@ -206,8 +209,9 @@ class CompletionService:
         finally:
             await self._limits_done(run.grant, 0)
 
-    async def _check_fits(self, ask: Ask, prompt: PromptSize) -> None:
-        """503 if no deployment can run; 400 if the prompt cannot fit the context."""
+    async def _check_fits(self, ask: Ask, prompt: PromptSize, fail_fast: bool = True) -> None:
+        """503 if no deployment can run (``fail_fast``: or none before its cool-down
+        ends); 400 if the prompt cannot fit the context."""
         market = ask.market
         broken = market.broken_reason()
         if broken is not None:
@@ -217,7 +221,7 @@ class CompletionService:
                 f"'{market.product}' cannot serve: {broken}",
                 headers={"retry-after": "30"},
             )
-        cooling = market.cooling()
+        cooling = market.cooling() if fail_fast else None
         if cooling is not None:  # no deployment can be tried before its cool-down ends
             raise cooling
         param = "messages" if ask.kind == "chat" else "prompt"
@@ -489,10 +493,6 @@ class Run:
     def done(self) -> bool:
         return self.phase is Phase.DONE
 
-    @property
-    def interrupted(self) -> bool:
-        return self._stop is not None
-
     def interrupt(self, error: GatewayError) -> None:
         """A drain ends the run now, wherever it waits (an order leaves the book, an
         engine is stopped): it ends with ``error``, settled by its policy, or, a
@@ -639,7 +639,7 @@ class Run:
             self._fut = fut = await m.requeue(order, adm)
             self.admission = None
             self.phase = Phase.QUEUED
-            cooling = m.cooling()
+            cooling = None if self.detached else m.cooling()
             if cooling is not None:  # every deployment cools down: nothing could run it now
                 m.withdraw(order, fut)
                 return await self._settled("error", cooling)

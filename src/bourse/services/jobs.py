@@ -341,8 +341,16 @@ class JobService:
         body = dict(job.body)
         try:
             req = validate(kind, body)
-            run = await self.completions.open(kind, body, req, principal, request_id=job.request_id)
+            # accepted long ago: it waits out open breakers in the book rather than fail
+            run = await self.completions.open(
+                kind, body, req, principal, request_id=job.request_id, fail_fast=False
+            )
         except GatewayError as exc:
+            if exc.code == "draining":  # stopping meanwhile: left, unowned, for the next gateway
+                await self.store.update_job(
+                    job.id, status="queued", hold_id=None, started_at=None, owner=None
+                )
+                return
             await self.store.update_job(job.id, status="failed", error={"error": exc.envelope(), "status": exc.status},
                                         finished_at=time.time(), hold_id=None)  # fmt: skip
             if job.webhook_url:

@@ -188,3 +188,23 @@ async def test_a_stop_that_finds_the_relay_writing_to_a_slow_client_is_taken_bac
     assert fin is not None and fin.outcome == "canceled"
     assert (await exchange.hold(run)).state == "settled"  # default policy: what was generated
     assert await exchange.busy("default") == (0, 0)
+
+
+async def test_an_accepted_job_waits_out_open_breakers(exchange: Exchange) -> None:
+    """A job's submit is refused like any request while every breaker is open, but a job
+    already accepted whose failure opened the last breaker waits in the book for the
+    cool-down rather than fail."""
+    jobs = exchange.container.jobs
+    body = {"model": "fragile", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    view = await jobs.submit(exchange.principal, "/v1/chat/completions", body)
+    act = jobs.active[view["id"]]
+    await until(
+        lambda: act.run.order is not None and act.run.order.requeues == 1 and act.run.phase is Phase.QUEUED
+    )
+    assert exchange.completions.markets["fragile"].cooling() is not None
+    assert (await jobs.get(view["id"], ACCOUNT))["status"] == "queued"
+    with pytest.raises(GatewayError) as refused:
+        await jobs.submit(exchange.principal, "/v1/chat/completions", body)
+    assert refused.value.code == "no_capacity"
+    assert (await jobs.cancel(view["id"], ACCOUNT))["status"] == "canceled"
+    assert await exchange.busy("fragile") == (0, 0)
