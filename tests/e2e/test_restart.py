@@ -201,6 +201,23 @@ def test_sigterm_lets_a_running_stream_finish_and_refuses_new_work(tmp_path: Pat
     assert "Traceback" not in log and "timeout graceful shutdown" not in log, log
 
 
+def test_sigint_drains_too(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with ExitStack() as stack:
+        url, proc = stack.enter_context(serve_process(tmp_path, "sigint", _config(30), data, ADMIN_KEY))
+        key = _new_key(url, "sigint")
+        http = stack.enter_context(httpx.Client(timeout=60))
+        running = _stream(stack, http, url, key, 10)  # 2 s at 5 tokens/s
+        running.until_chunks(1)
+        proc.send_signal(signal.SIGINT)
+        assert _wait_ready_status(url, 503).json()["status"] == "draining"
+        running.to_end()
+        assert running.data[-1] == "[DONE]" and running.errors == [], running.data
+        assert proc.wait(timeout=EXIT_S) == 0, _log(tmp_path, "sigint")
+    assert _sqlite_rows(data, "SELECT state FROM holds") == [("settled",)]
+    assert "SIGINT: draining" in _log(tmp_path, "sigint")
+
+
 def test_a_stream_still_running_at_the_drain_deadline_ends_with_an_error_frame(tmp_path: Path) -> None:
     data = tmp_path / "data"
     config = _config(1, policy='charge_on_error = "generated"')

@@ -208,3 +208,21 @@ async def test_an_accepted_job_waits_out_open_breakers(exchange: Exchange) -> No
     assert refused.value.code == "no_capacity"
     assert (await jobs.cancel(view["id"], ACCOUNT))["status"] == "canceled"
     assert await exchange.busy("fragile") == (0, 0)
+
+
+async def test_hurry_ends_the_wait_for_running_generations(exchange: Exchange) -> None:
+    """A second signal: the drain stops waiting and ends what still runs now."""
+    run = await exchange.open("default", sim={"stall_after_tokens": 2, "stall_s": 60}, max_tokens=10)
+    seen: list[RunEvent] = []
+    task = asyncio.create_task(consume(run, seen))
+    await until(lambda: run.tokens == 2)
+    drain = Drain(exchange.completions, exchange.container.jobs, timeout_s=600)
+    draining_task = asyncio.create_task(drain())
+    await until(lambda: exchange.completions.draining)
+    assert not draining_task.done() and run.phase is Phase.STREAMING
+    drain.hurry()
+    await asyncio.wait_for(draining_task, timeout=5)
+    await task
+    fin = finished(seen)
+    assert fin.error is not None and fin.error.code == "draining" and fin.outcome == "error"
+    assert (await exchange.hold(run)).state == "released"  # default policy: errors are not charged
