@@ -56,14 +56,25 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def _serve_on(args: argparse.Namespace, config: Config, sock: socket.socket) -> int:
-    import uvicorn
-
-    from bourse.container import build, unreachable_services
-    from bourse.settings import read_environment
+    from bourse.storage.folder_lock import FolderInUse, folder_lock
     from bourse.storage.private import private_folder
 
-    server = config.server
+    # then the data folder: one serving process each, locked before anything is written there
     data_dir = private_folder(Path(args.data_dir or "./data"))
+    try:
+        with folder_lock(data_dir):
+            return _serve_locked(args, config, sock, data_dir)
+    except FolderInUse as exc:
+        print(f"bourse: {exc}", file=sys.stderr)
+        return 2
+
+
+def _serve_locked(args: argparse.Namespace, config: Config, sock: socket.socket, data_dir: Path) -> int:
+    from bourse.container import build, unreachable_services
+    from bourse.http.server import GatewayServer
+    from bourse.settings import read_environment
+
+    server = config.server
     logging.basicConfig(
         level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -98,7 +109,8 @@ def _serve_on(args: argparse.Namespace, config: Config, sock: socket.socket) -> 
     gc.collect()
     gc.freeze()
     gc.set_threshold(7000, 10, 10)
-    uvicorn_server = uvicorn.Server(server_config(app, server))  # listens on sock
+    # SIGTERM and SIGINT drain the gateway before the server stops (then exit 0)
+    uvicorn_server = GatewayServer(server_config(app, server), container.drainer())  # listens on sock
     uvicorn_server.run(sockets=[sock])
     return 0 if uvicorn_server.started else 3
 

@@ -32,6 +32,7 @@ from bourse.services.auth import Authenticator
 from bourse.services.billing import Billing
 from bourse.services.completion import CompletionService, Limits
 from bourse.services.dashboard import Dashboard
+from bourse.services.drain import Drain
 from bourse.services.housekeeping import Housekeeping
 from bourse.services.jobs import JobLimits, JobService
 from bourse.services.market import Market
@@ -45,8 +46,9 @@ from bourse.storage.sql import SqlStore
 log = logging.getLogger("bourse")
 
 
-def build_engine(product: str, dep: DeploymentConfig) -> tuple[Engine, str]:
-    """The engine of one deployment and the model name it expects in requests."""
+def build_engine(product: str, dep: DeploymentConfig, name: str | None = None) -> tuple[Engine, str]:
+    """The engine of one deployment (``name``: the deployment's, for its log lines) and
+    the model name it expects in requests."""
     if dep.engine == "sim":
         from bourse.engines.sim import SimEngine, SimSettings
 
@@ -70,6 +72,7 @@ def build_engine(product: str, dep: DeploymentConfig) -> tuple[Engine, str]:
         read_timeout_s=dep.read_timeout_s,
         max_connections=dep.max_connections,
         unary=not dep.always_stream,
+        name=name or product,
     )
     return engine, dep.model
 
@@ -156,6 +159,10 @@ class Container:
 
     def app(self) -> ASGIApp:
         return create_app(self, cors_origins=self.config.server.cors_origins)
+
+    def drainer(self) -> Drain:
+        """What a stop signal runs before the server stops (``[server] drain_timeout_s``)."""
+        return Drain(self.completions, self.jobs, self.config.server.drain_timeout_s)
 
 
 def unreachable_services(config: Config, env: Environment, database: str | None = None) -> list[str]:
@@ -251,7 +258,7 @@ def build(
         market_engines: dict[str, Engine] = {}
         for i, dconf in enumerate(pconf.deployments):
             name = deployment_name(pname, i, dconf)
-            engine, model = build_engine(pname, dconf)
+            engine, model = build_engine(pname, dconf, name)
             engines[name] = market_engines[name] = engine
             models[name] = model
             deployments.append(
@@ -275,6 +282,7 @@ def build(
             if pconf.supports_tools is not None
             else all(d.engine != "llamacpp" for d in pconf.deployments),
             description=pconf.description,
+            breakers=[d.breaker for d in deployments],
         )
     store = build_store(database, data)
     store.secret_box = SecretBox.for_folder(data, env.secret_key)

@@ -185,6 +185,9 @@ class ServerConfig(_Strict):
     max_connections: int = Field(default=2048, ge=1, le=1_000_000)
     """Client connections open at once; one more is answered 503 (``retry-after``) and
     closed at once. Streams in progress count: size it above the expected concurrency."""
+    drain_timeout_s: float = Field(default=30.0, ge=0, le=86_400)
+    """On SIGTERM or SIGINT, how long generations already running may go on before they
+    are ended with an error frame (orders still waiting end at once); then the process exits."""
 
     @field_validator("cors_origins")
     @classmethod

@@ -3,10 +3,14 @@
 ``threshold`` consecutive transient failures open the breaker for ``cooldown_s``;
 after that one trial admission is let through (half-open): a success closes the
 breaker, a failure opens it again.
+
+:func:`cooling_for` says when a request need not wait at all: every deployment of a
+product is cooling down, so the answer is 503 at once, with the time left.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -42,6 +46,24 @@ class CircuitBreaker:
         self.trial_running = False
         self.open_until = 0.0
 
+    def cooling_left(self, now: float) -> float:
+        """Seconds the breaker stays open (0 when closed, or its cool-down is over)."""
+        if self.failures < self.threshold:
+            return 0.0
+        return max(0.0, self.open_until - now)
+
     @property
     def state(self) -> str:
         return "closed" if self.failures < self.threshold else "open"
+
+
+def cooling_for(breakers: Iterable[CircuitBreaker], now: float) -> float | None:
+    """Seconds until the first of ``breakers`` ends its cool-down, when every one is
+    open; None when any can be tried now (or there are none)."""
+    left: float | None = None
+    for b in breakers:
+        t = b.cooling_left(now)
+        if t <= 0:
+            return None
+        left = t if left is None else min(left, t)
+    return left

@@ -18,7 +18,7 @@ it into the OpenAI envelope before the 200, and into the error frame after it
      ├─ 429 rate_limited
      ├─ 500 internal_error
      ├─ 502 upstream_error
-     └─ 503 no_capacity
+     └─ 503 no_capacity / draining
 """
 
 from __future__ import annotations
@@ -94,6 +94,18 @@ def book_timeout(waited_s: float) -> GatewayError:
 
 def no_capacity(message: str, retry_after_s: int = 1) -> GatewayError:
     return GatewayError(503, "no_capacity", message, headers={"retry-after": str(retry_after_s)})
+
+
+DRAINING_RETRY_AFTER_S = 2
+"""What a request refused by a draining gateway is told to wait (another replica, or this
+one restarted, takes it)."""
+
+
+def draining(
+    message: str = "The gateway is shutting down and takes no new requests; retry shortly.",
+) -> GatewayError:
+    """503 ``draining``: the gateway is shutting down (SIGTERM or SIGINT)."""
+    return GatewayError(503, "draining", message, headers={"retry-after": str(DRAINING_RETRY_AFTER_S)})
 
 
 def upstream_error(message: str) -> GatewayError:

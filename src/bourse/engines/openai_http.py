@@ -18,6 +18,7 @@ The API key is sent only as a header; it never appears in a failure message.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -36,6 +37,8 @@ from bourse.ports.engine import (
 from bourse.wire.sse import SSEParser
 
 __all__ = ["OpenAIHTTPEngine"]
+
+log = logging.getLogger("bourse.engines")
 
 _DONE = b"[DONE]"
 _MESSAGE_MAX = 300
@@ -214,7 +217,10 @@ class OpenAIHTTPEngine(Engine):
         read_timeout_s: float = 300,
         max_connections: int = 4096,
         unary: bool = True,
+        name: str = "openai",
     ) -> None:
+        self.name = name
+        """The deployment's name, for the log."""
         base = base_url.rstrip("/")
         self._chat_url = yarl.URL(base + "/chat/completions")
         self._completion_url = yarl.URL(base + "/completions")
@@ -293,14 +299,16 @@ class OpenAIHTTPEngine(Engine):
         return EngineFailure(f"upstream error: {message}", transient=not output_began)
 
     def _early_failure(self, exc: BaseException, waited: str) -> EngineFailure:
-        """A failure before any output (connect, status, first bytes): always transient."""
+        """A failure before any output (connect, status, first bytes): always transient,
+        and logged (WARNING) with the deployment's name."""
         if isinstance(exc, aiohttp.ServerTimeoutError):  # also a TimeoutError: checked first
-            return EngineFailure(f"upstream timed out ({type(exc).__name__})", transient=True)
-        if isinstance(exc, TimeoutError):
-            return EngineFailure(f"upstream sent {waited}", transient=True)
-        return EngineFailure(
-            self._scrub(f"upstream unreachable ({type(exc).__name__}: {exc})"), transient=True
-        )
+            message = f"upstream timed out ({type(exc).__name__})"
+        elif isinstance(exc, TimeoutError):
+            message = f"upstream sent {waited}"
+        else:
+            message = self._scrub(f"upstream unreachable ({type(exc).__name__}: {exc})")
+        log.warning("deployment %s: %s", self.name, message)
+        return EngineFailure(message, transient=True)
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         if not request.stream and self._unary:
@@ -405,6 +413,7 @@ class OpenAIHTTPEngine(Engine):
                     piece = await response.content.readany()
                 except aiohttp.ServerTimeoutError:
                     silent = f"upstream went silent for {self._read_timeout_s:g}s"
+                    log.warning("deployment %s: %s", self.name, silent)
                     raise EngineFailure(silent, transient=not parse.output_began) from None
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     broke = self._scrub(f"upstream stream broke ({type(exc).__name__})")

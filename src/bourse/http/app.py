@@ -58,10 +58,8 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
     async def readyz(request: Request) -> Response:
         products = {name: m.healthy() for name, m in markets.items()}
         ready = any(products.values())
-        return JSON(
-            {"status": "ready" if ready else "unready", "products": products},
-            status_code=200 if ready else 503,
-        )
+        status = "draining" if services.completions.draining else "ready" if ready else "unready"
+        return JSON({"status": status, "products": products}, status_code=200 if status == "ready" else 503)
 
     async def on_gateway_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GatewayError)

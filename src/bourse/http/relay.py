@@ -116,6 +116,9 @@ class RunResponse:
                     listener.cancel()
         except BaseExceptionGroup as group_error:
             _unless_client_left(group_error)
+        except asyncio.CancelledError:
+            if not run.take_back_stop():  # a drain's stop that found the relay writing: the run is abandoned
+                raise
         finally:
             # a run that never reached its end (client gone before the first frame,
             # or a relay failure) gives back its slot and money

@@ -13,9 +13,12 @@ rewritten in place; nothing is copied or buffered. Every run ends in exactly one
 :class:`Finished` (or in an abandonment when its consumer stops), and every slot it
 took is given back exactly once. Only the run writes its own state: its consumers
 read ``phase``, ``tokens`` and ``order``, and tell it that the client left with
-:meth:`Run.client_gone`. The money is :class:`~bourse.services.billing.Billing`'s,
-handed plain values: the run's :class:`~bourse.services.billing.Quote` before the
-book, its :class:`~bourse.services.billing.Closing` after the outcome.
+:meth:`Run.client_gone`. A draining gateway stops a run with :meth:`Run.interrupt`:
+it ends with the drain's error (settled by its policy), or, a detached job's run,
+raises :class:`HandedBack` unsettled, for the jobs to give back. The money is
+:class:`~bourse.services.billing.Billing`'s, handed plain values: the run's
+:class:`~bourse.services.billing.Quote` before the book, its
+:class:`~bourse.services.billing.Closing` after the outcome.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any, TypeVar, cast
 
 from bourse.domain.book import Admission, Order
 from bourse.domain.charging import Outcome, RecordedOutcome
-from bourse.domain.errors import GatewayError, invalid_request, model_not_found
+from bourse.domain.errors import GatewayError, draining, invalid_request, model_not_found
 from bourse.domain.policy import Policy
 from bourse.domain.ratelimit import retry_after_header
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
@@ -88,6 +91,12 @@ SettledHook = Callable[[Closing, Finished], None]
 """Called once per run after its settlement (the usage record is written); must not block."""
 
 
+class HandedBack(Exception):
+    """A detached job's run stopped by a draining gateway, neither finished nor settled:
+    its slot is back; its hold is the consumer's to give back
+    (:meth:`CompletionService.give_back`)."""
+
+
 @dataclass(slots=True, frozen=True)
 class Limits:
     book_timeout_s: float = 300.0
@@ -143,6 +152,10 @@ class CompletionService:
         self.background: set[asyncio.Task[Any]] = set()
         self.on_settled: list[SettledHook] = []
         """Listeners of settled runs (the dashboard's live tail)."""
+        self.live: set[Run] = set()
+        """The runs booked and not yet ended."""
+        self.draining = False
+        """The gateway is shutting down: no new run opens (503 ``draining``)."""
 
     async def open(
         self,
@@ -156,17 +169,21 @@ class CompletionService:
         timeout_header: str | None = None,
         t0: float | None = None,
         engine_stream: bool = True,
+        fail_fast: bool = True,
     ) -> Run:
         """validate -> (authenticated) -> rate-limit -> quote -> hold -> book.
 
         ``engine_stream`` False: the engine may produce the answer at once (a relayed
         non-streamed request); jobs keep the stream, so that their progress and a
-        cancel's charge count the tokens as they come."""
+        cancel's charge count the tokens as they come. ``fail_fast`` False: the run waits
+        out open breakers in the book (a resumed job) rather than get 503 at once."""
+        if self.draining:
+            raise draining()
         t0 = time.perf_counter() if t0 is None else t0
         ask = self.prepare(kind, body, req, max_price_header=max_price_header, timeout_header=timeout_header)
         self.auth.check_product(principal, ask.market.product)
         prompt = measure_prompt(body)
-        await self._check_fits(ask, prompt)
+        await self._check_fits(ask, prompt, fail_fast)
         quote = quote_for(prompt, ask.max_output_tokens, ask.bid)
         grant = await self._acquire(principal, quote.tokens)
         try:
@@ -185,10 +202,20 @@ class CompletionService:
             await self.billing.release(hold_id)
             await self._limits_done(grant, 0)
             raise
+        self.live.add(run)
         return run
 
-    async def _check_fits(self, ask: Ask, prompt: PromptSize) -> None:
-        """503 if no deployment can run; 400 if the prompt cannot fit the context."""
+    async def give_back(self, run: Run) -> None:
+        """A run handed back undone (:class:`HandedBack`): its hold released without a
+        usage record, its rate-limit reservation returned."""
+        try:
+            await self.billing.release(run.hold_id)
+        finally:
+            await self._limits_done(run.grant, 0)
+
+    async def _check_fits(self, ask: Ask, prompt: PromptSize, fail_fast: bool = True) -> None:
+        """503 if no deployment can run (``fail_fast``: or none before its cool-down
+        ends); 400 if the prompt cannot fit the context."""
         market = ask.market
         broken = market.broken_reason()
         if broken is not None:
@@ -198,6 +225,9 @@ class CompletionService:
                 f"'{market.product}' cannot serve: {broken}",
                 headers={"retry-after": "30"},
             )
+        cooling = market.cooling() if fail_fast else None
+        if cooling is not None:  # no deployment can be tried before its cool-down ends
+            raise cooling
         param = "messages" if ask.kind == "chat" else "prompt"
         counter = market.token_counter()
         if counter is not None:  # the engine's own tokenizer: exact
@@ -369,6 +399,9 @@ class Run:
         "_engine_iter",
         "_fut",
         "_settlement",
+        "_stop",
+        "_stop_cancelled",
+        "_task",
         "_usage_event",
         "account_id",
         "admission",
@@ -378,6 +411,7 @@ class Run:
         "client_left",
         "created",
         "created_at",
+        "detached",
         "engine_stream",
         "grant",
         "hold_id",
@@ -449,6 +483,13 @@ class Run:
         self._deadline = 0.0
         self._engine_iter: AsyncIterator[EngineEvent] | None = None
         self._settlement: asyncio.Task[Finished] | None = None
+        self.detached = False
+        """The run of a detached job: a drain hands it back rather than ending it."""
+        self._stop: GatewayError | None = None
+        """Set by :meth:`interrupt`: the error the run ends with."""
+        self._stop_cancelled = False
+        self._task: asyncio.Task[Any] | None = None
+        """The task reading :meth:`events` (where :meth:`interrupt` stops it)."""
 
     @property
     def product(self) -> str:
@@ -461,6 +502,31 @@ class Run:
     @property
     def done(self) -> bool:
         return self.phase is Phase.DONE
+
+    def interrupt(self, error: GatewayError) -> None:
+        """A drain ends the run now, wherever it waits (an order leaves the book, an
+        engine is stopped): it ends with ``error``, settled by its policy, or, a
+        detached job's run, raises :class:`HandedBack`. Once; nothing if it has ended."""
+        if self.phase is Phase.DONE or self._stop is not None:
+            return
+        self._stop = error
+        task = self._task
+        if task is not None and not task.done():  # else it stops at its next attempt
+            self._stop_cancelled = True
+            task.cancel()
+
+    def take_back_stop(self) -> bool:
+        """The consumer caught a cancellation: True (once) if it is the one
+        :meth:`interrupt` sent, which landed in the consumer rather than in the run (a
+        relay blocked writing to a slow client). It is taken back; the run has been
+        abandoned, settled by its policy."""
+        if not self._stop_cancelled:
+            return False
+        self._stop_cancelled = False
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return True
 
     def client_gone(self) -> None:
         """The client disconnected: an abandonment from now on is ``disconnected``."""
@@ -486,6 +552,7 @@ class Run:
         rid = self.request_id
         product = self.product
         streaming = Phase.STREAMING
+        self._task = asyncio.current_task()
         try:
             yield Queued(self.bid)
             while True:
@@ -517,13 +584,33 @@ class Run:
                 yield await self._settled("disconnected" if self.client_left else "completed", None)
                 return
         except GatewayError as exc:
-            yield await self._settled("timeout" if exc.status == 408 else "error", exc)
-        except (asyncio.CancelledError, GeneratorExit):
+            yield await self._ended(exc)
+        except (asyncio.CancelledError, GeneratorExit) as exc:
+            await self._abandon_unless_stopped(exc)
+            yield await self._interrupted()
+        finally:
+            self._task = None
+
+    async def _ended(self, exc: GatewayError) -> Finished:
+        """The end of a run by an error: the book's or the engine's, or a drain's stop."""
+        if exc is self._stop:
+            return await self._interrupted()
+        return await self._settled("timeout" if exc.status == 408 else "error", exc)
+
+    async def _abandon_unless_stopped(self, exc: asyncio.CancelledError | GeneratorExit) -> None:
+        """The consumer stops (``exc`` raised again, the run abandoned), unless ``exc`` is
+        the cancellation :meth:`interrupt` sent: that one is taken back, and the task goes
+        on to end the run with the drain's error."""
+        if type(exc) is GeneratorExit or not self.take_back_stop():
             await self._abandon()
-            raise
+            raise exc
 
     async def _attempt(self, on_admit: Callable[[Run], None] | None) -> AsyncIterator[EngineEvent]:
         """Wait for a slot (408 at the deadline) and start the engine on it."""
+        if self._stop is None and self.service.draining:
+            self._stop = draining()
+        if self._stop is not None:
+            raise self._stop
         m, order, fut = self.market, self.order, self._fut
         assert order is not None and fut is not None
         self.phase = Phase.QUEUED
@@ -559,9 +646,13 @@ class Run:
             err = GatewayError(failure.status, failure.code, failure.message, error_type=failure.error_type)
             return await self._settled("error", err)
         if order.requeues < m.policy.max_requeues:
-            self._fut = await m.requeue(order, adm)
+            self._fut = fut = await m.requeue(order, adm)
             self.admission = None
             self.phase = Phase.QUEUED
+            cooling = None if self.detached else m.cooling()
+            if cooling is not None:  # every deployment cools down: nothing could run it now
+                m.withdraw(order, fut)
+                return await self._settled("error", cooling)
             return Requeued(adm.deployment)
         m.report_failure(adm.deployment)
         return await self._settled("error", m.failure_after_requeues(failure.message))
@@ -587,6 +678,11 @@ class Run:
     async def _abandon(self) -> None:
         if self.phase is Phase.DONE:
             return
+        await self._halt()
+        self._finish("disconnected" if self.client_left else "canceled", None)
+
+    async def _halt(self) -> None:
+        """Stop the engine; take a waiting order out of the book."""
         it, self._engine_iter = self._engine_iter, None
         if it is not None:
             await _close_quietly(it)
@@ -597,7 +693,20 @@ class Run:
             and self._fut is not None
         ):
             self.market.withdraw(self.order, self._fut)
-        self._finish("disconnected" if self.client_left else "canceled", None)
+
+    async def _interrupted(self) -> Finished:
+        """The end of a run a drain stopped: with the drain's error, settled by the
+        policy; a detached job's run gives back its slot and raises :class:`HandedBack`."""
+        assert self._stop is not None
+        await self._halt()
+        if not self.detached:
+            return await self._settled("error", self._stop)
+        self.phase = Phase.DONE
+        if self.admission is not None:
+            self.market.release(self.admission)
+            self.admission = None
+        self.service.live.discard(self)
+        raise HandedBack(self.request_id)
 
     def _finish(self, outcome: Outcome, error: GatewayError | None) -> None:
         """The run ends: give back the slot, start the settlement (its own task)."""
@@ -605,6 +714,7 @@ class Run:
             return
         closing = self._closing(outcome)
         self.phase = Phase.DONE
+        self.service.live.discard(self)
         if self.admission is not None:
             self.market.release(self.admission)
             self.admission = None

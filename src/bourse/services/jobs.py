@@ -6,7 +6,9 @@ stream into one completion. Its state lives in the store, so a restarted gateway
 resumes it: queued and running jobs re-enter the book in their original order (a
 running job starts again from the beginning: nothing was delivered); the old hold,
 which start-up moved to ``reconciling``, is released and a new one placed, so the
-job is charged once. When a job ends, its webhook (if any) receives one signed POST,
+job is charged once. A draining gateway (SIGTERM) hands back the jobs it has not
+finished: each is stopped, its hold released without a usage record, and it is stored
+queued with no owner, for the next gateway to claim and run from the start. When a job ends, its webhook (if any) receives one signed POST,
 retried with capped, jittered exponential back-off (:mod:`bourse.retrying`). A
 sweeper drops results past ``expires_at``.
 """
@@ -36,7 +38,7 @@ from bourse.ports.stores import (
 from bourse.ports.webhooks import WebhookSender
 from bourse.retrying import backoff_s
 from bourse.services.auth import Principal
-from bourse.services.completion import CompletionService, Finished, Phase, Run
+from bourse.services.completion import CompletionService, Finished, HandedBack, Phase, Run
 from bourse.services.ids import new_request_id
 from bourse.services.webhooks import check_target, sign
 from bourse.wire.chunks import Aggregator
@@ -153,6 +155,7 @@ class JobService:
         return await self.view(job)
 
     def _start(self, job: Job, run: Run) -> None:
+        run.detached = True
         act = Active(job, run, agg=Aggregator(run.kind, run.market.policy.reasoning_field))
         self.active[job.id] = act
         act.task = self._spawn(self._execute(act))
@@ -182,6 +185,11 @@ class JobService:
                 canceled = True
                 await run.abandon()  # done already by the run's own events, unless they never began
                 fin = await run.settled()
+            except HandedBack:
+                if act.admit_task is not None:
+                    await act.admit_task
+                await self._hand_back(job, run)
+                return
             if act.admit_task is not None:
                 await act.admit_task  # the 'running' mark lands before the final state
             await self._record(job, run, agg, fin, canceled)
@@ -195,6 +203,17 @@ class JobService:
             self.active.pop(job.id, None)
         if job.webhook_url:
             await self._notify(job.id)
+
+    async def _hand_back(self, job: Job, run: Run) -> None:
+        """The gateway drains: the job goes back to the store queued and unowned, its hold
+        released without a usage record, for the next gateway to run from the start."""
+        try:
+            await self.completions.give_back(run)
+            await self.store.update_job(job.id, status="queued", hold_id=None, started_at=None, owner=None)
+        except Exception:  # still this gateway's: its next start (or a replica, its lease lapsed) resumes it
+            log.exception("job %s could not be handed back", job.id)
+            return
+        log.info("job %s handed back: the gateway is draining", job.id)
 
     async def _record(
         self, job: Job, run: Run, agg: Aggregator, fin: Finished | None, canceled: bool
@@ -322,8 +341,16 @@ class JobService:
         body = dict(job.body)
         try:
             req = validate(kind, body)
-            run = await self.completions.open(kind, body, req, principal, request_id=job.request_id)
+            # accepted long ago: it waits out open breakers in the book rather than fail
+            run = await self.completions.open(
+                kind, body, req, principal, request_id=job.request_id, fail_fast=False
+            )
         except GatewayError as exc:
+            if exc.code == "draining":  # stopping meanwhile: left, unowned, for the next gateway
+                await self.store.update_job(
+                    job.id, status="queued", hold_id=None, started_at=None, owner=None
+                )
+                return
             await self.store.update_job(job.id, status="failed", error={"error": exc.envelope(), "status": exc.status},
                                         finished_at=time.time(), hold_id=None)  # fmt: skip
             if job.webhook_url:

@@ -11,8 +11,11 @@ is in process by default and shared across replicas with ``[cluster] redis_url``
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Iterable
 
 from bourse.domain.book import Admission, BookFull, Order
+from bourse.domain.breaker import CircuitBreaker, cooling_for
 from bourse.domain.errors import GatewayError, book_timeout, no_capacity
 from bourse.domain.policy import Policy
 from bourse.ports.book import BookPort, BookUnavailable, BookView
@@ -34,6 +37,7 @@ class Market:
         max_output_tokens: int,
         supports_tools: bool,
         description: str | None = None,
+        breakers: Iterable[CircuitBreaker] = (),
     ) -> None:
         self.product = product
         self.book = book
@@ -45,6 +49,8 @@ class Market:
         self.max_output_tokens = max_output_tokens
         self.supports_tools = supports_tools
         self.description = description
+        self._breakers = tuple(breakers)
+        """This replica's breaker of each deployment (the ones the book reads)."""
 
     @staticmethod
     def now() -> float:
@@ -140,6 +146,18 @@ class Market:
         if reasons and all(reasons):
             return "; ".join(str(r) for r in reasons)
         return None
+
+    def cooling(self) -> GatewayError | None:
+        """503 ``no_capacity`` when every deployment's breaker is open (with ``retry-after``
+        the cool-down left, rounded up), so the request need not wait; None otherwise."""
+        left = cooling_for(self._breakers, self.now())
+        if left is None:
+            return None
+        return no_capacity(
+            f"Every deployment of '{self.product}' is cooling down after failures (circuit breaker "
+            f"open); retry in {left:.1f} s.",
+            retry_after_s=max(1, math.ceil(left)),
+        )
 
     def token_counter(self) -> TokenCounter | None:
         """An engine of this product that counts prompt tokens exactly and is loaded."""

@@ -403,6 +403,7 @@ _JOB_FIELDS = frozenset(
         "error",
         "webhook_state",
         "bid",
+        "owner",
     }
 )
 

@@ -1,0 +1,75 @@
+"""The HTTP server of ``bourse serve``: uvicorn, with the gateway's own signal handling.
+
+uvicorn, told to stop, closes its listening socket at once, gives what still runs
+``timeout_graceful_shutdown`` seconds, cancels the rest (a traceback per request, no
+frame to the client) and then re-raises the signal, so the process dies of it.
+:class:`GatewayServer` handles SIGTERM and SIGINT itself instead: the first one starts
+the drain (:class:`~bourse.services.drain.Drain`) while the server keeps accepting
+(new requests get 503 ``draining``); when the drain is done the server shuts down as
+uvicorn does (every connection is idle by then) and ``serve`` returns, so the process
+exits 0. A second signal ends the drain's wait for running generations at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Generator
+from typing import Protocol
+
+import uvicorn
+
+log = logging.getLogger("bourse")
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Drainer(Protocol):
+    def __call__(self) -> Awaitable[None]: ...
+
+    def hurry(self) -> None: ...
+
+
+class GatewayServer(uvicorn.Server):
+    """A uvicorn server that drains the gateway before it stops."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drainer) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._draining: asyncio.Task[None] | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        """The loop's handlers for SIGTERM and SIGINT while serving (uvicorn's are not
+        installed, and no signal is raised again at the end)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        for sig in SIGNALS:
+            loop.add_signal_handler(sig, self.on_signal, sig)
+        try:
+            yield
+        finally:
+            for sig in SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    def on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        if self._draining is None:
+            log.warning("%s: draining, then stopping", name)
+            self._draining = asyncio.get_running_loop().create_task(self._drain_then_stop(self._drain))
+        else:
+            log.warning("%s again: running generations are ended now", name)
+            self._drain.hurry()
+
+    async def _drain_then_stop(self, drain: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await drain()
+        except Exception:
+            log.exception("the drain failed; stopping")
+        finally:
+            self.should_exit = True

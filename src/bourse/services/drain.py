@@ -1,0 +1,92 @@
+"""The drain: how a gateway told to stop (SIGTERM, SIGINT) finishes what it started.
+
+:class:`Drain` is called once, by the server's signal handler, while the server still
+accepts connections:
+
+1. From now on the gateway is draining: ``/readyz`` answers 503 and a new request
+   (a completion, a job) gets 503 ``draining`` with ``retry-after``. The jobs'
+   sweeper and claimer stop.
+2. Orders still waiting in the book end at once with that same error (in-band for a
+   stream that has its 200, then the policy's ``[DONE]``), settled by their policy
+   (nothing was generated: released). A detached job waiting is handed back
+   (:class:`~bourse.services.completion.HandedBack`).
+3. Running generations go on for up to ``drain_timeout_s``; a requeued one ends as a
+   waiting order does.
+4. Those still running then end with an in-band error frame, settled by their policy;
+   running jobs are handed back (hold released, no usage record, stored queued with no
+   owner), so another gateway on the same ledger runs each exactly once.
+
+When it returns the server shuts down; nothing it started is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from bourse.domain.errors import draining
+from bourse.services.completion import CompletionService, Phase
+from bourse.services.jobs import JobService
+
+log = logging.getLogger("bourse.drain")
+
+POLL_S = 0.02
+"""How often the drain looks whether everything has ended."""
+GRACE_S = 10.0
+"""How long runs ended at the deadline get to close their engines and settle."""
+
+
+class Drain:
+    """Drains a gateway: called once; :meth:`hurry` ends the wait for running generations."""
+
+    def __init__(self, completions: CompletionService, jobs: JobService, timeout_s: float) -> None:
+        self.completions = completions
+        self.jobs = jobs
+        self.timeout_s = timeout_s
+        self._hurry = False
+
+    def hurry(self) -> None:
+        """Stop waiting for running generations (a second signal): end them now."""
+        self._hurry = True
+
+    async def __call__(self) -> None:
+        c = self.completions
+        if c.draining:
+            return
+        c.draining = True
+        await self.jobs.stop()
+        waiting = [run for run in c.live if run.phase <= Phase.QUEUED]
+        for run in waiting:
+            run.interrupt(draining())
+        log.warning(
+            "draining: %d orders waiting ended, %d generations running get up to %g s",
+            len(waiting), len(c.live) - len(waiting), self.timeout_s,
+        )  # fmt: skip
+        if await self._until_idle(self.timeout_s, hurry=True):
+            log.warning("drained: every generation has ended")
+            return
+        late = list(c.live)
+        log.warning("drain timeout (%g s): %d generations still running are ended", self.timeout_s, len(late))
+        message = (
+            f"The gateway shut down before this generation ended (drain_timeout_s = {self.timeout_s:g}); "
+            "what was generated is settled by the product's policy."
+        )
+        for run in late:
+            run.interrupt(draining(message))
+        if not await self._until_idle(GRACE_S, hurry=False):
+            log.error("drain: %d runs did not end within %g s of the deadline", len(c.live), GRACE_S)
+
+    def _idle(self) -> bool:
+        return not self.completions.live and not self.jobs.active
+
+    async def _until_idle(self, timeout_s: float, *, hurry: bool) -> bool:
+        """Wait until every run and job has ended (True), or ``timeout_s`` passed or,
+        with ``hurry``, :meth:`hurry` was called (False)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self._idle():
+            left = deadline - loop.time()
+            if left <= 0 or (hurry and self._hurry):
+                return False
+            await asyncio.sleep(min(POLL_S, left))
+        return True
