@@ -1,8 +1,15 @@
-"""The admin API (admin key only): accounts, credit, keys, holds."""
+"""The admin API (admin key only): accounts, credit, keys, holds, the audit log.
+
+Every action is audited under the actor ``admin``, or ``admin:<name>`` when the
+caller names itself in the ``x-bourse-actor`` header (a label, not a credential:
+there is one admin key). Lists are paged: ``limit`` and ``after`` (the answer's
+``next_after``).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import time
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
@@ -10,8 +17,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bourse.domain.errors import invalid_request
-from bourse.http.deps import Services, json_model
+from bourse.http.deps import Services, json_model, page_limit
 from bourse.http.responses import JSON
+from bourse.services.accounts import MAX_GRACE_S
 from bourse.wire.requests import INT64_MAX, IdText, check_id, optional_id
 
 INT32_MAX = 2**31 - 1
@@ -34,9 +42,27 @@ class Credit(_In):
 class NewKey(_In):
     account: IdText
     products: list[IdText] | None = Field(default=None, max_length=10_000)
+    """The products the key may use (each one configured); default all."""
     rpm: int | None = Field(default=None, ge=1, le=INT32_MAX)
     tpm: int | None = Field(default=None, ge=1, le=INT32_MAX)
     max_streams: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+    expires_at: float | None = Field(default=None, gt=0, le=1e11, allow_inf_nan=False)
+    """Unix time after which the key is refused (401)."""
+    expires_in_s: float | None = Field(default=None, gt=0, le=1e10, allow_inf_nan=False)
+    """The same, in seconds from now (one of the two)."""
+    spend_cap_usd: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    """At most this much held or charged through the key per ``spend_cap_period`` (402 beyond)."""
+    spend_cap_period: Literal["total", "day"] = "total"
+
+
+class RevokeKey(_In):
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class RotateKey(_In):
+    grace_s: float = Field(default=0.0, ge=0, le=MAX_GRACE_S, allow_inf_nan=False)
+    """How long the old secret keeps working (seconds; 0: it stops at once)."""
 
 
 class SettleHold(_In):
@@ -44,33 +70,92 @@ class SettleHold(_In):
     """What to charge, at most the hold (default: its usage estimate, else the whole hold)."""
 
 
+def _page(data: list[dict[str, Any]], limit: int, cursor: str) -> dict[str, Any]:
+    """A list answer from ``limit + 1`` rows: ``data``, ``has_more``, ``next_after``."""
+    page = data[:limit]
+    more = len(data) > limit
+    return {
+        "object": "list",
+        "data": page,
+        "has_more": more,
+        "next_after": page[-1][cursor] if more else None,
+    }
+
+
 def routes(services: Services) -> list[Route]:
     auth = services.auth
     admin = services.admin
 
-    def guard(request: Request) -> None:
+    def guard(request: Request) -> str:
+        """Check the admin key; the actor to audit."""
         auth.admin(request.headers.get("authorization"))
+        name = request.headers.get("x-bourse-actor")
+        return "admin" if not name else "admin:" + check_id(name, "x-bourse-actor", most=64)
+
+    def query_id(request: Request, name: str) -> str | None:
+        return optional_id(request.query_params.get(name), name)
 
     async def create_account(request: Request) -> Response:
-        guard(request)
+        actor = guard(request)
         body = await json_model(request, NewAccount)
-        return JSON(await admin.create_account(body.id, body.credit_usd), status_code=201)
+        return JSON(await admin.create_account(body.id, body.credit_usd, actor), status_code=201)
+
+    async def list_accounts(request: Request) -> Response:
+        guard(request)
+        limit = page_limit(request, default=100, most=1000)
+        rows = await admin.accounts(limit + 1, query_id(request, "after"))
+        return JSON(_page(rows, limit, "id"))
 
     async def get_account(request: Request) -> Response:
         guard(request)
         return JSON(await admin.account(check_id(request.path_params["account_id"], "account_id")))
 
     async def credit(request: Request) -> Response:
-        guard(request)
+        actor = guard(request)
         account = check_id(request.path_params["account_id"], "account_id")
         body = await json_model(request, Credit)
-        return JSON(await admin.credit(account, body.amount_usd))
+        return JSON(await admin.credit(account, body.amount_usd, actor))
 
     async def create_key(request: Request) -> Response:
-        guard(request)
+        actor = guard(request)
         body = await json_model(request, NewKey)
-        out = await admin.create_key(body.account, body.products, body.rpm, body.tpm, body.max_streams)
+        if body.expires_at is not None and body.expires_in_s is not None:
+            raise invalid_request("expires_at, expires_in_s: give one of the two", param="expires_in_s")
+        expires_at = body.expires_at
+        if body.expires_in_s is not None:
+            expires_at = time.time() + body.expires_in_s
+        out = await admin.create_key(
+            body.account, body.products, body.rpm, body.tpm, body.max_streams,
+            name=body.name, expires_at=expires_at, spend_cap_usd=body.spend_cap_usd,
+            spend_cap_period=body.spend_cap_period, actor=actor,
+        )  # fmt: skip
         return JSON(out, status_code=201)
+
+    async def list_keys(request: Request) -> Response:
+        guard(request)
+        limit = page_limit(request, default=100, most=1000)
+        rows = await admin.keys(query_id(request, "account"), limit + 1, query_id(request, "after"))
+        return JSON(_page(rows, limit, "id"))
+
+    async def revoke_key(request: Request) -> Response:
+        actor = guard(request)
+        key_id = check_id(request.path_params["key_id"], "key_id")
+        body = await json_model(request, RevokeKey)
+        return JSON(await admin.revoke_key(key_id, actor, body.reason))
+
+    async def rotate_key(request: Request) -> Response:
+        actor = guard(request)
+        key_id = check_id(request.path_params["key_id"], "key_id")
+        body = await json_model(request, RotateKey)
+        return JSON(await admin.rotate_key(key_id, body.grace_s, actor))
+
+    async def audit(request: Request) -> Response:
+        guard(request)
+        limit = page_limit(request, default=100, most=1000)
+        rows = await admin.audit_log(
+            query_id(request, "action"), query_id(request, "target"), limit + 1, query_id(request, "after")
+        )
+        return JSON(_page(rows, limit, "id"))
 
     async def holds(request: Request) -> Response:
         guard(request)
@@ -86,14 +171,14 @@ def routes(services: Services) -> list[Route]:
         return JSON({"object": "list", "data": await admin.holds(st, account, limit)})
 
     async def settle(request: Request) -> Response:
-        guard(request)
+        actor = guard(request)
         hold_id = check_id(request.path_params["hold_id"], "hold_id")
         body = await json_model(request, SettleHold)
-        return JSON(await admin.settle_hold(hold_id, body.amount_micros))
+        return JSON(await admin.settle_hold(hold_id, body.amount_micros, actor))
 
     async def release(request: Request) -> Response:
-        guard(request)
-        return JSON(await admin.release_hold(check_id(request.path_params["hold_id"], "hold_id")))
+        actor = guard(request)
+        return JSON(await admin.release_hold(check_id(request.path_params["hold_id"], "hold_id"), actor))
 
     async def totals(request: Request) -> Response:
         guard(request)
@@ -110,9 +195,14 @@ def routes(services: Services) -> list[Route]:
 
     return [
         Route("/admin/accounts", create_account, methods=["POST"]),
+        Route("/admin/accounts", list_accounts, methods=["GET"]),
         Route("/admin/accounts/{account_id}", get_account, methods=["GET"]),
         Route("/admin/accounts/{account_id}/credit", credit, methods=["POST"]),
         Route("/admin/keys", create_key, methods=["POST"]),
+        Route("/admin/keys", list_keys, methods=["GET"]),
+        Route("/admin/keys/{key_id}/revoke", revoke_key, methods=["POST"]),
+        Route("/admin/keys/{key_id}/rotate", rotate_key, methods=["POST"]),
+        Route("/admin/audit", audit, methods=["GET"]),
         Route("/admin/holds", holds, methods=["GET"]),
         Route("/admin/holds/{hold_id}/settle", settle, methods=["POST"]),
         Route("/admin/holds/{hold_id}/release", release, methods=["POST"]),
