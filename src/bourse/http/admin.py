@@ -82,107 +82,114 @@ def _page(data: list[dict[str, Any]], limit: int, cursor: str) -> dict[str, Any]
     }
 
 
-def routes(services: Services) -> list[Route]:
-    auth = services.auth
-    admin = services.admin
+def _query_id(request: Request, name: str) -> str | None:
+    return optional_id(request.query_params.get(name), name)
 
-    def guard(request: Request) -> str:
+
+def _expiry(body: NewKey) -> float | None:
+    if body.expires_at is not None and body.expires_in_s is not None:
+        raise invalid_request("expires_at, expires_in_s: give one of the two", param="expires_in_s")
+    if body.expires_in_s is not None:
+        return time.time() + body.expires_in_s
+    return body.expires_at
+
+
+class _AdminRoutes:
+    """The admin API's endpoints (each one checks the admin key first)."""
+
+    def __init__(self, services: Services) -> None:
+        self.auth = services.auth
+        self.admin = services.admin
+
+    def guard(self, request: Request) -> str:
         """Check the admin key; the actor to audit."""
-        auth.admin(request.headers.get("authorization"))
+        self.auth.admin(request.headers.get("authorization"))
         name = request.headers.get("x-bourse-actor")
         return "admin" if not name else "admin:" + check_id(name, "x-bourse-actor", most=64)
 
-    def query_id(request: Request, name: str) -> str | None:
-        return optional_id(request.query_params.get(name), name)
-
-    async def create_account(request: Request) -> Response:
-        actor = guard(request)
+    async def create_account(self, request: Request) -> Response:
+        actor = self.guard(request)
         body = await json_model(request, NewAccount)
-        return JSON(await admin.create_account(body.id, body.credit_usd, actor), status_code=201)
+        return JSON(await self.admin.create_account(body.id, body.credit_usd, actor), status_code=201)
 
-    async def list_accounts(request: Request) -> Response:
-        guard(request)
+    async def list_accounts(self, request: Request) -> Response:
+        self.guard(request)
         limit = page_limit(request, default=100, most=1000)
-        rows = await admin.accounts(limit + 1, query_id(request, "after"))
+        rows = await self.admin.accounts(limit + 1, _query_id(request, "after"))
         return JSON(_page(rows, limit, "id"))
 
-    async def get_account(request: Request) -> Response:
-        guard(request)
-        return JSON(await admin.account(check_id(request.path_params["account_id"], "account_id")))
+    async def get_account(self, request: Request) -> Response:
+        self.guard(request)
+        return JSON(await self.admin.account(check_id(request.path_params["account_id"], "account_id")))
 
-    async def credit(request: Request) -> Response:
-        actor = guard(request)
+    async def credit(self, request: Request) -> Response:
+        actor = self.guard(request)
         account = check_id(request.path_params["account_id"], "account_id")
         body = await json_model(request, Credit)
-        return JSON(await admin.credit(account, body.amount_usd, actor))
+        return JSON(await self.admin.credit(account, body.amount_usd, actor))
 
-    async def create_key(request: Request) -> Response:
-        actor = guard(request)
+    async def create_key(self, request: Request) -> Response:
+        actor = self.guard(request)
         body = await json_model(request, NewKey)
-        if body.expires_at is not None and body.expires_in_s is not None:
-            raise invalid_request("expires_at, expires_in_s: give one of the two", param="expires_in_s")
-        expires_at = body.expires_at
-        if body.expires_in_s is not None:
-            expires_at = time.time() + body.expires_in_s
-        out = await admin.create_key(
+        out = await self.admin.create_key(
             body.account, body.products, body.rpm, body.tpm, body.max_streams,
-            name=body.name, expires_at=expires_at, spend_cap_usd=body.spend_cap_usd,
+            name=body.name, expires_at=_expiry(body), spend_cap_usd=body.spend_cap_usd,
             spend_cap_period=body.spend_cap_period, actor=actor,
         )  # fmt: skip
         return JSON(out, status_code=201)
 
-    async def list_keys(request: Request) -> Response:
-        guard(request)
+    async def list_keys(self, request: Request) -> Response:
+        self.guard(request)
         limit = page_limit(request, default=100, most=1000)
-        rows = await admin.keys(query_id(request, "account"), limit + 1, query_id(request, "after"))
+        rows = await self.admin.keys(_query_id(request, "account"), limit + 1, _query_id(request, "after"))
         return JSON(_page(rows, limit, "id"))
 
-    async def revoke_key(request: Request) -> Response:
-        actor = guard(request)
+    async def revoke_key(self, request: Request) -> Response:
+        actor = self.guard(request)
         key_id = check_id(request.path_params["key_id"], "key_id")
         body = await json_model(request, RevokeKey)
-        return JSON(await admin.revoke_key(key_id, actor, body.reason))
+        return JSON(await self.admin.revoke_key(key_id, actor, body.reason))
 
-    async def rotate_key(request: Request) -> Response:
-        actor = guard(request)
+    async def rotate_key(self, request: Request) -> Response:
+        actor = self.guard(request)
         key_id = check_id(request.path_params["key_id"], "key_id")
         body = await json_model(request, RotateKey)
-        return JSON(await admin.rotate_key(key_id, body.grace_s, actor))
+        return JSON(await self.admin.rotate_key(key_id, body.grace_s, actor))
 
-    async def audit(request: Request) -> Response:
-        guard(request)
+    async def audit(self, request: Request) -> Response:
+        self.guard(request)
         limit = page_limit(request, default=100, most=1000)
-        rows = await admin.audit_log(
-            query_id(request, "action"), query_id(request, "target"), limit + 1, query_id(request, "after")
+        rows = await self.admin.audit_log(
+            _query_id(request, "action"), _query_id(request, "target"), limit + 1, _query_id(request, "after")
         )
         return JSON(_page(rows, limit, "id"))
 
-    async def holds(request: Request) -> Response:
-        guard(request)
+    async def holds(self, request: Request) -> Response:
+        self.guard(request)
         state = request.query_params.get("state")
         if state not in (None, "open", "settled", "released", "reconciling"):
             raise invalid_request("state: expected open, settled, released or reconciling", param="state")
-        account = optional_id(request.query_params.get("account"), "account")
+        account = _query_id(request, "account")
         try:
             limit = int(request.query_params.get("limit", "100"))
         except ValueError:
             raise invalid_request("limit: expected an integer", param="limit") from None
         st: Literal["open", "settled", "released", "reconciling"] | None = state  # type: ignore[assignment]
-        return JSON({"object": "list", "data": await admin.holds(st, account, limit)})
+        return JSON({"object": "list", "data": await self.admin.holds(st, account, limit)})
 
-    async def settle(request: Request) -> Response:
-        actor = guard(request)
+    async def settle(self, request: Request) -> Response:
+        actor = self.guard(request)
         hold_id = check_id(request.path_params["hold_id"], "hold_id")
         body = await json_model(request, SettleHold)
-        return JSON(await admin.settle_hold(hold_id, body.amount_micros, actor))
+        return JSON(await self.admin.settle_hold(hold_id, body.amount_micros, actor))
 
-    async def release(request: Request) -> Response:
-        actor = guard(request)
-        return JSON(await admin.release_hold(check_id(request.path_params["hold_id"], "hold_id"), actor))
+    async def release(self, request: Request) -> Response:
+        actor = self.guard(request)
+        return JSON(await self.admin.release_hold(check_id(request.path_params["hold_id"], "hold_id"), actor))
 
-    async def totals(request: Request) -> Response:
-        guard(request)
-        t = await admin.store.totals()
+    async def totals(self, request: Request) -> Response:
+        self.guard(request)
+        t = await self.admin.store.totals()
         return JSON(
             {
                 "credits_micros": t.credits_micros,
@@ -193,18 +200,21 @@ def routes(services: Services) -> list[Route]:
             }
         )
 
+
+def routes(services: Services) -> list[Route]:
+    a = _AdminRoutes(services)
     return [
-        Route("/admin/accounts", create_account, methods=["POST"]),
-        Route("/admin/accounts", list_accounts, methods=["GET"]),
-        Route("/admin/accounts/{account_id}", get_account, methods=["GET"]),
-        Route("/admin/accounts/{account_id}/credit", credit, methods=["POST"]),
-        Route("/admin/keys", create_key, methods=["POST"]),
-        Route("/admin/keys", list_keys, methods=["GET"]),
-        Route("/admin/keys/{key_id}/revoke", revoke_key, methods=["POST"]),
-        Route("/admin/keys/{key_id}/rotate", rotate_key, methods=["POST"]),
-        Route("/admin/audit", audit, methods=["GET"]),
-        Route("/admin/holds", holds, methods=["GET"]),
-        Route("/admin/holds/{hold_id}/settle", settle, methods=["POST"]),
-        Route("/admin/holds/{hold_id}/release", release, methods=["POST"]),
-        Route("/admin/ledger", totals, methods=["GET"]),
+        Route("/admin/accounts", a.create_account, methods=["POST"]),
+        Route("/admin/accounts", a.list_accounts, methods=["GET"]),
+        Route("/admin/accounts/{account_id}", a.get_account, methods=["GET"]),
+        Route("/admin/accounts/{account_id}/credit", a.credit, methods=["POST"]),
+        Route("/admin/keys", a.create_key, methods=["POST"]),
+        Route("/admin/keys", a.list_keys, methods=["GET"]),
+        Route("/admin/keys/{key_id}/revoke", a.revoke_key, methods=["POST"]),
+        Route("/admin/keys/{key_id}/rotate", a.rotate_key, methods=["POST"]),
+        Route("/admin/audit", a.audit, methods=["GET"]),
+        Route("/admin/holds", a.holds, methods=["GET"]),
+        Route("/admin/holds/{hold_id}/settle", a.settle, methods=["POST"]),
+        Route("/admin/holds/{hold_id}/release", a.release, methods=["POST"]),
+        Route("/admin/ledger", a.totals, methods=["GET"]),
     ]
