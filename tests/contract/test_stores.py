@@ -430,7 +430,7 @@ async def test_key_lifecycle_fields_listing_revoke_and_touch(store_factory: Stor
 
         await s.touch_keys({"k-a1": NOW + 50, "k-a2": NOW + 40})
         await s.touch_keys({"k-a1": NOW + 45})  # never backwards
-        assert [(await s.key(k)).last_used_at for k in ("k-a1", "k-a2")] == [NOW + 50, NOW + 40]  # type: ignore[union-attr]
+        assert [(await s.key(k)).last_used_at for k in ("k-a1", "k-a2")] == [NOW + 50, NOW + 40]
 
 
 @pytest.mark.anyio
