@@ -107,7 +107,7 @@ def add_parser(sub: Any) -> None:
     u.add_argument("--action", dest="audit_action", help="e.g. key.revoke")
     u.add_argument("--target", help="an account, key or hold id")
     paged(u)
-    a.set_defaults(func=run, json=False)
+    a.set_defaults(func=run)  # not json: the parents share the --json action (its default stays SUPPRESS)
 
 
 def _page_params(args: argparse.Namespace, **extra: str | None) -> dict[str, str]:
@@ -349,10 +349,11 @@ def run(args: argparse.Namespace) -> int:
         doc = r.json()
     except ValueError:
         doc = {"status": r.status_code, "body": r.text[:500]}
-    if args.json:
+    as_json = getattr(args, "json", False)
+    if as_json:
         print(json.dumps(doc, indent=2))
     if not r.is_success:
         return _fail(_error_line(r.status_code, doc))
-    if not args.json:
+    if not as_json:
         print(render(args.object, doc))
     return 0
