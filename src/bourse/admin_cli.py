@@ -292,18 +292,17 @@ def render(obj: str, doc: Mapping[str, Any]) -> str:
     lines: list[str] = []
     if "key" in doc and isinstance(doc["key"], str):
         lines.append(f"API key (shown once, keep it now): {doc['key']}")
-    for name, value in doc.items():
-        if name == "key":
-            continue
-        shown = (
-            _usd(value)
-            if name.endswith("_micros")
-            else _time(value)
-            if name.endswith(("_at", "_until"))
-            else _text(value)
-        )
-        lines.append(f"{name}: {shown}")
+    lines += [_field(name, value) for name, value in doc.items() if name != "key"]
     return "\n".join(lines)
+
+
+def _field(name: str, value: Any) -> str:
+    """One ``name: value`` line: micro-USD amounts in USD, Unix times as UTC dates."""
+    if name.endswith("_micros"):
+        return f"{name.removesuffix('_micros')}: {_usd(value)}"
+    if name.endswith(("_at", "_until")):
+        return f"{name}: {_time(value)}"
+    return f"{name}: {_text(value)}"
 
 
 # -- running ---------------------------------------------------------------------------------

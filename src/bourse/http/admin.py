@@ -22,6 +22,8 @@ from bourse.http.responses import JSON
 from bourse.services.accounts import MAX_GRACE_S
 from bourse.wire.requests import INT64_MAX, IdText, check_id, optional_id
 
+PAGE_MAX = 500
+"""The longest page of a list (the stores answer up to 1000 rows: one more tells ``has_more``)."""
 INT32_MAX = 2**31 - 1
 """The largest key limit (``rpm``, ``tpm``, ``max_streams``): their columns are INTEGER."""
 
@@ -114,7 +116,7 @@ class _AdminRoutes:
 
     async def list_accounts(self, request: Request) -> Response:
         self.guard(request)
-        limit = page_limit(request, default=100, most=1000)
+        limit = page_limit(request, default=100, most=PAGE_MAX)
         rows = await self.admin.accounts(limit + 1, _query_id(request, "after"))
         return JSON(_page(rows, limit, "id"))
 
@@ -140,7 +142,7 @@ class _AdminRoutes:
 
     async def list_keys(self, request: Request) -> Response:
         self.guard(request)
-        limit = page_limit(request, default=100, most=1000)
+        limit = page_limit(request, default=100, most=PAGE_MAX)
         rows = await self.admin.keys(_query_id(request, "account"), limit + 1, _query_id(request, "after"))
         return JSON(_page(rows, limit, "id"))
 
@@ -158,7 +160,7 @@ class _AdminRoutes:
 
     async def audit(self, request: Request) -> Response:
         self.guard(request)
-        limit = page_limit(request, default=100, most=1000)
+        limit = page_limit(request, default=100, most=PAGE_MAX)
         rows = await self.admin.audit_log(
             _query_id(request, "action"), _query_id(request, "target"), limit + 1, _query_id(request, "after")
         )
