@@ -302,6 +302,8 @@ def _field(name: str, value: Any) -> str:
         return f"{name.removesuffix('_micros')}: {_usd(value)}"
     if name.endswith(("_at", "_until")):
         return f"{name}: {_time(value)}"
+    if name == "products" and value is None:
+        return "products: all"
     return f"{name}: {_text(value)}"
 
 

@@ -170,7 +170,7 @@ class AdminService:
             spend_cap_period=None if cap is None else spend_cap_period,
         )
         view = key_view(key, now)
-        detail = {k: view[k] for k in _KEY_AUDIT_FIELDS}
+        detail = {k: view[k] for k in _KEY_AUDIT_FIELDS if view[k] is not None}
         try:
             await self.store.create_key(
                 key, digest, audit=audit_entry(actor, "key.create", key.id, detail, now)
@@ -197,7 +197,7 @@ class AdminService:
     async def revoke_key(self, key_id: str, actor: str = SYSTEM, reason: str | None = None) -> dict[str, Any]:
         """Revoke for good: refused at once on this replica, within the cache TTL on the others."""
         now = time.time()
-        entry = audit_entry(actor, "key.revoke", key_id, {"reason": reason}, now)
+        entry = audit_entry(actor, "key.revoke", key_id, {} if reason is None else {"reason": reason}, now)
         try:
             key = await self.store.revoke_key(key_id, now, audit=entry)
         except UnknownKey:
