@@ -1,10 +1,19 @@
-"""``bourse admin …``: the admin API from the command line (over HTTP)."""
+"""``bourse admin …``: the admin API from the command line (over HTTP).
+
+Human-readable tables by default; ``--json`` prints the API's JSON as it is. Every
+failure (no admin key, the gateway unreachable, an API error) is one line on stderr
+and exit status 2. Actions are audited as ``admin:cli`` (``--actor`` names someone
+else).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,95 +21,340 @@ import httpx
 
 from bourse.settings import read_environment
 
+Request = tuple[str, str, dict[str, Any] | None, dict[str, str] | None]
+"""method, path, JSON body, query parameters"""
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd]?)$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``12h`` or ``30d``: seconds."""
+    match = _DURATION.match(text.strip().lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected a duration such as 90s, 15m, 12h or 30d, got {text!r}")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
 
 def add_parser(sub: Any) -> None:
-    a = sub.add_parser("admin", help="call the admin API of a running gateway")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print the JSON answer"
+    )
+    a = sub.add_parser("admin", help="call the admin API of a running gateway", parents=[common])
     a.add_argument("--url", help="the gateway (default $BOURSE_URL or http://127.0.0.1:8080)")
     a.add_argument("--admin-key", help="default $BOURSE_ADMIN_KEY, else DATA_DIR/admin_key")
     a.add_argument("--data-dir", default="./data", help="where to find admin_key (default ./data)")
+    a.add_argument("--actor", default="cli", help="who to name in the audit log (default: cli)")
     objs = a.add_subparsers(dest="object", required=True)
 
+    def leaf(group: Any, name: str, help_: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = group.add_parser(name, help=help_, parents=[common])
+        return p
+
+    def paged(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--limit", type=int, default=100, help="rows per page (default 100)")
+        p.add_argument("--after", help="the next_after of the previous page")
+
     acc = objs.add_parser("accounts").add_subparsers(dest="action", required=True)
-    c = acc.add_parser("create", help="create an account")
+    c = leaf(acc, "create", "create an account")
     c.add_argument("id")
     c.add_argument("--credit-usd", type=float, default=0.0)
-    c = acc.add_parser("credit", help="add credit to an account")
+    c = leaf(acc, "credit", "add credit to an account")
     c.add_argument("id")
     c.add_argument("--amount-usd", type=float, required=True)
-    c = acc.add_parser("show", help="balance, holds and spend of an account")
+    c = leaf(acc, "show", "balance, holds and spend of an account")
     c.add_argument("id")
+    paged(leaf(acc, "list", "list accounts (in id order)"))
 
     keys = objs.add_parser("keys").add_subparsers(dest="action", required=True)
-    k = keys.add_parser("create", help="create an API key (shown once)")
+    k = leaf(keys, "create", "create an API key (its secret is shown once)")
     k.add_argument("--account", required=True)
+    k.add_argument("--name", help="a label for the key")
     k.add_argument("--products", help="comma-separated products the key may use (default: all)")
     k.add_argument("--rpm", type=int)
     k.add_argument("--tpm", type=int)
     k.add_argument("--max-streams", type=int)
+    k.add_argument("--expires-in", type=duration, help="e.g. 30d: refused after that")
+    k.add_argument("--cap-usd", type=float, help="spend cap: at most this much held or charged per period")
+    k.add_argument(
+        "--cap-period", choices=["total", "day"], default="total", help="of the cap (default total)"
+    )
+    k = leaf(keys, "list", "list API keys, newest first")
+    k.add_argument("--account")
+    paged(k)
+    k = leaf(keys, "revoke", "revoke a key for good (refused within a second everywhere)")
+    k.add_argument("id")
+    k.add_argument("--reason")
+    k = leaf(keys, "rotate", "give a key a new secret (shown once)")
+    k.add_argument("id")
+    k.add_argument(
+        "--grace", type=duration, default=0.0, help="how long the old secret still works (e.g. 1h)"
+    )
 
     holds = objs.add_parser("holds").add_subparsers(dest="action", required=True)
-    h = holds.add_parser("list", help="list holds (default: reconciling)")
+    h = leaf(holds, "list", "list holds (default: reconciling)")
     h.add_argument("--state", default="reconciling", choices=["open", "settled", "released", "reconciling"])
     h.add_argument("--account")
-    h = holds.add_parser(
-        "settle", help="settle a hold (default amount: its usage estimate, else the whole hold)"
-    )
+    h = leaf(holds, "settle", "settle a hold (default amount: its usage estimate, else the whole hold)")
     h.add_argument("id")
     h.add_argument("--amount-micros", type=int)
-    h = holds.add_parser("release", help="release a hold (charge nothing)")
+    h = leaf(holds, "release", "release a hold (charge nothing)")
     h.add_argument("id")
-    a.set_defaults(func=run)
+
+    audit = objs.add_parser("audit").add_subparsers(dest="action", required=True)
+    u = leaf(audit, "list", "the audit log of admin actions, newest first")
+    u.add_argument("--action", dest="audit_action", help="e.g. key.revoke")
+    u.add_argument("--target", help="an account, key or hold id")
+    paged(u)
+    a.set_defaults(func=run)  # not json: the parents share the --json action (its default stays SUPPRESS)
 
 
-def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None, dict[str, str] | None]:
-    o, act = args.object, args.action
-    if o == "accounts":
-        if act == "create":
-            return "POST", "/admin/accounts", {"id": args.id, "credit_usd": args.credit_usd}, None
-        if act == "credit":
-            return "POST", f"/admin/accounts/{args.id}/credit", {"amount_usd": args.amount_usd}, None
-        return "GET", f"/admin/accounts/{args.id}", None, None
-    if o == "keys":
-        body: dict[str, Any] = {"account": args.account}
-        if args.products:
-            body["products"] = [p.strip() for p in args.products.split(",") if p.strip()]
-        for name in ("rpm", "tpm", "max_streams"):
-            if getattr(args, name) is not None:
-                body[name] = getattr(args, name)
-        return "POST", "/admin/keys", body, None
+def _page_params(args: argparse.Namespace, **extra: str | None) -> dict[str, str]:
+    params = {"limit": str(args.limit)}
+    if args.after:
+        params["after"] = args.after
+    params.update({k: v for k, v in extra.items() if v})
+    return params
+
+
+def _accounts(args: argparse.Namespace) -> Request:
+    act = args.action
+    if act == "create":
+        return "POST", "/admin/accounts", {"id": args.id, "credit_usd": args.credit_usd}, None
+    if act == "credit":
+        return "POST", f"/admin/accounts/{args.id}/credit", {"amount_usd": args.amount_usd}, None
+    if act == "list":
+        return "GET", "/admin/accounts", None, _page_params(args)
+    return "GET", f"/admin/accounts/{args.id}", None, None
+
+
+def _new_key_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {"account": args.account}
+    if args.products:
+        body["products"] = [p.strip() for p in args.products.split(",") if p.strip()]
+    options = {
+        "rpm": args.rpm,
+        "tpm": args.tpm,
+        "max_streams": args.max_streams,
+        "name": args.name,
+        "expires_in_s": args.expires_in,
+        "spend_cap_usd": args.cap_usd,
+    }
+    body.update({k: v for k, v in options.items() if v is not None})
+    if args.cap_usd is not None:
+        body["spend_cap_period"] = args.cap_period
+    return body
+
+
+def _keys(args: argparse.Namespace) -> Request:
+    act = args.action
+    if act == "create":
+        return "POST", "/admin/keys", _new_key_body(args), None
+    if act == "list":
+        return "GET", "/admin/keys", None, _page_params(args, account=args.account)
+    if act == "revoke":
+        return (
+            "POST",
+            f"/admin/keys/{args.id}/revoke",
+            {} if args.reason is None else {"reason": args.reason},
+            None,
+        )
+    return "POST", f"/admin/keys/{args.id}/rotate", {"grace_s": args.grace}, None
+
+
+def _holds(args: argparse.Namespace) -> Request:
+    act = args.action
     if act == "list":
         params = {"state": args.state}
         if args.account:
             params["account"] = args.account
         return "GET", "/admin/holds", None, params
     if act == "settle":
-        return (
-            "POST",
-            f"/admin/holds/{args.id}/settle",
-            ({} if args.amount_micros is None else {"amount_micros": args.amount_micros}),
-            None,
-        )
+        body = {} if args.amount_micros is None else {"amount_micros": args.amount_micros}
+        return "POST", f"/admin/holds/{args.id}/settle", body, None
     return "POST", f"/admin/holds/{args.id}/release", {}, None
+
+
+def _audit(args: argparse.Namespace) -> Request:
+    return "GET", "/admin/audit", None, _page_params(args, action=args.audit_action, target=args.target)
+
+
+_REQUESTS: dict[str, Callable[[argparse.Namespace], Request]] = {
+    "accounts": _accounts,
+    "keys": _keys,
+    "holds": _holds,
+    "audit": _audit,
+}
+
+
+def _request(args: argparse.Namespace) -> Request:
+    return _REQUESTS[args.object](args)
+
+
+# -- human output ------------------------------------------------------------------------
+
+
+def _usd(micros: Any) -> str:
+    return "-" if micros is None else f"${int(micros) / 1_000_000:,.6f}"
+
+
+def _time(t: Any) -> str:
+    return "-" if t is None else datetime.fromtimestamp(float(t), UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, list | tuple):
+        return ",".join(str(x) for x in v) or "(none)"
+    if isinstance(v, dict):
+        return json.dumps(v, separators=(",", ":"), sort_keys=True)
+    return str(v)
+
+
+def _cap(row: Mapping[str, Any]) -> str:
+    cap = row.get("spend_cap_micros")
+    if cap is None:
+        return "-"
+    return f"{_usd(row.get('spend_micros', 0))} of {_usd(cap)}" + (
+        " today" if row.get("spend_cap_period") == "day" else ""
+    )
+
+
+Column = tuple[str, Callable[[Mapping[str, Any]], str]]
+
+
+def _col(title: str, field: str, fmt: Callable[[Any], str] = _text) -> Column:
+    return title, lambda row: fmt(row.get(field))
+
+
+COLUMNS: dict[str, list[Column]] = {
+    "accounts": [
+        _col("ID", "id"),
+        _col("BALANCE", "balance_micros", _usd),
+        _col("OPEN HOLDS", "open_holds_micros", _usd),
+        _col("RECONCILING", "reconciling_micros", _usd),
+        _col("SPENT", "spent_micros", _usd),
+        _col("CREDITED", "credited_micros", _usd),
+        _col("CREATED", "created_at", _time),
+    ],
+    "keys": [
+        _col("ID", "id"),
+        _col("ACCOUNT", "account_id"),
+        _col("NAME", "name"),
+        _col("STATE", "state"),
+        _col("PRODUCTS", "products", lambda v: "all" if v is None else _text(v)),
+        _col("CREATED", "created_at", _time),
+        _col("LAST USED", "last_used_at", _time),
+        _col("EXPIRES", "expires_at", _time),
+        ("SPEND CAP", _cap),
+    ],
+    "holds": [
+        _col("ID", "id"),
+        _col("ACCOUNT", "account_id"),
+        _col("STATE", "state"),
+        _col("AMOUNT", "amount_micros", _usd),
+        _col("CHARGED", "charged_micros", _usd),
+        _col("PRODUCT", "product"),
+        _col("CREATED", "created_at", _time),
+        _col("NOTE", "note"),
+    ],
+    "audit": [
+        _col("AT", "at", _time),
+        _col("ID", "id"),
+        _col("ACTOR", "actor"),
+        _col("ACTION", "action"),
+        _col("TARGET", "target"),
+        _col("DETAIL", "detail"),
+    ],
+}
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> str:
+    """``rows`` as a plain-text table, one line each, under a header."""
+    cells = [[title for title, _ in columns]] + [[fmt(row) for _, fmt in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells
+    )
+
+
+def render(obj: str, doc: Mapping[str, Any]) -> str:
+    """A human view of an answer: a table for a list, ``field: value`` lines otherwise."""
+    if doc.get("object") == "list" and isinstance(doc.get("data"), list):
+        out = table(doc["data"], COLUMNS[obj])
+        if not doc["data"]:
+            out += "\n(none)"
+        if doc.get("has_more"):
+            out += f"\nmore: --after {doc['next_after']}"
+        return out
+    lines: list[str] = []
+    if "key" in doc and isinstance(doc["key"], str):
+        lines.append(f"API key (shown once, keep it now): {doc['key']}")
+    lines += [_field(name, value) for name, value in doc.items() if name != "key"]
+    return "\n".join(lines)
+
+
+def _field(name: str, value: Any) -> str:
+    """One ``name: value`` line: micro-USD amounts in USD, Unix times as UTC dates."""
+    if name.endswith("_micros"):
+        return f"{name.removesuffix('_micros')}: {_usd(value)}"
+    if name.endswith(("_at", "_until")):
+        return f"{name}: {_time(value)}"
+    if name == "products" and value is None:
+        return "products: all"
+    return f"{name}: {_text(value)}"
+
+
+# -- running ---------------------------------------------------------------------------------
+
+
+def _fail(message: str) -> int:
+    print(f"bourse admin: {message}", file=sys.stderr)
+    return 2
+
+
+def _admin_key(args: argparse.Namespace, env_key: str | None) -> str | None:
+    key: str | None = args.admin_key or env_key
+    if key:
+        return key
+    path = Path(args.data_dir) / "admin_key"
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _error_line(status: int, doc: Any) -> str:
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict):
+        return f"{status} {err.get('code')}: {err.get('message')}"
+    return f"{status}: {str(doc)[:300]}"
 
 
 def run(args: argparse.Namespace) -> int:
     env = read_environment()
     url = (args.url or env.url or "http://127.0.0.1:8080").rstrip("/")
-    key = args.admin_key or env.admin_key
+    key = _admin_key(args, env.admin_key)
     if not key:
-        path = Path(args.data_dir) / "admin_key"
-        if not path.exists():
-            print(f"bourse admin: no admin key: pass --admin-key, set BOURSE_ADMIN_KEY, or run where {path} exists",
-                  file=sys.stderr)  # fmt: skip
-            return 2
-        key = path.read_text().strip()
-    method, path_, body, params = _request(args)
-    # an unreachable server raises: bourse.cli.main reports it in one line, exit 2
-    r = httpx.request(method, url + path_, json=body, params=params,
-                      headers={"authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+        where = Path(args.data_dir) / "admin_key"
+        return _fail(f"no admin key: pass --admin-key, set BOURSE_ADMIN_KEY, or run where {where} exists")
+    method, path, body, params = _request(args)
+    headers = {"authorization": f"Bearer {key}", "x-bourse-actor": args.actor}
+    try:
+        r = httpx.request(method, url + path, json=body, params=params, headers=headers, timeout=30)
+    except httpx.HTTPError as exc:
+        return _fail(f"cannot reach {url}: {exc}")
     try:
         doc = r.json()
     except ValueError:
         doc = {"status": r.status_code, "body": r.text[:500]}
-    print(json.dumps(doc, indent=2))
-    return 0 if r.is_success else 1
+    as_json = getattr(args, "json", False)
+    if as_json:
+        print(json.dumps(doc, indent=2))
+    if not r.is_success:
+        return _fail(_error_line(r.status_code, doc))
+    if not as_json:
+        print(render(args.object, doc))
+    return 0

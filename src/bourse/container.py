@@ -40,6 +40,7 @@ from bourse.services.request_feed import RequestFeed
 from bourse.services.sessions import Sessions
 from bourse.services.tape import MarketTape
 from bourse.settings import Config, DeploymentConfig, Environment, deployment_name
+from bourse.storage.audit import SqlAuditLog
 from bourse.storage.private import SecretBox, announce_keys
 from bourse.storage.sql import SqlStore
 
@@ -155,6 +156,7 @@ class Container:
         await self.jobs.sender.aclose()
         for engine in self.engines.values():
             await engine.aclose()
+        await self.auth.aclose()
         await self.store.close()
 
     def app(self) -> ASGIApp:
@@ -299,7 +301,7 @@ def build(
 
         limiter = RedisRateLimiter(hub)
     service = CompletionService(markets, limits, models, billing=billing, limiter=limiter, auth=auth)
-    admin = AdminService(store, auth)
+    admin = AdminService(store, auth, products=config.products.keys(), audit=SqlAuditLog(store))
     from bourse.outbound.webhook_http import HttpWebhookSender
 
     j = config.jobs

@@ -129,8 +129,9 @@ def test_operator_releases_the_hold_a_crash_left(floor: Floor, page: Any) -> Non
     assert [h["id"] for h in r.json()["data"]] == [hold["id"]]
     ledger = floor.admin("GET", "/admin/ledger").json()
     assert ledger["balanced"] is True
-    audit = [line for line in floor.server_log().splitlines() if "bourse.audit" in line]
-    assert any('"action":"hold.release"' in line and hold["id"] in line for line in audit), audit
+    audit = floor.admin("GET", "/admin/audit", params={"target": hold["id"]}).json()["data"]
+    assert [e["action"] for e in audit] == ["hold.release"], audit
+    assert audit[0]["actor"].startswith("dashboard:operator session"), audit
 
 
 def test_user_sees_only_their_account_and_downloads_the_csv(floor: Floor, page: Any) -> None:

@@ -7,6 +7,7 @@ Every ledger test ends each step by checking the invariant
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import secrets
 import sqlite3
@@ -27,10 +28,15 @@ from bourse.ports.stores import (
     Hold,
     HoldNotOpen,
     InsufficientFunds,
+    KeyBudgetExceeded,
+    KeyRevoked,
     StoredResponse,
     UnknownAccount,
+    UnknownKey,
     UsageRecord,
+    audit_entry,
 )
+from bourse.storage.audit import SqlAuditLog
 from bourse.storage.schema import migrations
 from tests.support.databases import StoreFactory, with_database
 
@@ -385,6 +391,238 @@ async def test_keys_round_trip(store_factory: StoreFactory) -> None:
         with pytest.raises(UnknownAccount):
             await s.create_key(ApiKey(id="k4", account_id="ghost"), "hash-4")
         assert await s.key_by_hash("hash-4") is None
+
+
+@pytest.mark.anyio
+async def test_key_lifecycle_fields_listing_revoke_and_touch(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 0, NOW)
+        await s.create_account("b", 0, NOW)
+        full = ApiKey(
+            id="k-full", account_id="a", name="ci deploy", created_at=NOW, expires_at=NOW + 3600,
+            spend_cap_micros=5_000, spend_cap_period="day",
+        )  # fmt: skip
+        await s.create_key(full, "h-full")
+        for i in range(5):
+            await s.create_key(ApiKey(id=f"k-a{i}", account_id="a", created_at=NOW + 1 + i), f"h-a{i}")
+        await s.create_key(ApiKey(id="k-b", account_id="b", created_at=NOW + 10), "h-b")
+        got = await s.key("k-full")
+        assert got == full
+        assert (got.spend_micros, got.revoked_at, got.last_used_at, got.grace_until) == (0, None, None, None)
+        assert await s.key("k-none") is None
+
+        # newest first, keyset pages, per account or all
+        first = await s.keys_page("a", limit=4, after=None)
+        assert [k.id for k in first] == ["k-a4", "k-a3", "k-a2", "k-a1"]
+        rest = await s.keys_page("a", limit=4, after=first[-1].id)
+        assert [k.id for k in rest] == ["k-a0", "k-full"]
+        assert [k.id for k in await s.keys_page(None, limit=2, after=None)] == ["k-b", "k-a4"]
+        assert await s.keys_page("a", limit=4, after="k-unknown") == []
+
+        revoked = await s.revoke_key("k-a0", NOW + 20)
+        assert revoked.revoked_at == NOW + 20
+        again = await s.revoke_key("k-a0", NOW + 30)  # keeps the first time
+        assert again.revoked_at == NOW + 20
+        found = await s.key_by_hash("h-a0")
+        assert found is not None and found.revoked_at == NOW + 20
+        with pytest.raises(UnknownKey):
+            await s.revoke_key("k-none", NOW)
+
+        await s.touch_keys({"k-a1": NOW + 50, "k-a2": NOW + 40})
+        await s.touch_keys({"k-a1": NOW + 45})  # never backwards
+        assert [(await s.key(k)).last_used_at for k in ("k-a1", "k-a2")] == [NOW + 50, NOW + 40]
+
+
+@pytest.mark.anyio
+async def test_rotation_keeps_the_old_secret_for_its_grace_period(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 0, NOW)
+        await s.create_key(ApiKey(id="k", account_id="a", created_at=NOW), "h0")
+        out = await s.rotate_key("k", "h1", NOW + 60, NOW + 1)
+        assert out.id == "k" and out.grace_until is None
+        old = await s.key_by_hash("h0")
+        assert old is not None and (old.id, old.grace_until) == ("k", NOW + 60)
+        new = await s.key_by_hash("h1")
+        assert new is not None and (new.id, new.grace_until) == ("k", None)
+
+        # a second rotation: both earlier secrets keep their own grace; none for grace 0
+        await s.rotate_key("k", "h2", NOW + 2, NOW + 2)
+        assert await s.key_by_hash("h1") is None
+        old = await s.key_by_hash("h0")
+        assert old is not None and old.grace_until == NOW + 60
+        new = await s.key_by_hash("h2")
+        assert new is not None and new.grace_until is None
+
+        await s.revoke_key("k", NOW + 3)
+        with pytest.raises(KeyRevoked):
+            await s.rotate_key("k", "h3", NOW + 100, NOW + 4)
+        assert await s.key_by_hash("h3") is None
+        still = await s.key_by_hash("h0")  # found, and revoked: the caller refuses it
+        assert still is not None and still.revoked_at == NOW + 3
+        with pytest.raises(UnknownKey):
+            await s.rotate_key("k-none", "h4", NOW + 100, NOW)
+
+
+def mk_key_hold(account: str, amount: int, key_id: str, period: int | None) -> Hold:
+    return dataclasses.replace(mk_hold(account, amount), key_id=key_id, spend_period=period)
+
+
+async def key_spend(s: Any, key_id: str) -> tuple[int, int]:
+    k = await s.key(key_id)
+    assert k is not None
+    return k.spend_micros, k.spend_period
+
+
+@pytest.mark.anyio
+async def test_spend_cap_counts_holds_and_gets_back_what_was_not_charged(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 100_000, NOW)
+        capped = ApiKey(
+            id="kc", account_id="a", created_at=NOW, spend_cap_micros=1_000, spend_cap_period="total"
+        )
+        await s.create_key(capped, "hc")
+        h1, h2 = mk_key_hold("a", 400, "kc", 0), mk_key_hold("a", 400, "kc", 0)
+        await s.place_hold(h1)
+        await s.place_hold(h2)
+        with pytest.raises(KeyBudgetExceeded) as exc:
+            await s.place_hold(mk_key_hold("a", 201, "kc", 0))
+        assert (exc.value.cap_micros, exc.value.spent_micros, exc.value.period) == (1_000, 800, "total")
+        assert (await acct(s, "a")).balance_micros == 100_000 - 800  # the refused hold took nothing
+        assert await key_spend(s, "kc") == (800, 0)
+        await balanced(s)
+
+        await s.settle(h1.id, 100, None, NOW + 1)  # 300 not charged: back on the cap
+        assert await key_spend(s, "kc") == (500, 0)
+        h3 = mk_key_hold("a", 500, "kc", 0)
+        await s.place_hold(h3)  # exactly the cap
+        assert await key_spend(s, "kc") == (1_000, 0)
+        await s.to_reconciling(h2.id, None, "lost", NOW + 2)  # still held: still counted
+        assert await key_spend(s, "kc") == (1_000, 0)
+        await s.release(h2.id, None, NOW + 3)
+        await s.release(h3.id, None, NOW + 3)
+        assert await key_spend(s, "kc") == (100, 0)  # what h1 charged
+        stored = await s.hold(h3.id)
+        assert stored is not None and (stored.key_id, stored.spend_period) == ("kc", 0)
+        await balanced(s)
+
+        # a key without a cap counts nothing, whatever the caller passed
+        await s.create_key(ApiKey(id="kn", account_id="a", created_at=NOW), "hn")
+        hn = mk_key_hold("a", 50_000, "kn", 0)
+        await s.place_hold(hn)
+        stored = await s.hold(hn.id)
+        assert stored is not None and (stored.key_id, stored.spend_period) == ("kn", None)
+        assert await key_spend(s, "kn") == (0, 0)
+        await s.settle(hn.id, 10, None, NOW + 4)
+        assert await key_spend(s, "kn") == (0, 0)
+        await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_a_daily_cap_starts_again_each_day(store_factory: StoreFactory) -> None:
+    day = 19_000
+    async with store_factory() as s:
+        await s.create_account("a", 100_000, NOW)
+        key = ApiKey(id="kd", account_id="a", created_at=NOW, spend_cap_micros=1_000, spend_cap_period="day")
+        await s.create_key(key, "hd")
+        yesterday = mk_key_hold("a", 900, "kd", day)
+        await s.place_hold(yesterday)
+        with pytest.raises(KeyBudgetExceeded):
+            await s.place_hold(mk_key_hold("a", 101, "kd", day))
+        today = mk_key_hold("a", 1_000, "kd", day + 1)  # a new day: the whole cap again
+        await s.place_hold(today)
+        assert await key_spend(s, "kd") == (1_000, day + 1)
+        await s.release(yesterday.id, None, NOW + 1)  # yesterday's hold gives nothing back to today
+        assert await key_spend(s, "kd") == (1_000, day + 1)
+        with pytest.raises(KeyBudgetExceeded) as exc:
+            await s.place_hold(mk_key_hold("a", 1, "kd", day + 1))
+        assert (exc.value.spent_micros, exc.value.period) == (1_000, "day")
+        await s.settle(today.id, 600, None, NOW + 2)
+        assert await key_spend(s, "kd") == (600, day + 1)
+        await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_50_concurrent_holds_never_pass_a_key_cap(store_factory: StoreFactory) -> None:
+    amount, fits, attempts = 100, 20, 50
+    async with store_factory() as s:
+        await s.create_account("a", 1_000_000, NOW)
+        cap = amount * fits + amount - 1
+        await s.create_key(
+            ApiKey(id="k", account_id="a", created_at=NOW, spend_cap_micros=cap, spend_cap_period="total"),
+            "h",
+        )
+        holds = [mk_key_hold("a", amount, "k", 0) for _ in range(attempts)]
+        results = await asyncio.gather(*(s.place_hold(h) for h in holds), return_exceptions=True)
+        unexpected = [r for r in results if r is not None and not isinstance(r, KeyBudgetExceeded)]
+        assert unexpected == []
+        ok = [h for h, r in zip(holds, results, strict=True) if r is None]
+        assert len(ok) == fits
+        assert await key_spend(s, "k") == (amount * fits, 0)
+        assert (await acct(s, "a")).open_holds_micros == amount * fits
+        await asyncio.gather(*(s.settle(h.id, amount // 2, None, NOW + 1) for h in ok))
+        assert await key_spend(s, "k") == (amount // 2 * fits, 0)
+        await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_accounts_page(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        for name in ("c", "a", "d", "b"):
+            await s.create_account(name, 10, NOW)
+        await s.place_hold(mk_hold("b", 4))
+        first = await s.accounts_page(limit=3, after=None)
+        assert [a.id for a in first] == ["a", "b", "c"]
+        assert (first[1].balance_micros, first[1].open_holds_micros, first[1].credited_micros) == (6, 4, 10)
+        assert [a.id for a in await s.accounts_page(limit=3, after="c")] == ["d"]
+
+
+@pytest.mark.anyio
+async def test_admin_actions_are_audited_in_their_own_transaction(store_factory: StoreFactory) -> None:
+    async with store_factory() as s:
+        log = SqlAuditLog(s)
+        await s.create_account("a", 1_000, NOW, audit=audit_entry("op", "account.create", "a", {"c": 1}, NOW))
+        await s.credit(
+            "a", 5, NOW + 1, audit=audit_entry("op", "account.credit", "a", {"amount": 5}, NOW + 1)
+        )
+        with pytest.raises(UnknownAccount):  # refused: its entry goes with it
+            await s.credit(
+                "ghost", 5, NOW + 2, audit=audit_entry("op", "account.credit", "ghost", {}, NOW + 2)
+            )
+        h = mk_hold("a", 100)
+        await s.place_hold(h)
+        await s.settle(h.id, 30, None, NOW + 3, audit=audit_entry("op", "hold.settle", h.id, {}, NOW + 3))
+        with pytest.raises(HoldNotOpen):
+            await s.release(h.id, None, NOW + 4, audit=audit_entry("op", "hold.release", h.id, {}, NOW + 4))
+        await s.create_key(
+            ApiKey(id="k", account_id="a", created_at=NOW),
+            "h",
+            audit=audit_entry("op", "key.create", "k", {}, NOW + 5),
+        )
+        await s.rotate_key("k", "h2", NOW, NOW + 6, audit=audit_entry("op", "key.rotate", "k", {}, NOW + 6))
+        await s.revoke_key("k", NOW + 7, audit=audit_entry("op", "key.revoke", "k", {"why": "leak"}, NOW + 7))
+        with pytest.raises(KeyRevoked):
+            await s.rotate_key(
+                "k", "h3", NOW, NOW + 8, audit=audit_entry("op", "key.rotate", "k", {}, NOW + 8)
+            )
+        mine = await log.record("dashboard", "hold.note", h.id, {"note": "seen"})
+
+        entries = await log.list()
+        assert [e.action for e in entries] == [
+            "hold.note", "key.revoke", "key.rotate", "key.create", "hold.settle", "account.credit", "account.create",
+        ]  # fmt: skip
+        assert entries[0] == mine
+        revoke = entries[1]
+        assert (revoke.actor, revoke.target, dict(revoke.detail), revoke.at) == (
+            "op",
+            "k",
+            {"why": "leak"},
+            NOW + 7,
+        )
+        assert [e.action for e in await log.list(target="k")] == ["key.revoke", "key.rotate", "key.create"]
+        assert [e.target for e in await log.list(action="account.credit")] == ["a"]
+        page = await log.list(limit=3)
+        assert [e.id for e in await log.list(limit=3, after=page[-1].id)] == [e.id for e in entries[3:6]]
+        await balanced(s)
 
 
 # -- usage --------------------------------------------------------------------------------

@@ -1,8 +1,15 @@
-"""The admin API (admin key only): accounts, credit, keys, holds."""
+"""The admin API (admin key only): accounts, credit, keys, holds, the audit log.
+
+Every action is audited under the actor ``admin``, or ``admin:<name>`` when the
+caller names itself in the ``x-bourse-actor`` header (a label, not a credential:
+there is one admin key). Lists are paged: ``limit`` and ``after`` (the answer's
+``next_after``).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import time
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
@@ -12,8 +19,11 @@ from starlette.routing import Route
 from bourse.domain.errors import invalid_request
 from bourse.http.deps import Services, json_model, page_limit
 from bourse.http.responses import JSON
+from bourse.services.accounts import MAX_GRACE_S
 from bourse.wire.requests import INT64_MAX, IdText, check_id, optional_id
 
+PAGE_MAX = 500
+"""The longest page of a list (the stores answer up to 1000 rows: one more tells ``has_more``)."""
 INT32_MAX = 2**31 - 1
 """The largest key limit (``rpm``, ``tpm``, ``max_streams``): their columns are INTEGER."""
 
@@ -34,9 +44,27 @@ class Credit(_In):
 class NewKey(_In):
     account: IdText
     products: list[IdText] | None = Field(default=None, max_length=10_000)
+    """The products the key may use (each one configured); default all."""
     rpm: int | None = Field(default=None, ge=1, le=INT32_MAX)
     tpm: int | None = Field(default=None, ge=1, le=INT32_MAX)
     max_streams: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+    expires_at: float | None = Field(default=None, gt=0, le=1e11, allow_inf_nan=False)
+    """Unix time after which the key is refused (401)."""
+    expires_in_s: float | None = Field(default=None, gt=0, le=1e10, allow_inf_nan=False)
+    """The same, in seconds from now (one of the two)."""
+    spend_cap_usd: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    """At most this much held or charged through the key per ``spend_cap_period`` (402 beyond)."""
+    spend_cap_period: Literal["total", "day"] = "total"
+
+
+class RevokeKey(_In):
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class RotateKey(_In):
+    grace_s: float = Field(default=0.0, ge=0, le=MAX_GRACE_S, allow_inf_nan=False)
+    """How long the old secret keeps working (seconds; 0: it stops at once)."""
 
 
 class SettleHold(_In):
@@ -44,57 +72,123 @@ class SettleHold(_In):
     """What to charge, at most the hold (default: its usage estimate, else the whole hold)."""
 
 
-def routes(services: Services) -> list[Route]:
-    auth = services.auth
-    admin = services.admin
+def _page(data: list[dict[str, Any]], limit: int, cursor: str) -> dict[str, Any]:
+    """A list answer from ``limit + 1`` rows: ``data``, ``has_more``, ``next_after``."""
+    page = data[:limit]
+    more = len(data) > limit
+    return {
+        "object": "list",
+        "data": page,
+        "has_more": more,
+        "next_after": page[-1][cursor] if more else None,
+    }
 
-    def guard(request: Request) -> None:
-        auth.admin(request.headers.get("authorization"))
 
-    async def create_account(request: Request) -> Response:
-        guard(request)
+def _query_id(request: Request, name: str) -> str | None:
+    return optional_id(request.query_params.get(name), name)
+
+
+def _expiry(body: NewKey) -> float | None:
+    if body.expires_at is not None and body.expires_in_s is not None:
+        raise invalid_request("expires_at, expires_in_s: give one of the two", param="expires_in_s")
+    if body.expires_in_s is not None:
+        return time.time() + body.expires_in_s
+    return body.expires_at
+
+
+class _AdminRoutes:
+    """The admin API's endpoints (each one checks the admin key first)."""
+
+    def __init__(self, services: Services) -> None:
+        self.auth = services.auth
+        self.admin = services.admin
+
+    def guard(self, request: Request) -> str:
+        """Check the admin key; the actor to audit."""
+        self.auth.admin(request.headers.get("authorization"))
+        name = request.headers.get("x-bourse-actor")
+        return "admin" if not name else "admin:" + check_id(name, "x-bourse-actor", most=64)
+
+    async def create_account(self, request: Request) -> Response:
+        actor = self.guard(request)
         body = await json_model(request, NewAccount)
-        return JSON(await admin.create_account(body.id, body.credit_usd), status_code=201)
+        return JSON(await self.admin.create_account(body.id, body.credit_usd, actor), status_code=201)
 
-    async def get_account(request: Request) -> Response:
-        guard(request)
-        return JSON(await admin.account(check_id(request.path_params["account_id"], "account_id")))
+    async def list_accounts(self, request: Request) -> Response:
+        self.guard(request)
+        limit = page_limit(request, default=100, most=PAGE_MAX)
+        rows = await self.admin.accounts(limit + 1, _query_id(request, "after"))
+        return JSON(_page(rows, limit, "id"))
 
-    async def credit(request: Request) -> Response:
-        guard(request)
+    async def get_account(self, request: Request) -> Response:
+        self.guard(request)
+        return JSON(await self.admin.account(check_id(request.path_params["account_id"], "account_id")))
+
+    async def credit(self, request: Request) -> Response:
+        actor = self.guard(request)
         account = check_id(request.path_params["account_id"], "account_id")
         body = await json_model(request, Credit)
-        return JSON(await admin.credit(account, body.amount_usd))
+        return JSON(await self.admin.credit(account, body.amount_usd, actor))
 
-    async def create_key(request: Request) -> Response:
-        guard(request)
+    async def create_key(self, request: Request) -> Response:
+        actor = self.guard(request)
         body = await json_model(request, NewKey)
-        out = await admin.create_key(body.account, body.products, body.rpm, body.tpm, body.max_streams)
+        out = await self.admin.create_key(
+            body.account, body.products, body.rpm, body.tpm, body.max_streams,
+            name=body.name, expires_at=_expiry(body), spend_cap_usd=body.spend_cap_usd,
+            spend_cap_period=body.spend_cap_period, actor=actor,
+        )  # fmt: skip
         return JSON(out, status_code=201)
 
-    async def holds(request: Request) -> Response:
-        guard(request)
+    async def list_keys(self, request: Request) -> Response:
+        self.guard(request)
+        limit = page_limit(request, default=100, most=PAGE_MAX)
+        rows = await self.admin.keys(_query_id(request, "account"), limit + 1, _query_id(request, "after"))
+        return JSON(_page(rows, limit, "id"))
+
+    async def revoke_key(self, request: Request) -> Response:
+        actor = self.guard(request)
+        key_id = check_id(request.path_params["key_id"], "key_id")
+        body = await json_model(request, RevokeKey)
+        return JSON(await self.admin.revoke_key(key_id, actor, body.reason))
+
+    async def rotate_key(self, request: Request) -> Response:
+        actor = self.guard(request)
+        key_id = check_id(request.path_params["key_id"], "key_id")
+        body = await json_model(request, RotateKey)
+        return JSON(await self.admin.rotate_key(key_id, body.grace_s, actor))
+
+    async def audit(self, request: Request) -> Response:
+        self.guard(request)
+        limit = page_limit(request, default=100, most=PAGE_MAX)
+        rows = await self.admin.audit_log(
+            _query_id(request, "action"), _query_id(request, "target"), limit + 1, _query_id(request, "after")
+        )
+        return JSON(_page(rows, limit, "id"))
+
+    async def holds(self, request: Request) -> Response:
+        self.guard(request)
         state = request.query_params.get("state")
         if state not in (None, "open", "settled", "released", "reconciling"):
             raise invalid_request("state: expected open, settled, released or reconciling", param="state")
-        account = optional_id(request.query_params.get("account"), "account")
+        account = _query_id(request, "account")
         limit = page_limit(request, default=100, most=1000)
         st: Literal["open", "settled", "released", "reconciling"] | None = state  # type: ignore[assignment]
-        return JSON({"object": "list", "data": await admin.holds(st, account, limit)})
+        return JSON({"object": "list", "data": await self.admin.holds(st, account, limit)})
 
-    async def settle(request: Request) -> Response:
-        guard(request)
+    async def settle(self, request: Request) -> Response:
+        actor = self.guard(request)
         hold_id = check_id(request.path_params["hold_id"], "hold_id")
         body = await json_model(request, SettleHold)
-        return JSON(await admin.settle_hold(hold_id, body.amount_micros))
+        return JSON(await self.admin.settle_hold(hold_id, body.amount_micros, actor))
 
-    async def release(request: Request) -> Response:
-        guard(request)
-        return JSON(await admin.release_hold(check_id(request.path_params["hold_id"], "hold_id")))
+    async def release(self, request: Request) -> Response:
+        actor = self.guard(request)
+        return JSON(await self.admin.release_hold(check_id(request.path_params["hold_id"], "hold_id"), actor))
 
-    async def totals(request: Request) -> Response:
-        guard(request)
-        t = await admin.store.totals()
+    async def totals(self, request: Request) -> Response:
+        self.guard(request)
+        t = await self.admin.store.totals()
         return JSON(
             {
                 "credits_micros": t.credits_micros,
@@ -105,13 +199,21 @@ def routes(services: Services) -> list[Route]:
             }
         )
 
+
+def routes(services: Services) -> list[Route]:
+    a = _AdminRoutes(services)
     return [
-        Route("/admin/accounts", create_account, methods=["POST"]),
-        Route("/admin/accounts/{account_id}", get_account, methods=["GET"]),
-        Route("/admin/accounts/{account_id}/credit", credit, methods=["POST"]),
-        Route("/admin/keys", create_key, methods=["POST"]),
-        Route("/admin/holds", holds, methods=["GET"]),
-        Route("/admin/holds/{hold_id}/settle", settle, methods=["POST"]),
-        Route("/admin/holds/{hold_id}/release", release, methods=["POST"]),
-        Route("/admin/ledger", totals, methods=["GET"]),
+        Route("/admin/accounts", a.create_account, methods=["POST"]),
+        Route("/admin/accounts", a.list_accounts, methods=["GET"]),
+        Route("/admin/accounts/{account_id}", a.get_account, methods=["GET"]),
+        Route("/admin/accounts/{account_id}/credit", a.credit, methods=["POST"]),
+        Route("/admin/keys", a.create_key, methods=["POST"]),
+        Route("/admin/keys", a.list_keys, methods=["GET"]),
+        Route("/admin/keys/{key_id}/revoke", a.revoke_key, methods=["POST"]),
+        Route("/admin/keys/{key_id}/rotate", a.rotate_key, methods=["POST"]),
+        Route("/admin/audit", a.audit, methods=["GET"]),
+        Route("/admin/holds", a.holds, methods=["GET"]),
+        Route("/admin/holds/{hold_id}/settle", a.settle, methods=["POST"]),
+        Route("/admin/holds/{hold_id}/release", a.release, methods=["POST"]),
+        Route("/admin/ledger", a.totals, methods=["GET"]),
     ]

@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 import bourse
-from bourse.http.admin import Credit, NewAccount, NewKey, SettleHold
+from bourse.http.admin import PAGE_MAX, Credit, NewAccount, NewKey, RevokeKey, RotateKey, SettleHold
 from bourse.http.jobs import NewJob
 from bourse.services.ids import new_request_id
 from bourse.wire.requests import ChatCompletionRequest, CompletionRequest
@@ -82,6 +82,9 @@ class Operation:
 _INT = {"type": "integer"}
 _LIMIT = Param("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "page size (default 20)")
 _AFTER = Param("after", {"type": "string"}, "the `next_after` of the previous page")
+_ADMIN_LIMIT = Param(
+    "limit", {"type": "integer", "minimum": 1, "maximum": PAGE_MAX}, "page size (default 100)"
+)
 _IDEM = Param(
     "Idempotency-Key",
     {"type": "string", "minLength": 1, "maxLength": 255},
@@ -188,6 +191,43 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         example={"account": "acme", "products": ["sim-fast"], "rpm": 60},
         ok=201,
         answer="KeyCreated",
+    ),
+    ("GET", "/admin/keys"): Operation(
+        "List API keys (never their secrets), newest first",
+        "admin",
+        auth="admin",
+        answer="Page",
+        params=(Param("account", {"type": "string"}, "one account's keys"), _ADMIN_LIMIT, _AFTER),
+    ),
+    ("POST", "/admin/keys/{key_id}/revoke"): Operation(
+        "Revoke an API key (refused on every replica within a second)",
+        "admin",
+        auth="admin",
+        body=RevokeKey,
+        example={"reason": "leaked"},
+    ),
+    ("POST", "/admin/keys/{key_id}/rotate"): Operation(
+        "Give an API key a new secret; the old one works for the grace period",
+        "admin",
+        auth="admin",
+        body=RotateKey,
+        example={"grace_s": 3600},
+        answer="KeyCreated",
+    ),
+    ("GET", "/admin/accounts"): Operation(
+        "List accounts, paged", "admin", auth="admin", answer="Page", params=(_ADMIN_LIMIT, _AFTER)
+    ),
+    ("GET", "/admin/audit"): Operation(
+        "The audit log of admin actions, newest first",
+        "admin",
+        auth="admin",
+        answer="Page",
+        params=(
+            Param("action", {"type": "string"}, "one action, e.g. `key.revoke`"),
+            Param("target", {"type": "string"}, "one target id (account, key or hold)"),
+            _ADMIN_LIMIT,
+            _AFTER,
+        ),
     ),
     ("GET", "/admin/holds"): Operation(
         "List holds",

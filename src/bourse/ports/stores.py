@@ -1,7 +1,15 @@
-"""Storage ports: one small interface per concern (ledger, keys, usage, idempotency).
+"""Storage ports: one small interface per concern (ledger, keys, usage, idempotency, audit).
 
 Adapters live in ``bourse.storage`` (SQLite, PostgreSQL); the same contract tests
 run over each. All amounts are integer micro-USD.
+
+An API key may carry a spend cap: what its holds take (while open or reconciling)
+and what they charge, per period (``total``, or the UTC ``day``), is counted on the
+key in the same transaction as the hold, so concurrent requests can never take more
+than the cap; a closed hold gives back what it did not charge.
+
+Admin actions are written to an audit log in the same transaction as the change
+they record (the ``audit`` argument of the methods that take one).
 
 The ledger follows two-phase transfers: a hold moves money out of an account's
 balance into an *open* hold; it is then *settled* (charged up to its amount, the
@@ -14,11 +22,14 @@ an operator to settle or release. The invariant every adapter keeps::
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 HoldState = Literal["open", "settled", "released", "reconciling"]
+CapPeriod = Literal["total", "day"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,6 +55,11 @@ class Hold:
     product: str = ""
     created_at: float = 0.0
     note: str | None = None
+    key_id: str | None = None
+    """The API key the hold was placed with (None: placed by the gateway itself)."""
+    spend_period: int | None = None
+    """The period of its key's spend cap this hold counts against (``spend_period``
+    of :func:`cap_period`); None when the key has no cap."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,6 +71,47 @@ class ApiKey:
     tpm: int | None = None
     max_streams: int | None = None
     created_at: float = 0.0
+    name: str | None = None
+    expires_at: float | None = None
+    revoked_at: float | None = None
+    last_used_at: float | None = None
+    """Updated at most about once a minute (see :class:`bourse.services.auth.Authenticator`)."""
+    spend_cap_micros: int | None = None
+    spend_cap_period: CapPeriod | None = None
+    spend_micros: int = 0
+    """What the key's holds took in ``spend_period``: open and reconciling holds whole,
+    closed ones what they charged."""
+    spend_period: int = 0
+    grace_until: float | None = None
+    """Set when the key was found by a secret a rotation replaced: it works until then."""
+
+
+def cap_period(period: CapPeriod, now: float) -> int:
+    """The number of the spend-cap period ``now`` falls in: 0 for a ``total`` cap, the
+    UTC day number (days since 1970-01-01) for a ``day`` cap."""
+    return 0 if period == "total" else int(now // 86_400)
+
+
+@dataclass(slots=True, frozen=True)
+class AuditEntry:
+    """One admin action: who (``actor``), what (``action``, e.g. ``key.revoke``), on
+    what (``target``, an id) and its parameters (``detail``; never a secret)."""
+
+    id: str
+    at: float
+    actor: str
+    action: str
+    target: str
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+def audit_entry(
+    actor: str, action: str, target: str, detail: Mapping[str, Any] | None = None, at: float | None = None
+) -> AuditEntry:
+    """A new entry, with a fresh id, at ``at`` (default now)."""
+    return AuditEntry(
+        "aud_" + os.urandom(10).hex(), time.time() if at is None else at, actor, action, target, detail or {}
+    )
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,8 +145,30 @@ class InsufficientFunds(Exception):
         self.balance_micros = balance_micros
 
 
+class KeyBudgetExceeded(Exception):
+    """The hold would take the key past its spend cap."""
+
+    def __init__(self, cap_micros: int, spent_micros: int, period: CapPeriod) -> None:
+        super().__init__(f"spend cap {cap_micros} micro-USD per {period}, {spent_micros} taken")
+        self.cap_micros = cap_micros
+        self.spent_micros = spent_micros
+        self.period: CapPeriod = period
+
+
 class UnknownAccount(Exception):
     pass
+
+
+class UnknownKey(Exception):
+    pass
+
+
+class KeyRevoked(Exception):
+    """The key is revoked: it cannot be rotated."""
+
+
+class KeyChanged(Exception):
+    """The key was revoked or rotated by another call while this one rotated it."""
 
 
 class AccountExists(Exception):
@@ -101,20 +180,46 @@ class HoldNotOpen(Exception):
 
 
 class LedgerStore(Protocol):
-    async def create_account(self, account_id: str, credit_micros: int, now: float) -> Account: ...
-    async def credit(self, account_id: str, amount_micros: int, now: float, memo: str = "") -> Account: ...
+    async def create_account(
+        self, account_id: str, credit_micros: int, now: float, *, audit: AuditEntry | None = None
+    ) -> Account: ...
+    async def credit(
+        self,
+        account_id: str,
+        amount_micros: int,
+        now: float,
+        memo: str = "",
+        *,
+        audit: AuditEntry | None = None,
+    ) -> Account: ...
     async def account(self, account_id: str) -> Account | None: ...
-    async def place_hold(self, hold: Hold) -> None:
-        """Move ``hold.amount_micros`` from the balance into an open hold, atomically;
-        InsufficientFunds (with the balance) when it cannot be covered."""
+    async def accounts_page(self, *, limit: int, after: str | None) -> Sequence[Account]:
+        """Accounts in id order; ``after`` is the last id of the previous page."""
         ...
 
-    async def settle(self, hold_id: str, charge_micros: int, usage: UsageRecord | None, now: float) -> Hold:
+    async def place_hold(self, hold: Hold) -> None:
+        """Move ``hold.amount_micros`` from the balance into an open hold, atomically;
+        InsufficientFunds (with the balance) when it cannot be covered. With a
+        ``spend_period``, the amount is also counted on the key's spend cap in the same
+        transaction: KeyBudgetExceeded when it would pass it."""
+        ...
+
+    async def settle(
+        self,
+        hold_id: str,
+        charge_micros: int,
+        usage: UsageRecord | None,
+        now: float,
+        *,
+        audit: AuditEntry | None = None,
+    ) -> Hold:
         """Charge ``min(charge, amount)`` and return the rest; with the usage record in
         the same transaction. HoldNotOpen if already settled or released."""
         ...
 
-    async def release(self, hold_id: str, usage: UsageRecord | None, now: float) -> Hold: ...
+    async def release(
+        self, hold_id: str, usage: UsageRecord | None, now: float, *, audit: AuditEntry | None = None
+    ) -> Hold: ...
     async def to_reconciling(
         self, hold_id: str, usage: UsageRecord | None, note: str, now: float
     ) -> Hold: ...
@@ -135,8 +240,59 @@ class LedgerStore(Protocol):
 
 
 class KeyStore(Protocol):
-    async def create_key(self, key: ApiKey, key_hash: str) -> None: ...
-    async def key_by_hash(self, key_hash: str) -> ApiKey | None: ...
+    async def create_key(self, key: ApiKey, key_hash: str, *, audit: AuditEntry | None = None) -> None: ...
+    async def key_by_hash(self, key_hash: str) -> ApiKey | None:
+        """The key of a secret's hash: its current secret, or one a rotation replaced
+        (then with ``grace_until``, even once that passed); revoked and expired keys too."""
+        ...
+
+    async def key(self, key_id: str) -> ApiKey | None: ...
+    async def keys_page(self, account_id: str | None, *, limit: int, after: str | None) -> Sequence[ApiKey]:
+        """Newest first; ``after`` is the last key id of the previous page."""
+        ...
+
+    async def revoke_key(self, key_id: str, now: float, *, audit: AuditEntry | None = None) -> ApiKey:
+        """Revoke for good (again: keeps the first time); UnknownKey."""
+        ...
+
+    async def rotate_key(
+        self,
+        key_id: str,
+        new_hash: str,
+        old_valid_until: float,
+        now: float,
+        *,
+        audit: AuditEntry | None = None,
+    ) -> ApiKey:
+        """Give the key a new secret; the old one keeps working until ``old_valid_until``
+        (none when that is not after ``now``). UnknownKey, KeyRevoked, KeyChanged."""
+        ...
+
+    async def touch_keys(self, used: Mapping[str, float]) -> None:
+        """Set ``last_used_at`` of each key id to its time (never backwards)."""
+        ...
+
+
+class AuditStore(Protocol):
+    """The audit log of admin actions (in the ledger database)."""
+
+    async def record(
+        self, actor: str, action: str, target: str, detail: Mapping[str, Any] | None = None
+    ) -> AuditEntry:
+        """Write an entry on its own (actions that change the ledger pass theirs to the
+        store method, written in the same transaction)."""
+        ...
+
+    async def list(
+        self,
+        *,
+        action: str | None = None,
+        target: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> Sequence[AuditEntry]:
+        """Newest first; ``after`` is the last entry id of the previous page."""
+        ...
 
 
 class UsageStore(Protocol):

@@ -1,4 +1,8 @@
-"""Operator use cases behind the admin API: accounts, credit, keys, holds.
+"""Operator use cases behind the admin API: accounts, credit, keys, holds, the audit log.
+
+Every action that changes something (an account created or credited, a key created,
+revoked or rotated, a hold settled or released) writes an audit entry naming its
+actor, in the same transaction as the change.
 
 Also the first-start bootstrap: an admin key (from ``BOURSE_ADMIN_KEY`` or generated
 and kept in the data folder) and a demo account and key so that ``bourse serve`` is
@@ -10,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,14 +23,23 @@ from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import charge, micros_to_usd, price_units, usd_to_micros
 from bourse.ports.stores import (
     AccountExists,
+    ApiKey,
+    AuditEntry,
+    AuditStore,
+    CapPeriod,
     Hold,
     HoldNotOpen,
     HoldState,
+    KeyChanged,
+    KeyRevoked,
     KeyStore,
     LedgerStore,
     UnknownAccount,
+    UnknownKey,
     UsageRecord,
     UsageStore,
+    audit_entry,
+    cap_period,
 )
 from bourse.services.auth import Authenticator, hash_key, new_secret
 
@@ -33,6 +47,10 @@ log = logging.getLogger("bourse.admin")
 
 DEMO_ACCOUNT = "demo"
 DEMO_CREDIT_USD = 5.0
+SYSTEM = "system"
+"""The actor of what the gateway does by itself (the demo account at the first start)."""
+MAX_GRACE_S = 7 * 86_400
+"""The longest a rotated-out secret keeps working."""
 
 
 class AdminStore(LedgerStore, KeyStore, UsageStore, Protocol):
@@ -43,31 +61,70 @@ def hold_view(h: Hold) -> dict[str, Any]:
     return asdict(h)
 
 
+def key_view(key: ApiKey, now: float) -> dict[str, Any]:
+    """A key as the admin API shows it (never its secret nor its hash): its ``state``
+    (``active``, ``revoked`` or ``expired``) and what its cap's current period has taken."""
+    view = asdict(key)
+    view.pop("grace_until")
+    state = "active"
+    if key.revoked_at is not None:
+        state = "revoked"
+    elif key.expires_at is not None and now >= key.expires_at:
+        state = "expired"
+    view["state"] = state
+    period = key.spend_cap_period
+    current = period is not None and key.spend_period == cap_period(period, now)
+    view["spend_micros"] = key.spend_micros if current else 0
+    view.pop("spend_period")
+    return view
+
+
+def audit_view(entry: AuditEntry) -> dict[str, Any]:
+    return {**asdict(entry), "detail": dict(entry.detail)}
+
+
+def _no_key(key_id: str) -> GatewayError:
+    return GatewayError(404, "not_found", f"No API key '{key_id}'.")
+
+
 class AdminService:
-    def __init__(self, store: AdminStore, auth: Authenticator) -> None:
+    def __init__(
+        self, store: AdminStore, auth: Authenticator, *, products: Collection[str], audit: AuditStore
+    ) -> None:
         self.store = store
         self.auth = auth
+        self.products = frozenset(products)
+        """The configured products: a key may be limited to these only."""
+        self.audit = audit
 
-    async def create_account(self, account_id: str, credit_usd: float) -> dict[str, Any]:
+    async def create_account(self, account_id: str, credit_usd: float, actor: str = SYSTEM) -> dict[str, Any]:
         if not account_id or len(account_id) > 128:
             raise invalid_request("id: expected 1 to 128 characters", param="id")
         if credit_usd < 0:
             raise invalid_request("credit_usd: must not be negative", param="credit_usd")
+        micros = usd_to_micros(credit_usd)
+        now = time.time()
+        entry = audit_entry(actor, "account.create", account_id, {"credit_micros": micros}, now)
         try:
-            acc = await self.store.create_account(account_id, usd_to_micros(credit_usd), time.time())
+            acc = await self.store.create_account(account_id, micros, now, audit=entry)
         except AccountExists:
             raise GatewayError(409, "account_exists", f"The account '{account_id}' exists already.") from None
         return asdict(acc)
 
-    async def credit(self, account_id: str, amount_usd: float) -> dict[str, Any]:
+    async def credit(self, account_id: str, amount_usd: float, actor: str = SYSTEM) -> dict[str, Any]:
         micros = usd_to_micros(amount_usd)
         if micros <= 0:
             raise invalid_request("amount_usd: must be positive", param="amount_usd")
+        now = time.time()
+        entry = audit_entry(actor, "account.credit", account_id, {"amount_micros": micros}, now)
         try:
-            acc = await self.store.credit(account_id, micros, time.time(), "admin credit")
+            acc = await self.store.credit(account_id, micros, now, "admin credit", audit=entry)
         except UnknownAccount:
             raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
         return asdict(acc)
+
+    async def accounts(self, limit: int, after: str | None) -> list[dict[str, Any]]:
+        return [asdict(a) for a in await self.store.accounts_page(limit=limit, after=after)]
 
     async def account(self, account_id: str) -> dict[str, Any]:
         acc = await self.store.account(account_id)
@@ -78,27 +135,111 @@ class AdminService:
     async def create_key(
         self,
         account_id: str,
-        products: list[str] | None,
-        rpm: int | None,
-        tpm: int | None,
-        max_streams: int | None,
+        products: list[str] | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        max_streams: int | None = None,
+        *,
+        name: str | None = None,
+        expires_at: float | None = None,
+        spend_cap_usd: float | None = None,
+        spend_cap_period: CapPeriod = "total",
+        actor: str = SYSTEM,
     ) -> dict[str, Any]:
+        """A new key (its secret shown once, in ``key``). 400 for a product that is not
+        configured, an expiry in the past or a cap below one micro-USD; 404 for no account."""
+        now = time.time()
+        self._check_products(products)
+        if expires_at is not None and expires_at <= now:
+            raise invalid_request("expires_at: must be in the future", param="expires_at")
+        cap = None if spend_cap_usd is None else usd_to_micros(spend_cap_usd)
+        if cap is not None and cap <= 0:
+            raise invalid_request("spend_cap_usd: must be at least 0.000001", param="spend_cap_usd")
+        secret, digest = self.auth.issue_secret()
+        key = ApiKey(
+            id="key_" + os.urandom(8).hex(),
+            account_id=account_id,
+            products=tuple(products) if products is not None else None,
+            rpm=rpm,
+            tpm=tpm,
+            max_streams=max_streams,
+            created_at=now,
+            name=name,
+            expires_at=expires_at,
+            spend_cap_micros=cap,
+            spend_cap_period=None if cap is None else spend_cap_period,
+        )
+        view = key_view(key, now)
+        detail = {k: view[k] for k in _KEY_AUDIT_FIELDS if view[k] is not None}
         try:
-            secret, key = await self.auth.create_key(
-                account_id, tuple(products) if products is not None else None, rpm, tpm, max_streams
+            await self.store.create_key(
+                key, digest, audit=audit_entry(actor, "key.create", key.id, detail, now)
             )
         except UnknownAccount:
             raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
         secret_hook = getattr(self.store, "webhook_secret", None)
         webhook_secret = await secret_hook(account_id) if secret_hook is not None else None
-        return {"key": secret, **asdict(key), "webhook_secret": webhook_secret}
+        return {"key": secret, **view, "webhook_secret": webhook_secret}
+
+    def _check_products(self, products: list[str] | None) -> None:
+        unknown = sorted(set(products or ()) - self.products)
+        if unknown:
+            raise invalid_request(
+                f"products: no product {', '.join(repr(p) for p in unknown)} "
+                f"(configured: {', '.join(sorted(self.products)) or 'none'})",
+                param="products",
+            )
+
+    async def keys(self, account_id: str | None, limit: int, after: str | None) -> list[dict[str, Any]]:
+        now = time.time()
+        return [key_view(k, now) for k in await self.store.keys_page(account_id, limit=limit, after=after)]
+
+    async def revoke_key(self, key_id: str, actor: str = SYSTEM, reason: str | None = None) -> dict[str, Any]:
+        """Revoke for good: refused at once on this replica, within the cache TTL on the others."""
+        now = time.time()
+        entry = audit_entry(actor, "key.revoke", key_id, {} if reason is None else {"reason": reason}, now)
+        try:
+            key = await self.store.revoke_key(key_id, now, audit=entry)
+        except UnknownKey:
+            raise _no_key(key_id) from None
+        self.auth.forget(key_id)
+        return key_view(key, now)
+
+    async def rotate_key(self, key_id: str, grace_s: float, actor: str = SYSTEM) -> dict[str, Any]:
+        """A new secret (shown once, in ``key``); the old one works ``grace_s`` more seconds."""
+        if not 0 <= grace_s <= MAX_GRACE_S:
+            raise invalid_request(f"grace_s: expected 0 to {MAX_GRACE_S} seconds", param="grace_s")
+        now = time.time()
+        until = now + grace_s
+        secret, digest = self.auth.issue_secret()
+        entry = audit_entry(actor, "key.rotate", key_id, {"grace_s": grace_s, "old_valid_until": until}, now)
+        try:
+            key = await self.store.rotate_key(key_id, digest, until, now, audit=entry)
+        except UnknownKey:
+            raise _no_key(key_id) from None
+        except KeyRevoked:
+            raise GatewayError(409, "key_revoked", f"The API key '{key_id}' is revoked.") from None
+        except KeyChanged:
+            raise GatewayError(
+                409, "key_changed", f"The API key '{key_id}' changed during this rotation; try again."
+            ) from None
+        self.auth.forget(key_id)
+        return {"key": secret, **key_view(key, now), "old_key_valid_until": until if grace_s > 0 else None}
+
+    async def audit_log(
+        self, action: str | None, target: str | None, limit: int, after: str | None
+    ) -> list[dict[str, Any]]:
+        entries = await self.audit.list(action=action, target=target, limit=limit, after=after)
+        return [audit_view(e) for e in entries]
 
     async def holds(
         self, state: HoldState | None, account_id: str | None, limit: int
     ) -> list[dict[str, Any]]:
         return [hold_view(h) for h in await self.store.holds(state, account_id, limit)]
 
-    async def settle_hold(self, hold_id: str, amount_micros: int | None) -> dict[str, Any]:
+    async def settle_hold(
+        self, hold_id: str, amount_micros: int | None, actor: str = SYSTEM
+    ) -> dict[str, Any]:
         """Charge a hold (default: its usage estimate, else the whole hold) and write the
         charge into the request's usage record, in one transaction."""
         hold = await self.store.hold(hold_id)
@@ -114,12 +255,13 @@ class AdminService:
             )
         now = time.time()
         usage = reconciled_usage(hold, existing, "settled", amount_micros, now)
+        entry = audit_entry(actor, "hold.settle", hold_id, _hold_detail(hold, amount_micros), now)
         try:
-            return hold_view(await self.store.settle(hold_id, amount_micros, usage, now))
+            return hold_view(await self.store.settle(hold_id, amount_micros, usage, now, audit=entry))
         except HoldNotOpen:
             raise GatewayError(409, "hold_closed", f"The hold '{hold_id}' is already {hold.state}.") from None
 
-    async def release_hold(self, hold_id: str) -> dict[str, Any]:
+    async def release_hold(self, hold_id: str, actor: str = SYSTEM) -> dict[str, Any]:
         """Give a hold back and note in the request's usage record that nothing was charged."""
         hold = await self.store.hold(hold_id)
         if hold is None:
@@ -127,8 +269,9 @@ class AdminService:
         existing = await self.store.usage(hold.account_id, hold.request_id)
         now = time.time()
         usage = reconciled_usage(hold, existing, "released", 0, now)
+        entry = audit_entry(actor, "hold.release", hold_id, _hold_detail(hold, 0), now)
         try:
-            return hold_view(await self.store.release(hold_id, usage, now))
+            return hold_view(await self.store.release(hold_id, usage, now, audit=entry))
         except HoldNotOpen:
             raise GatewayError(409, "hold_closed", f"The hold '{hold_id}' is already {hold.state}.") from None
 
@@ -148,6 +291,29 @@ class AdminService:
             price_units(float(price)),
             hold.amount_micros,
         )
+
+
+_KEY_AUDIT_FIELDS = (
+    "account_id",
+    "name",
+    "products",
+    "rpm",
+    "tpm",
+    "max_streams",
+    "expires_at",
+    "spend_cap_micros",
+    "spend_cap_period",
+)
+
+
+def _hold_detail(hold: Hold, charged_micros: int) -> Mapping[str, Any]:
+    return {
+        "account_id": hold.account_id,
+        "request_id": hold.request_id,
+        "amount_micros": hold.amount_micros,
+        "charged_micros": charged_micros,
+        "state_before": hold.state,
+    }
 
 
 def reconciled_usage(

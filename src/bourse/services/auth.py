@@ -1,23 +1,42 @@
 """Who is calling: API keys (stored hashed) and the admin key.
 
 Keys are 32 random bytes shown once at creation (``bk_…``); the store keeps their
-SHA-256 (a fast hash is right for high-entropy secrets). Looked-up keys are cached
-for ``cache_ttl_s`` so the hot path does not hit the database on every request.
+SHA-256 (a fast hash is right for high-entropy secrets). Secrets are never logged:
+a key is named by its id (``key_…``).
+
+- Looked-up keys are cached for ``cache_ttl_s`` (at most :data:`CACHE_TTL_MAX_S`) so
+  the hot path does not read the database on every request; a key revoked or
+  rotated on any replica is therefore refused everywhere within that time (at once
+  on the replica that did it: :meth:`Authenticator.forget`). Expiry and the end of a
+  rotation's grace period are checked on every request against the clock.
+- ``last_used_at`` is written off the response path: at most once per
+  ``touch_interval_s`` per key, by a background task that writes every key used
+  since its last pass in one transaction.
+
 The admin key is separate: it reaches only the admin API, never ``/v1``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
-import os
+import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from bourse.domain.errors import GatewayError
 from bourse.ports.limits import KeyLimits
 from bourse.ports.stores import ApiKey, KeyStore
+
+log = logging.getLogger("bourse.auth")
+
+CACHE_TTL_MAX_S = 1.0
+"""No cache may keep a revoked key alive longer than this."""
+TOUCH_INTERVAL_S = 60.0
 
 
 def hash_key(key: str) -> str:
@@ -26,6 +45,10 @@ def hash_key(key: str) -> str:
 
 def new_secret(prefix: str) -> str:
     return prefix + secrets.token_urlsafe(32)
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(slots=True, frozen=True)
@@ -51,40 +74,107 @@ def unauthorized(message: str) -> GatewayError:
     return GatewayError(401, "invalid_api_key", message, headers={"www-authenticate": "Bearer"})
 
 
+def refusal(key: ApiKey, now: float) -> str | None:
+    """Why ``key`` cannot be used at ``now`` (revoked, expired, a rotated-out secret
+    past its grace period), or None."""
+    if key.revoked_at is not None:
+        return "This API key was revoked."
+    if key.expires_at is not None and now >= key.expires_at:
+        return f"This API key expired at {_when(key.expires_at)}."
+    if key.grace_until is not None and now >= key.grace_until:
+        return f"This API key was rotated; its old secret stopped working at {_when(key.grace_until)}."
+    return None
+
+
 class Authenticator:
     def __init__(
-        self, keys: KeyStore, admin_key_hash: str, *, cache_ttl_s: float = 30.0, cache_max: int = 100_000
+        self,
+        keys: KeyStore,
+        admin_key_hash: str,
+        *,
+        cache_ttl_s: float = 0.5,
+        cache_max: int = 100_000,
+        touch_interval_s: float = TOUCH_INTERVAL_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        if not 0 <= cache_ttl_s <= CACHE_TTL_MAX_S:
+            raise ValueError(f"cache_ttl_s: expected 0 to {CACHE_TTL_MAX_S} s")
         self._keys = keys
         self._admin_hash = admin_key_hash
         self._ttl = cache_ttl_s
         self._max = cache_max
+        self._clock = clock
         self._cache: dict[str, tuple[float, Principal | None]] = {}
+        self._touch_every = touch_interval_s
+        self._touch_due: dict[str, float] = {}
+        """key id -> monotonic time before which its use is not written again"""
+        self._used: dict[str, float] = {}
+        """key id -> wall time of a use not written yet"""
+        self._toucher: asyncio.Task[None] | None = None
 
     async def user(self, authorization: str | None) -> Principal:
         token = _bearer(authorization)
         if token is None:
             raise unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
         digest = hash_key(token)
-        now = time.monotonic()
+        mono = time.monotonic()
         hit = self._cache.get(digest)
-        if hit is not None and hit[0] > now:
-            principal = hit[1]
-        else:
-            if hmac.compare_digest(digest, self._admin_hash):
-                raise GatewayError(
-                    403,
-                    "admin_key_not_allowed",
-                    "The admin key is for the admin API only; use an API key for /v1.",
-                )
-            key = await self._keys.key_by_hash(digest)
-            principal = None if key is None else Principal(key, KeyLimits(key.rpm, key.tpm, key.max_streams))
-            if len(self._cache) >= self._max:
-                self._cache.clear()
-            self._cache[digest] = (now + self._ttl, principal)
+        principal = hit[1] if hit is not None and hit[0] > mono else await self._lookup(digest, mono)
         if principal is None:
             raise unauthorized("Invalid API key.")
+        key = principal.key
+        if key.revoked_at is not None or key.expires_at is not None or key.grace_until is not None:
+            why = refusal(key, self._clock())
+            if why is not None:
+                raise unauthorized(why)
+        if mono >= self._touch_due.get(key.id, 0.0):
+            self._touched(key.id, mono)
         return principal
+
+    async def _lookup(self, digest: str, mono: float) -> Principal | None:
+        if hmac.compare_digest(digest, self._admin_hash):
+            raise GatewayError(
+                403,
+                "admin_key_not_allowed",
+                "The admin key is for the admin API only; use an API key for /v1.",
+            )
+        key = await self._keys.key_by_hash(digest)
+        principal = None if key is None else Principal(key, KeyLimits(key.rpm, key.tpm, key.max_streams))
+        if len(self._cache) >= self._max:
+            self._cache.clear()
+        self._cache[digest] = (mono + self._ttl, principal)
+        return principal
+
+    def forget(self, key_id: str) -> None:
+        """Drop the cached lookups of ``key_id`` (revoked or rotated here just now)."""
+        stale = [d for d, (_, p) in self._cache.items() if p is not None and p.key.id == key_id]
+        for digest in stale:
+            self._cache.pop(digest, None)
+
+    # -- last use, written off the response path -------------------------------------------
+
+    def _touched(self, key_id: str, mono: float) -> None:
+        if len(self._touch_due) >= self._max:
+            self._touch_due.clear()
+        self._touch_due[key_id] = mono + self._touch_every
+        self._used[key_id] = self._clock()
+        if self._toucher is None or self._toucher.done():
+            self._toucher = asyncio.create_task(self._write_uses(), name="bourse-key-last-used")
+
+    async def _write_uses(self) -> None:
+        while self._used:
+            used, self._used = self._used, {}
+            try:
+                await self._keys.touch_keys(used)
+            except Exception as exc:  # a later use writes it again
+                log.warning("last_used_at of %d keys not written: %s", len(used), exc)
+                for key_id in used:
+                    self._touch_due.pop(key_id, None)
+
+    async def aclose(self) -> None:
+        """Write the uses not written yet."""
+        if self._toucher is not None:
+            await self._toucher
 
     def admin(self, authorization: str | None) -> None:
         token = _bearer(authorization)
@@ -104,24 +194,8 @@ class Authenticator:
                 param="model",
             )
 
-    async def create_key(
-        self,
-        account_id: str,
-        products: tuple[str, ...] | None = None,
-        rpm: int | None = None,
-        tpm: int | None = None,
-        max_streams: int | None = None,
-    ) -> tuple[str, ApiKey]:
-        """A new key for ``account_id``: (the secret, shown once; its record)."""
+    @staticmethod
+    def issue_secret() -> tuple[str, str]:
+        """A new API key secret (shown once) and its hash (stored)."""
         secret = new_secret("bk_")
-        key = ApiKey(
-            id="key_" + os.urandom(8).hex(),
-            account_id=account_id,
-            products=products,
-            rpm=rpm,
-            tpm=tpm,
-            max_streams=max_streams,
-            created_at=time.time(),
-        )
-        await self._keys.create_key(key, hash_key(secret))
-        return secret, key
+        return secret, hash_key(secret)

@@ -5,7 +5,9 @@ a :class:`Closing` (the run's end) in and a :class:`Settlement` out after it. It
 never sees the run itself.
 
 - The quote is a conservative upper bound (prompt UTF-8 bytes, an allowance per
-  message, the whole output budget) priced at the bid; the hold is the quote.
+  message, the whole output budget) priced at the bid; the hold is the quote. A key
+  with a spend cap has the hold counted on its cap in the same transaction (402
+  ``key_budget_exceeded`` when it would pass it).
 - Settlement charges actual tokens at the cleared price, never more than the hold,
   following the outcome x policy table of :mod:`bourse.domain.charging` (SPEC
   sections 7, 8, 12), and writes the usage record in the same transaction. The run
@@ -39,7 +41,17 @@ from bourse.domain.money import (
 )
 from bourse.domain.policy import Policy
 from bourse.ports.engine import Kind
-from bourse.ports.stores import Hold, HoldNotOpen, InsufficientFunds, LedgerStore, UnknownAccount, UsageRecord
+from bourse.ports.stores import (
+    ApiKey,
+    Hold,
+    HoldNotOpen,
+    InsufficientFunds,
+    KeyBudgetExceeded,
+    LedgerStore,
+    UnknownAccount,
+    UsageRecord,
+    cap_period,
+)
 from bourse.retrying import retrying
 from bourse.wire.prompt import PromptSize
 
@@ -60,6 +72,19 @@ class Quote:
     tokens: int
     micros: int
     bid: float
+
+
+def budget_exceeded(exc: KeyBudgetExceeded, quote: Quote) -> GatewayError:
+    """The 402 of a hold that would take its key past its spend cap."""
+    per = "in total" if exc.period == "total" else "per UTC day"
+    left = max(0, exc.cap_micros - exc.spent_micros)
+    return GatewayError(
+        402,
+        "key_budget_exceeded",
+        f"This API key's spend cap is {exc.cap_micros} micro-USD {per}; {exc.spent_micros} micro-USD of it "
+        f"is spent or held, which leaves {left}, less than this request's hold of {quote.micros} micro-USD "
+        f"({quote.tokens} tokens at {quote.bid:g} USD per 1M). Lower max_tokens, or ask for a higher cap.",
+    )
 
 
 def quote_for(prompt: PromptSize, max_output_tokens: int, bid: float) -> Quote:
@@ -147,9 +172,16 @@ class Billing:
 
     # -- before the book ----------------------------------------------------------
 
-    async def hold(self, quote: Quote, *, account_id: str, request_id: str, product: str) -> str:
-        """Hold ``quote`` on ``account_id``; the hold's id. 402 if the balance cannot cover it."""
+    async def hold(
+        self, quote: Quote, *, account_id: str, request_id: str, product: str, key: ApiKey | None = None
+    ) -> str:
+        """Hold ``quote`` on ``account_id`` (counted on ``key``'s spend cap if it has
+        one); the hold's id. 402 if the balance or the cap cannot cover it."""
         hold_id = "hold_" + os.urandom(12).hex()
+        now = time.time()
+        period = None
+        if key is not None and key.spend_cap_period is not None and key.spend_cap_micros is not None:
+            period = cap_period(key.spend_cap_period, now)
         try:
             await self.store.place_hold(
                 Hold(
@@ -160,9 +192,13 @@ class Billing:
                     state="open",
                     owner=self.owner,
                     product=product,
-                    created_at=time.time(),
+                    created_at=now,
+                    key_id=None if key is None else key.id,
+                    spend_period=period,
                 )
             )
+        except KeyBudgetExceeded as exc:
+            raise budget_exceeded(exc, quote) from None
         except InsufficientFunds as exc:
             can = affordable_tokens(exc.balance_micros, price_units(quote.bid))
             raise GatewayError(

@@ -188,7 +188,11 @@ class CompletionService:
         grant = await self._acquire(principal, quote.tokens)
         try:
             hold_id = await self.billing.hold(
-                quote, account_id=principal.account_id, request_id=request_id, product=ask.market.product
+                quote,
+                account_id=principal.account_id,
+                request_id=request_id,
+                product=ask.market.product,
+                key=principal.key,
             )
         except BaseException:
             await self._limits_done(grant, 0)

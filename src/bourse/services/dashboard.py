@@ -4,19 +4,15 @@ Every method takes the caller's :class:`~bourse.services.sessions.Session`. An
 operator (signed in with the admin key) sees every account and may settle or release
 a reconciling hold and cancel any job; a user (signed in with an API key) sees their
 own account only and may cancel their own jobs. Operator actions are written to the
-audit log through an :class:`AuditSink` (by default :class:`LogAudit`, one JSON line
-on the ``bourse.audit`` logger) before the result is returned.
+ledger's audit log (``GET /admin/audit``): a hold's settle or release in the same
+transaction as the change (through :class:`~bourse.services.accounts.AdminService`),
+a job cancel right after it, with the actor ``dashboard:operator session <sid>``.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
-
-import orjson
+from typing import Any
 
 from bourse.domain.errors import GatewayError
 from bourse.ports.reports import ReportStore, SpendPoint, UsageFilter
@@ -29,30 +25,6 @@ from bourse.services.tape import MarketTape
 
 MAX_LIST = 200
 MAX_SPEND_POINTS = 20_000
-
-
-@dataclass(slots=True, frozen=True)
-class AuditEntry:
-    at: float
-    actor: str
-    """Who acted: ``operator`` or ``user:<account>``, with the session id."""
-    action: str
-    target: str
-    detail: dict[str, Any] = field(default_factory=dict)
-
-
-class AuditSink(Protocol):
-    async def record(self, entry: AuditEntry) -> None: ...
-
-
-class LogAudit:
-    """The audit log as JSON lines on the ``bourse.audit`` logger (level INFO)."""
-
-    def __init__(self, logger: logging.Logger | None = None) -> None:
-        self._log = logger or logging.getLogger("bourse.audit")
-
-    async def record(self, entry: AuditEntry) -> None:
-        self._log.info("audit %s", orjson.dumps(asdict(entry)).decode())
 
 
 def forbidden(message: str) -> GatewayError:
@@ -69,7 +41,6 @@ class Dashboard:
         jobs: JobService,
         tape: MarketTape,
         feed: RequestFeed,
-        audit: AuditSink | None = None,
     ) -> None:
         self.sessions = sessions
         self.reports = reports
@@ -77,7 +48,6 @@ class Dashboard:
         self.jobs = jobs
         self.tape = tape
         self.feed = feed
-        self.audit = audit or LogAudit()
 
     async def stop(self) -> None:
         await self.tape.aclose()
@@ -90,9 +60,13 @@ class Dashboard:
         (``None``: every account)."""
         return account if s.operator else s.account_id
 
-    async def _audit(self, s: Session, action: str, target: str, **detail: Any) -> None:
-        actor = f"operator session {s.sid}" if s.operator else f"user:{s.account_id} session {s.sid}"
-        await self.audit.record(AuditEntry(time.time(), actor, action, target, detail))
+    @staticmethod
+    def _actor(s: Session) -> str:
+        return (
+            f"dashboard:operator session {s.sid}"
+            if s.operator
+            else f"dashboard:user:{s.account_id} session {s.sid}"
+        )
 
     # -- money ----------------------------------------------------------------------
 
@@ -109,19 +83,12 @@ class Dashboard:
     async def settle(self, s: Session, hold_id: str, amount_micros: int | None) -> dict[str, Any]:
         if not s.operator:
             raise forbidden("Only an operator (signed in with the admin key) may settle a hold.")
-        out = await self.admin.settle_hold(hold_id, amount_micros)
-        await self._audit(s, "hold.settle", hold_id, account=out["account_id"],
-                          charged_micros=out["charged_micros"], amount_micros=out["amount_micros"])  # fmt: skip
-        return out
+        return await self.admin.settle_hold(hold_id, amount_micros, actor=self._actor(s))
 
     async def release(self, s: Session, hold_id: str) -> dict[str, Any]:
         if not s.operator:
             raise forbidden("Only an operator (signed in with the admin key) may release a hold.")
-        out = await self.admin.release_hold(hold_id)
-        await self._audit(
-            s, "hold.release", hold_id, account=out["account_id"], amount_micros=out["amount_micros"]
-        )
-        return out
+        return await self.admin.release_hold(hold_id, actor=self._actor(s))
 
     async def spend(self, s: Session, since: float, bucket_s: int) -> Sequence[SpendPoint]:
         points = await self.reports.spend(UsageFilter(account_id=self.scope(s), since=since), bucket_s)
@@ -159,5 +126,7 @@ class Dashboard:
             raise GatewayError(404, "not_found", f"No job '{job_id}' here.")
         out = await self.jobs.cancel(job_id, job.account_id)
         if s.operator:
-            await self._audit(s, "job.cancel", job_id, account=job.account_id, status=out["status"])
+            await self.admin.audit.record(
+                self._actor(s), "job.cancel", job_id, {"account": job.account_id, "status": out["status"]}
+            )
         return out

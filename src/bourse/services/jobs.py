@@ -33,6 +33,7 @@ from bourse.ports.stores import (
     HoldNotOpen,
     Job,
     JobStore,
+    KeyStore,
     LedgerStore,
 )
 from bourse.ports.webhooks import WebhookSender
@@ -51,7 +52,7 @@ WEBHOOK_BACKOFF_CAP = 64
 """The jittered share of the wait between two webhook attempts is at most this many ``webhook_backoff_s``."""
 
 
-class JobsStore(JobStore, LedgerStore, Protocol):
+class JobsStore(JobStore, LedgerStore, KeyStore, Protocol):
     single_node: bool
     """True for the embedded database: every unfinished job at start-up is this node's."""
 
@@ -337,7 +338,9 @@ class JobService:
             except HoldNotOpen:
                 pass
         kind = ENDPOINTS[job.endpoint]
-        principal = Principal(ApiKey(id=job.key_id, account_id=job.account_id), KeyLimits())
+        # the key's own record, so that its spend cap counts the new hold
+        key = await self.store.key(job.key_id) or ApiKey(id=job.key_id, account_id=job.account_id)
+        principal = Principal(key, KeyLimits())
         body = dict(job.body)
         try:
             req = validate(kind, body)

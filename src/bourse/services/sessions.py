@@ -30,13 +30,13 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import orjson
 
 from bourse.domain.errors import GatewayError
-from bourse.ports.stores import KeyStore
-from bourse.services.auth import hash_key, unauthorized
+from bourse.ports.stores import ApiKey
+from bourse.services.auth import hash_key, refusal, unauthorized
 
 Role = Literal["operator", "user"]
 
@@ -46,6 +46,12 @@ MAX_TOKEN_CHARS = 2048
 MAX_SIGNED_OUT = 100_000
 """Signed-out session ids remembered at most (the oldest are forgotten first)."""
 _VERSION = "v1"
+
+
+class KeyLookup(Protocol):
+    """What sessions read of the key store."""
+
+    async def key_by_hash(self, key_hash: str) -> ApiKey | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +89,7 @@ class Sessions:
 
     def __init__(
         self,
-        keys: KeyStore,
+        keys: KeyLookup,
         admin_key_hash: str,
         *,
         ttl_s: float = SESSION_TTL_S,
@@ -112,6 +118,9 @@ class Sessions:
             found = await self._keys.key_by_hash(digest)
             if found is None:
                 raise unauthorized("This key is neither the admin key nor an API key.")
+            refused = refusal(found, now)
+            if refused is not None:
+                raise unauthorized(refused)
             session = Session(sid, "user", found.account_id, found.id, digest, now, now + self._ttl)
         return session, self._sign(session)
 
@@ -134,6 +143,8 @@ class Sessions:
         if session.role == "user":
             key = await self._keys.key_by_hash(session.key_hash)
             if key is None or key.id != session.key_id or key.account_id != session.account_id:
+                return None
+            if refusal(key, self._clock()) is not None:  # revoked, expired, rotated out
                 return None
         return session
 

@@ -1,6 +1,7 @@
 """The stores' logic, written once over a minimal synchronous SQL executor.
 
-:class:`SqlStore` implements every storage port (ledger, keys, usage, idempotency)
+:class:`SqlStore` implements every storage port (ledger, keys, usage, idempotency,
+the audit log's writes)
 with SQL that runs unchanged on SQLite and PostgreSQL (numbered ``$n`` parameters,
 rewritten by each adapter). Each public method is one transaction, run as one
 function on the adapter's database thread: a single hop off the event loop per
@@ -22,15 +23,20 @@ from bourse.ports.stores import (
     Account,
     AccountExists,
     ApiKey,
+    AuditEntry,
     Hold,
     HoldNotOpen,
     HoldState,
     IdemBegin,
     InsufficientFunds,
     Job,
+    KeyBudgetExceeded,
+    KeyChanged,
+    KeyRevoked,
     StoredResponse,
     Totals,
     UnknownAccount,
+    UnknownKey,
     UsageRecord,
 )
 from bourse.storage.schema import migrations
@@ -69,6 +75,8 @@ def _hold(row: Row) -> Hold:
         product=row["product"],
         created_at=float(row["created_at"]),
         note=row["note"],
+        key_id=row["key_id"],
+        spend_period=None if row["spend_period"] is None else int(row["spend_period"]),
     )
 
 
@@ -90,14 +98,15 @@ _USAGE_UPSERT = (
     "ON CONFLICT (request_id) DO UPDATE SET outcome = excluded.outcome, cost_micros = excluded.cost_micros, "
     "record = excluded.record"
 )
-_ACCOUNT = (
+_ACCOUNTS = (
     "SELECT a.id, a.balance_micros, a.created_at, "
     "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE account_id = a.id AND state = 'open'), 0) AS open_m, "
     "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE account_id = a.id AND state = 'reconciling'), 0) AS rec_m, "
     "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE account_id = a.id AND state = 'settled'), 0) AS spent_m, "
     "COALESCE((SELECT SUM(amount_micros) FROM credits WHERE account_id = a.id), 0) AS credit_m "
-    "FROM accounts a WHERE a.id = $1"
+    "FROM accounts a"
 )
+_ACCOUNT = _ACCOUNTS + " WHERE a.id = $1"
 
 
 def _put_usage(db: Executor, usage: UsageRecord) -> None:
@@ -110,8 +119,10 @@ def _put_usage(db: Executor, usage: UsageRecord) -> None:
 
 def _account(db: Executor, account_id: str) -> Account | None:
     row = db.fetchrow(_ACCOUNT, account_id)
-    if row is None:
-        return None
+    return None if row is None else _account_row(row)
+
+
+def _account_row(row: Row) -> Account:
     return Account(
         id=row["id"],
         balance_micros=int(row["balance_micros"]),
@@ -123,7 +134,52 @@ def _account(db: Executor, account_id: str) -> Account | None:
     )
 
 
+def _accounts_page(db: Executor, limit: int, after: str | None) -> list[Account]:
+    where, args = ("", ()) if after is None else (" WHERE a.id > $1", (after,))
+    rows = db.fetch(f"{_ACCOUNTS}{where} ORDER BY a.id LIMIT {max(1, min(limit, 1000))}", *args)
+    return [_account_row(r) for r in rows]
+
+
 # -- transactions (each runs on the database thread) ------------------------------------
+
+
+def _with_audit(db: Executor, audit: AuditEntry | None, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(db, *args)``, then the audit entry of the action, in the same transaction."""
+    out = fn(db, *args)
+    if audit is not None:
+        _add_audit(db, audit)
+    return out
+
+
+def _add_audit(db: Executor, entry: AuditEntry) -> None:
+    db.execute(
+        "INSERT INTO audit_log (id, at, actor, action, target, detail) VALUES ($1, $2, $3, $4, $5, $6)",
+        entry.id, entry.at, entry.actor, entry.action, entry.target, orjson.dumps(dict(entry.detail)).decode(),
+    )  # fmt: skip
+
+
+def _audit_page(
+    db: Executor, action: str | None, target: str | None, limit: int, after: str | None
+) -> list[AuditEntry]:
+    args: list[Any] = []
+    where: list[str] = []
+    for column, value in (("action", action), ("target", target)):
+        if value is not None:
+            args.append(value)
+            where.append(f"{column} = ${len(args)}")
+    if after is not None:
+        row = db.fetchrow("SELECT at FROM audit_log WHERE id = $1", after)
+        if row is None:
+            return []
+        args.extend((row["at"], after))
+        t, i = len(args) - 1, len(args)
+        where.append(f"(at < ${t} OR (at = ${t} AND id < ${i}))")
+    sql = "SELECT * FROM audit_log" + (" WHERE " + " AND ".join(where) if where else "")
+    sql += f" ORDER BY at DESC, id DESC LIMIT {max(1, min(limit, 1000))}"
+    return [
+        AuditEntry(r["id"], float(r["at"]), r["actor"], r["action"], r["target"], orjson.loads(r["detail"]))
+        for r in db.fetch(sql, *args)
+    ]
 
 
 def _migrate(db: Executor, lock_sql: str | None, now: float) -> int:
@@ -185,14 +241,47 @@ def _credit(db: Executor, account_id: str, amount_micros: int, now: float, memo:
     return acc
 
 
+_SPEND_IN_PERIOD = "(CASE WHEN spend_period = $2 THEN spend_micros ELSE 0 END)"
+
+
+def _count_on_cap(db: Executor, key_id: str, period: int, amount: int) -> bool:
+    """Count ``amount`` on the key's spend cap in ``period``, or KeyBudgetExceeded; False
+    when the key has no cap (nothing counted). One conditional UPDATE: concurrent holds
+    of one key queue on its row and each sees the others' amounts."""
+    n = db.execute(
+        f"UPDATE api_keys SET spend_micros = {_SPEND_IN_PERIOD} + $3, spend_period = $2 "
+        f"WHERE id = $1 AND spend_cap_micros IS NOT NULL AND {_SPEND_IN_PERIOD} + $3 <= spend_cap_micros",
+        key_id, period, amount,
+    )  # fmt: skip
+    if n == 1:
+        return True
+    row = db.fetchrow(
+        "SELECT spend_cap_micros, spend_cap_period, spend_micros, spend_period FROM api_keys WHERE id = $1",
+        key_id,
+    )
+    if row is None or row["spend_cap_micros"] is None:
+        return False
+    spent = int(row["spend_micros"]) if int(row["spend_period"]) == period else 0
+    raise KeyBudgetExceeded(int(row["spend_cap_micros"]), spent, row["spend_cap_period"])
+
+
 def _place_hold(db: Executor, hold: Hold) -> None:
-    # The hold row first, the account last: the account's row lock (every request of
-    # an account takes it) is held for one statement and the commit, not two.
+    # The key's cap first (only a capped key's row is locked), the hold row next, the
+    # account last: the account's row lock (every request of an account takes it) is
+    # held for one statement and the commit, not two. Closing a hold takes them in the
+    # same order (hold, key, account).
+    period = hold.spend_period
+    if period is not None and (
+        hold.key_id is None or not _count_on_cap(db, hold.key_id, period, hold.amount_micros)
+    ):
+        period = None
     n = db.execute(
         "INSERT INTO holds (id, account_id, request_id, amount_micros, charged_micros, state, owner, product, "
-        "note, created_at, updated_at) SELECT $1, $2, $3, $4, 0, 'open', $5, $6, NULL, $7, $7 "
+        "note, created_at, updated_at, key_id, spend_period) "
+        "SELECT $1, $2, $3, $4, 0, 'open', $5, $6, NULL, $7, $7, $8, $9 "
         "WHERE EXISTS (SELECT 1 FROM accounts WHERE id = $2)",
         hold.id, hold.account_id, hold.request_id, hold.amount_micros, hold.owner, hold.product, hold.created_at,
+        hold.key_id, period,
     )  # fmt: skip
     if n != 1:
         raise UnknownAccount(hold.account_id)
@@ -235,11 +324,20 @@ def _close_hold(
             if usage is not None:
                 _put_usage(db, usage)
                 usage = None
+            unused = int(row["amount_micros"]) - int(row["charged_micros"])
+            if row["spend_period"] is not None and row["key_id"] is not None and unused:
+                # the key's cap gets back what was not charged (if still in that period)
+                db.execute(
+                    "UPDATE api_keys SET spend_micros = CASE WHEN spend_micros > $3 THEN spend_micros - $3 ELSE 0 END "
+                    "WHERE id = $1 AND spend_period = $2",
+                    row["key_id"], row["spend_period"], unused,
+                )  # fmt: skip
             # the account last: its row lock is held for one statement and the commit
             db.execute(
                 "UPDATE accounts SET balance_micros = balance_micros + $2 WHERE id = $1",
-                row["account_id"], int(row["amount_micros"]) - int(row["charged_micros"]),
-            )  # fmt: skip
+                row["account_id"],
+                unused,
+            )
     if row is None:
         raise HoldNotOpen(hold_id)
     if usage is not None:
@@ -301,19 +399,22 @@ def _create_key(db: Executor, key: ApiKey, key_hash: str) -> None:
     if db.fetchrow("SELECT id FROM accounts WHERE id = $1", key.account_id) is None:
         raise UnknownAccount(key.account_id)
     db.execute(
-        "INSERT INTO api_keys (id, key_hash, account_id, products, rpm, tpm, max_streams, created_at) "
-        "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        "INSERT INTO api_keys (id, key_hash, account_id, products, rpm, tpm, max_streams, created_at, name, "
+        "expires_at, spend_cap_micros, spend_cap_period) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         key.id, key_hash, key.account_id,
         None if key.products is None else orjson.dumps(list(key.products)).decode(),
-        key.rpm, key.tpm, key.max_streams, key.created_at,
+        key.rpm, key.tpm, key.max_streams, key.created_at, key.name, key.expires_at,
+        key.spend_cap_micros, None if key.spend_cap_micros is None else key.spend_cap_period or "total",
     )  # fmt: skip
 
 
-def _key_by_hash(db: Executor, key_hash: str) -> ApiKey | None:
-    row = db.fetchrow("SELECT * FROM api_keys WHERE key_hash = $1", key_hash)
-    if row is None:
-        return None
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _key(row: Row, grace_until: float | None = None) -> ApiKey:
     products = row["products"]
+    cap = row["spend_cap_micros"]
     return ApiKey(
         id=row["id"],
         account_id=row["account_id"],
@@ -322,7 +423,86 @@ def _key_by_hash(db: Executor, key_hash: str) -> ApiKey | None:
         tpm=row["tpm"],
         max_streams=row["max_streams"],
         created_at=float(row["created_at"]),
+        name=row["name"],
+        expires_at=_opt_float(row["expires_at"]),
+        revoked_at=_opt_float(row["revoked_at"]),
+        last_used_at=_opt_float(row["last_used_at"]),
+        spend_cap_micros=None if cap is None else int(cap),
+        spend_cap_period=row["spend_cap_period"],
+        spend_micros=int(row["spend_micros"]),
+        spend_period=int(row["spend_period"]),
+        grace_until=grace_until,
     )
+
+
+_KEY_BY_HASH = (
+    "SELECT k.*, NULL AS grace_until FROM api_keys k WHERE k.key_hash = $1 "
+    "UNION ALL SELECT k.*, g.valid_until AS grace_until FROM api_key_grace g "
+    "JOIN api_keys k ON k.id = g.key_id WHERE g.key_hash = $1"
+)
+
+
+def _key_by_hash(db: Executor, key_hash: str) -> ApiKey | None:
+    row = db.fetchrow(_KEY_BY_HASH, key_hash)
+    return None if row is None else _key(row, _opt_float(row["grace_until"]))
+
+
+def _keys_page(db: Executor, account_id: str | None, limit: int, after: str | None) -> list[ApiKey]:
+    args: list[Any] = []
+    where: list[str] = []
+    if account_id is not None:
+        args.append(account_id)
+        where.append(f"account_id = ${len(args)}")
+    if after is not None:
+        row = db.fetchrow("SELECT created_at FROM api_keys WHERE id = $1", after)
+        if row is None:
+            return []
+        args.extend((row["created_at"], after))
+        t, i = len(args) - 1, len(args)
+        where.append(f"(created_at < ${t} OR (created_at = ${t} AND id < ${i}))")
+    sql = "SELECT * FROM api_keys" + (" WHERE " + " AND ".join(where) if where else "")
+    sql += f" ORDER BY created_at DESC, id DESC LIMIT {max(1, min(limit, 1000))}"
+    return [_key(r) for r in db.fetch(sql, *args)]
+
+
+def _revoke_key(db: Executor, key_id: str, now: float) -> ApiKey:
+    row = db.fetchrow(
+        "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1 RETURNING *", key_id, now
+    )
+    if row is None:
+        raise UnknownKey(key_id)
+    return _key(row)
+
+
+def _rotate_key(db: Executor, key_id: str, new_hash: str, old_valid_until: float, now: float) -> ApiKey:
+    row = db.fetchrow("SELECT key_hash, revoked_at FROM api_keys WHERE id = $1", key_id)
+    if row is None:
+        raise UnknownKey(key_id)
+    if row["revoked_at"] is not None:
+        raise KeyRevoked(key_id)
+    old_hash = row["key_hash"]
+    # compare and swap: of two rotations at once, the second finds the hash changed
+    updated = db.fetchrow(
+        "UPDATE api_keys SET key_hash = $2 WHERE id = $1 AND key_hash = $3 AND revoked_at IS NULL RETURNING *",
+        key_id, new_hash, old_hash,
+    )  # fmt: skip
+    if updated is None:  # revoked, or rotated by another call, since the SELECT
+        raise KeyChanged(key_id)
+    db.execute("DELETE FROM api_key_grace WHERE key_id = $1 AND valid_until <= $2", key_id, now)
+    if old_valid_until > now:
+        db.execute(
+            "INSERT INTO api_key_grace (key_hash, key_id, valid_until) VALUES ($1, $2, $3)",
+            old_hash, key_id, old_valid_until,
+        )  # fmt: skip
+    return _key(updated)
+
+
+def _touch_keys(db: Executor, used: Mapping[str, float]) -> None:
+    for key_id, at in sorted(used.items()):  # one order, so two replicas never deadlock
+        db.execute(
+            "UPDATE api_keys SET last_used_at = $2 WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < $2)",
+            key_id, at,
+        )  # fmt: skip
 
 
 def _usage_page(
@@ -546,23 +726,42 @@ class SqlStore:
 
     # -- ledger -----------------------------------------------------------------------
 
-    async def create_account(self, account_id: str, credit_micros: int, now: float) -> Account:
+    async def create_account(
+        self, account_id: str, credit_micros: int, now: float, *, audit: AuditEntry | None = None
+    ) -> Account:
         if credit_micros < 0:
             raise ValueError("credit cannot be negative")
         try:
             return await self._run(
-                _create_account, account_id, credit_micros, now, self._seal(os.urandom(24).hex())
+                _with_audit,
+                audit,
+                _create_account,
+                account_id,
+                credit_micros,
+                now,
+                self._seal(os.urandom(24).hex()),
             )
         except IntegrityError:
             raise AccountExists(account_id) from None
 
-    async def credit(self, account_id: str, amount_micros: int, now: float, memo: str = "") -> Account:
+    async def credit(
+        self,
+        account_id: str,
+        amount_micros: int,
+        now: float,
+        memo: str = "",
+        *,
+        audit: AuditEntry | None = None,
+    ) -> Account:
         if amount_micros <= 0:
             raise ValueError("a credit must be positive")
-        return await self._run(_credit, account_id, amount_micros, now, memo)
+        return await self._run(_with_audit, audit, _credit, account_id, amount_micros, now, memo)
 
     async def account(self, account_id: str) -> Account | None:
         return await self._read(_account, account_id)
+
+    async def accounts_page(self, *, limit: int, after: str | None) -> Sequence[Account]:
+        return await self._read(_accounts_page, limit, after)
 
     async def webhook_secret(self, account_id: str) -> str | None:
         def get(db: Executor) -> str | None:
@@ -576,11 +775,27 @@ class SqlStore:
             raise ValueError("a hold cannot be negative")
         await self._run(_place_hold, hold)
 
-    async def settle(self, hold_id: str, charge_micros: int, usage: UsageRecord | None, now: float) -> Hold:
-        return await self._run(_close_hold, hold_id, "settled", charge_micros, usage, None, now)
+    async def settle(
+        self,
+        hold_id: str,
+        charge_micros: int,
+        usage: UsageRecord | None,
+        now: float,
+        *,
+        audit: AuditEntry | None = None,
+    ) -> Hold:
+        if audit is None:
+            return await self._run(_close_hold, hold_id, "settled", charge_micros, usage, None, now)
+        return await self._run(
+            _with_audit, audit, _close_hold, hold_id, "settled", charge_micros, usage, None, now
+        )
 
-    async def release(self, hold_id: str, usage: UsageRecord | None, now: float) -> Hold:
-        return await self._run(_close_hold, hold_id, "released", 0, usage, None, now)
+    async def release(
+        self, hold_id: str, usage: UsageRecord | None, now: float, *, audit: AuditEntry | None = None
+    ) -> Hold:
+        if audit is None:
+            return await self._run(_close_hold, hold_id, "released", 0, usage, None, now)
+        return await self._run(_with_audit, audit, _close_hold, hold_id, "released", 0, usage, None, now)
 
     async def to_reconciling(self, hold_id: str, usage: UsageRecord | None, note: str, now: float) -> Hold:
         return await self._run(_close_hold, hold_id, "reconciling", 0, usage, note, now)
@@ -610,11 +825,49 @@ class SqlStore:
 
     # -- keys -------------------------------------------------------------------------
 
-    async def create_key(self, key: ApiKey, key_hash: str) -> None:
-        await self._run(_create_key, key, key_hash)
+    async def create_key(self, key: ApiKey, key_hash: str, *, audit: AuditEntry | None = None) -> None:
+        await self._run(_with_audit, audit, _create_key, key, key_hash)
 
     async def key_by_hash(self, key_hash: str) -> ApiKey | None:
         return await self._read(_key_by_hash, key_hash)
+
+    async def key(self, key_id: str) -> ApiKey | None:
+        def get(db: Executor) -> ApiKey | None:
+            row = db.fetchrow("SELECT * FROM api_keys WHERE id = $1", key_id)
+            return None if row is None else _key(row)
+
+        return await self._read(get)
+
+    async def keys_page(self, account_id: str | None, *, limit: int, after: str | None) -> Sequence[ApiKey]:
+        return await self._read(_keys_page, account_id, limit, after)
+
+    async def revoke_key(self, key_id: str, now: float, *, audit: AuditEntry | None = None) -> ApiKey:
+        return await self._run(_with_audit, audit, _revoke_key, key_id, now)
+
+    async def rotate_key(
+        self,
+        key_id: str,
+        new_hash: str,
+        old_valid_until: float,
+        now: float,
+        *,
+        audit: AuditEntry | None = None,
+    ) -> ApiKey:
+        return await self._run(_with_audit, audit, _rotate_key, key_id, new_hash, old_valid_until, now)
+
+    async def touch_keys(self, used: Mapping[str, float]) -> None:
+        if used:
+            await self._run(_touch_keys, dict(used))
+
+    # -- audit log --------------------------------------------------------------------
+
+    async def add_audit(self, entry: AuditEntry) -> None:
+        await self._run(_add_audit, entry)
+
+    async def audit_page(
+        self, *, action: str | None, target: str | None, limit: int, after: str | None
+    ) -> Sequence[AuditEntry]:
+        return await self._read(_audit_page, action, target, limit, after)
 
     # -- usage ------------------------------------------------------------------------
 

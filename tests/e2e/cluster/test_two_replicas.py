@@ -6,7 +6,8 @@ One product of two slots. The tests show that the replicas act as one exchange:
 orders sent alternately to both are admitted in global bid order, never more than
 two generations run, a replica killed with SIGKILL while holding slots loses them
 within its lease and the other replica's waiting orders proceed, money is
-conserved across both, and a key's rate limits hold across both.
+conserved across both, a key's rate limits hold across both, and a key revoked on
+one is refused by both within a second.
 """
 
 from __future__ import annotations
@@ -434,3 +435,36 @@ def test_a_dead_replicas_detached_job_is_resumed_by_the_other(cluster: Cluster) 
     led = c.ledger(1)
     _ledger_balanced(led)
     assert led["holds_micros"] == 0, led
+
+
+def _refused_after(url: str, key: str, since: float, within_s: float) -> float:
+    """Call ``url`` with ``key`` until it answers 401; how long after ``since`` the first
+    refused call started (fails once calls that started ``within_s`` after it still pass)."""
+    while True:
+        started = time.monotonic()
+        r = httpx.get(url + "/v1/account", headers={"authorization": f"Bearer {key}"}, timeout=30)
+        if r.status_code == 401:
+            assert r.json()["error"]["message"] == "This API key was revoked.", r.text
+            return started - since
+        assert r.status_code == 200, r.text
+        assert started - since < within_s, f"{url} still accepted the revoked key {started - since:.2f} s on"
+        time.sleep(0.02)
+
+
+def test_a_revoked_key_is_refused_on_both_replicas_within_a_second(cluster: Cluster) -> None:
+    key = cluster.new_key("acme")
+    r = cluster.admin("GET", "/admin/keys", params={"account": "acme", "limit": "1"})
+    key_id = r.json()["data"][0]["id"]
+    for i in (0, 1):  # each replica has the key in its cache now
+        assert (
+            httpx.get(cluster.urls[i] + "/v1/account", headers={"authorization": f"Bearer {key}"}).status_code
+            == 200
+        )
+    r = cluster.admin("POST", f"/admin/keys/{key_id}/revoke", replica=0, json={"reason": "leaked"})
+    assert r.status_code == 200, r.text
+    revoked = time.monotonic()
+    took = [_refused_after(cluster.urls[i], key, revoked, within_s=1.0) for i in (1, 0)]
+    assert all(t < 1.0 for t in took), took
+    audit = cluster.admin("GET", "/admin/audit", replica=1, params={"target": key_id}).json()["data"]
+    assert [e["action"] for e in audit] == ["key.revoke", "key.create"]
+    assert audit[0]["detail"] == {"reason": "leaked"}

@@ -61,7 +61,7 @@ def _admin(url: str, method: str, path: str, **kw: Any) -> httpx.Response:
 
 def _cli(url: str, *args: str) -> tuple[int, Any, str]:
     p = subprocess.run(
-        [sys.executable, "-m", "bourse", "admin", "--url", url, "--admin-key", ADMIN_KEY, *args],
+        [sys.executable, "-m", "bourse", "admin", "--json", "--url", url, "--admin-key", ADMIN_KEY, *args],
         capture_output=True,
         timeout=60,
         env={k: v for k, v in os.environ.items() if not k.startswith("BOURSE_")},
