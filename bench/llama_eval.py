@@ -5,8 +5,8 @@ built-in ``gemma-3-270m`` product as shipped in ``default.toml``).
     .venv/bin/python -m bench.llama_eval [--chat-format NAME] [--threads 2] [--show]
 
 The prompts and their expected keywords are ``tests/e2e/local/prompts.json``; an
-answer is correct when it holds any one of its keywords as a whole word, whatever
-the case. Generation is greedy (temperature 0) and short (``max_tokens`` 32), so the
+answer is correct when it holds any one of its keywords as a whole word (or its
+plural), whatever the case. Generation is greedy (temperature 0) and short (``max_tokens`` 32), so the
 share is the same on every run. tests/e2e/local/test_answers.py runs the same
 evaluation (:func:`evaluate`) against an in-process gateway.
 """
@@ -60,8 +60,9 @@ def load_prompts(path: Path = PROMPTS) -> list[Prompt]:
 
 
 def is_correct(text: str, expect: tuple[str, ...]) -> bool:
-    """Whether ``text`` holds one of ``expect`` as a whole word (case-insensitive)."""
-    return any(re.search(rf"(?<!\w){re.escape(k)}(?!\w)", text, re.IGNORECASE) for k in expect)
+    """Whether ``text`` holds one of ``expect`` as a whole word, or its plural (-s, -es),
+    whatever the case."""
+    return any(re.search(rf"(?<!\w){re.escape(k)}(?:e?s)?(?!\w)", text, re.IGNORECASE) for k in expect)
 
 
 def echoes(text: str, question: str) -> bool:
@@ -82,7 +83,9 @@ def ask(client: httpx.Client, base: str, prompt: Prompt, model: str = MODEL) -> 
     return Answer(prompt, text, is_correct(text, prompt.expect), echoes(text, prompt.question))
 
 
-def evaluate(base: str, api_key: str, model: str = MODEL, prompts: list[Prompt] | None = None) -> list[Answer]:
+def evaluate(
+    base: str, api_key: str, model: str = MODEL, prompts: list[Prompt] | None = None
+) -> list[Answer]:
     """Every prompt, in order, through the gateway at ``base`` (…/v1)."""
     with httpx.Client(timeout=120, headers={"authorization": f"Bearer {api_key}"}) as client:
         return [ask(client, base, p, model) for p in prompts or load_prompts()]
