@@ -10,8 +10,8 @@ import tomllib
 from collections.abc import Iterator
 
 import pytest
-
 from bench.llama_eval import Answer, evaluate, shipped_config
+
 from bourse.settings import parse_config
 from tests.support.gateway import running_gateway
 
