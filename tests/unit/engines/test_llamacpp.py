@@ -1,18 +1,21 @@
 """The llamacpp engine's own logic with a scripted stand-in for the model: the worker's
 messages, stop strings, limits, token counts, chunk shapes, failures and the slot's
-release on cancel. The real model is driven in tests/e2e/local."""
+release on cancel; the chat formats (the base model's few-shot frame, llama-cpp-python's
+templates); llama.cpp's log lines and their levels. The real model is driven in
+tests/e2e/local."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import pytest
 
-from bourse.engines.llamacpp import LlamaCppEngine
+from bourse.engines.llamacpp import BASE_SHOTS, LlamaCppEngine, _LlamaLog, base_prompt, chat_format
 from bourse.ports.engine import (
     ChunkEvent,
     Engine,
@@ -67,9 +70,11 @@ class FakeLlama:
             self.closed.set()
 
 
-async def _started(monkeypatch: pytest.MonkeyPatch, n_ctx: int = 64) -> tuple[LlamaCppEngine, FakeLlama]:
+async def _started(
+    monkeypatch: pytest.MonkeyPatch, n_ctx: int = 64, chat_format: str = "gemma"
+) -> tuple[LlamaCppEngine, FakeLlama]:
     fake = FakeLlama()
-    engine = LlamaCppEngine("model.gguf", n_ctx=n_ctx, name="tiny")
+    engine = LlamaCppEngine("model.gguf", n_ctx=n_ctx, name="tiny", chat_format=chat_format)
     monkeypatch.setattr(engine, "_load", lambda path, vocab_only: fake)
     await engine.start()
     return engine, fake
@@ -267,3 +272,142 @@ async def test_before_start_a_generation_is_a_transient_failure() -> None:
     with pytest.raises(EngineFailure) as info:
         await _run(engine, _request({"prompt": "x"}))
     assert info.value.transient and info.value.status == 503
+
+
+# -- the base model's chat format -------------------------------------------------------
+
+SHOTS = "".join(f"Q: {q}\nA: {a}\n\n" for q, a in BASE_SHOTS)
+
+
+def test_the_base_format_asks_the_question_after_worked_examples_and_the_system_text() -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": [{"type": "text", "text": "What is the capital of France? "}]},
+    ]
+    assert base_prompt(messages) == SHOTS + "Answer briefly.\n\nQ: What is the capital of France?\nA:"
+
+
+def test_the_base_format_carries_the_conversation_as_questions_and_answers() -> None:
+    messages = [
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Red."},
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Another?"},
+    ]
+    assert base_prompt(messages) == SHOTS + "Q: Name a colour.\nA: Red.\n\nBe brief.\n\nQ: Another?\nA:"
+    # a conversation that ends with an answer asks for another answer
+    assert base_prompt(messages[:2]).endswith("Q: Name a colour.\nA: Red.\n\nA:")
+
+
+def test_a_llama_cpp_chat_format_by_name_and_an_unknown_name_refused() -> None:
+    gemma = chat_format("gemma")
+    assert gemma.render([{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]) == (
+        "<start_of_turn>user\nS\n\nhi<end_of_turn>\n<start_of_turn>model\n"
+    )
+    assert (
+        chat_format("llama-3").render([{"role": "user", "content": "hi"}]).startswith("<|start_header_id|>")
+    )
+    assert "<|im_start|>user\nhi<|im_end|>" in chat_format("chatml").render(
+        [{"role": "user", "content": "hi"}]
+    )
+    with pytest.raises(ValueError, match=r"unknown chat_format 'gema' \(known: base, .*chatml.*gemma"):
+        chat_format("gema")
+
+
+async def test_an_unknown_chat_format_leaves_the_engine_broken(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine, _ = await _started(monkeypatch, chat_format="gema")
+    try:
+        assert not engine.loaded
+        assert engine.broken is not None and "unknown chat_format 'gema'" in engine.broken
+    finally:
+        await engine.aclose()
+
+
+@pytest.fixture
+async def base_engine(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[LlamaCppEngine, FakeLlama]]:
+    engine, fake = await _started(monkeypatch, n_ctx=512, chat_format="base")
+    try:
+        yield engine, fake
+    finally:
+        await engine.aclose()
+
+
+def _chat(question: str, **body: Any) -> GenerationRequest:
+    return _request({"messages": [{"role": "user", "content": question}], **body}, kind="chat")
+
+
+def _content(chunks: list[ChunkEvent]) -> str:
+    return "".join(c.chunk["choices"][0]["delta"].get("content", "") for c in chunks)
+
+
+@pytest.mark.parametrize(
+    ("script", "tokens"),
+    [
+        ([b" Paris", b".", b"\n", b"\n", b"Q: more"], 4),
+        ([b" Paris", b".", b"\nQ", b":", b" more"], 4),
+        ([b" Paris", b".\n\nA", b" rambling"], 2),
+    ],
+    ids=["blank-line", "next-question", "blank-line-inside-a-token"],
+)
+async def test_a_base_answer_ends_at_the_next_question_or_a_blank_line(
+    base_engine: tuple[LlamaCppEngine, FakeLlama], script: list[bytes], tokens: int
+) -> None:
+    engine, fake = base_engine
+    fake.script = [*script, b"never", EOS]
+    chunks, usages = await _run(engine, _chat("What is the capital of France?"))
+    assert _content(chunks) == "Paris."  # the space after "A:" is not part of the answer
+    assert chunks[0].chunk["choices"][0]["delta"] == {"role": "assistant", "content": "Paris"}
+    assert chunks[-1].chunk["choices"][0]["finish_reason"] == "stop"
+    assert usages[0].completion_tokens == tokens  # up to the token that completed the stop string
+    request = _chat("What is the capital of France?")
+    assert usages[0].prompt_tokens == await engine.count_prompt_tokens("chat", request.body)
+    assert usages[0].prompt_tokens == len(base_prompt(request.body["messages"]).split()) + 1  # + BOS
+
+
+async def test_a_base_answer_that_opens_with_whitespace_is_shown_from_its_first_word(
+    base_engine: tuple[LlamaCppEngine, FakeLlama],
+) -> None:
+    engine, fake = base_engine
+    fake.script = [b" ", b" \t", b" Blue", b" sky", EOS]
+    chunks, usages = await _run(engine, _chat("What colour is the sky?"))
+    assert _content(chunks) == "Blue sky"
+    assert [c.tokens for c in chunks] == [3, 1]  # the whitespace tokens ride on the first word
+    assert usages[0].completion_tokens == 4
+
+
+async def test_the_base_frame_stops_apply_to_chat_only_and_beside_the_request_s_own(
+    base_engine: tuple[LlamaCppEngine, FakeLlama],
+) -> None:
+    engine, fake = base_engine
+    fake.script = [b" a", b"\n\n", b"b", EOS]
+    text, _ = await _run(engine, _request({"prompt": "x"}))
+    assert "".join(_texts(text)) == " a\n\nb"  # a plain completion is left as the model wrote it
+    fake.script = [b" one", b" two", b" three", EOS]
+    chunks, _ = await _run(engine, _chat("Count.", stop=" three"))
+    assert _content(chunks) == "one two"
+
+
+# -- llama.cpp's log lines ----------------------------------------------------------------
+
+
+def test_llama_cpp_log_lines_are_debug_except_errors_and_are_logged_whole(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lines = _LlamaLog()
+    with caplog.at_level(logging.DEBUG, logger="bourse.llamacpp"):
+        lines(2, "llama_model_loader: - kv   0: general.architecture str = gemma3\n")  # INFO
+        lines(3, "load: control-looking token: 212 '</s>' was not control-type\n")  # WARN
+        lines(1, "init_tokenizer: initializing tokenizer for type 1\n")  # DEBUG
+        lines(2, "load_tensors: loading")
+        for piece in (".", ".", " done\n"):
+            lines(5, piece)  # CONT: the rest of the line before
+        lines(4, "llama_model_load: error loading model: bad magic\n")  # ERROR
+        lines(5, "second line of the error\n")
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.DEBUG, "llama_model_loader: - kv   0: general.architecture str = gemma3"),
+        (logging.DEBUG, "load: control-looking token: 212 '</s>' was not control-type"),
+        (logging.DEBUG, "init_tokenizer: initializing tokenizer for type 1"),
+        (logging.DEBUG, "load_tensors: loading.. done"),
+        (logging.WARNING, "llama_model_load: error loading model: bad magic"),
+        (logging.WARNING, "second line of the error"),
+    ]
