@@ -38,12 +38,13 @@ from bourse.storage.sql import SqlStore
 log = logging.getLogger("bourse")
 
 
-def build_engine(product: str, dep: DeploymentConfig) -> tuple[Engine, str]:
+def build_engine(product: str, dep: DeploymentConfig, context_length: int = 8192) -> tuple[Engine, str]:
     """The engine of one deployment and the model name it expects in requests."""
     if dep.engine == "sim":
         from bourse.engines.sim import SimEngine, SimSettings
 
-        return SimEngine(SimSettings.from_mapping(dep.sim_settings()), model_name=product), product
+        settings = SimSettings.from_mapping({**dep.sim_settings(), "context_length": context_length})
+        return SimEngine(settings, model_name=product), product
     if dep.engine == "llamacpp":
         from bourse.engines.llamacpp import LlamaCppEngine
 
@@ -238,7 +239,7 @@ def build(
         market_engines: dict[str, Engine] = {}
         for i, dconf in enumerate(pconf.deployments):
             name = deployment_name(pname, i, dconf)
-            engine, model = build_engine(pname, dconf)
+            engine, model = build_engine(pname, dconf, pconf.context_length)
             engines[name] = market_engines[name] = engine
             models[name] = model
             deployments.append(
