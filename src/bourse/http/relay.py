@@ -60,6 +60,10 @@ OnDone = Callable[[int, dict[str, str], bytes | None], Awaitable[None]]
 """Called once with the final status, headers and body (None: no answer to keep)."""
 
 
+def _data_frame(chunk: dict[str, Any]) -> bytes:
+    return b"data: %b\n\n" % orjson.dumps(chunk)
+
+
 def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     return [(k.encode(), v.encode()) for k, v in headers.items()]
 
@@ -278,14 +282,13 @@ class RunResponse:
         self._last = loop.time()
         self._arm()
         events = run.events()
-        dumps = orjson.dumps
-        shaped = self._hold_terminal or run.policy.split_role_and_finish
+        frame_of = self._framer()
         together: list[bytes] = []  # frames of chunks that arrived with the next one
         try:
             async for ev in events:
                 if type(ev) is ChunkEvent:
                     if not self._gone:
-                        frame = self._shaped(ev.chunk) if shaped else b"data: %b\n\n" % dumps(ev.chunk)
+                        frame = frame_of(ev.chunk)
                         if not frame:  # held back
                             continue
                         if ev.more:
@@ -300,13 +303,7 @@ class RunResponse:
                         self._sending = False
                         self._last = loop.time()
                 elif type(ev) is Finished:
-                    self._stop_ticking()
-                    if not self._gone:
-                        tail = self._tail(ev)
-                        if together:  # not expected: an engine's last chunk says no ``more``
-                            tail = b"".join(together) + tail
-                            together.clear()
-                        await send({"type": "http.response.body", "body": tail, "more_body": False})
+                    await self._end(send, ev, together)
                 elif type(ev) is Queued:
                     if not self._gone:
                         await send(_body(sse.comment(f"queued bid={sse.fmt_price(ev.bid)}")))
@@ -317,6 +314,23 @@ class RunResponse:
         finally:
             self._stop_ticking()
             await events.aclose()
+
+    async def _end(self, send: Send, fin: Finished, together: list[bytes]) -> None:
+        """The last write: frames still together (not expected: an engine's last chunk
+        says no ``more``), then the tail."""
+        self._stop_ticking()
+        if self._gone:
+            return
+        tail = self._tail(fin)
+        if together:
+            tail = b"".join(together) + tail
+            together.clear()
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    def _framer(self) -> Callable[[dict[str, Any]], bytes]:
+        """How a chunk becomes its frames: as it is, or shaped by the policy (:meth:`_shaped`)."""
+        shapes = self._hold_terminal or self.run.policy.split_role_and_finish
+        return self._shaped if shapes else _data_frame
 
     def _shaped(self, chunk: dict[str, Any]) -> bytes:
         """The frames of ``chunk`` under the policy: split (role, content, finish), and

@@ -493,15 +493,7 @@ class Run:
                             chunk["model"] = product
                             chunk["created"] = created
                             if chat:
-                                for choice in chunk["choices"]:
-                                    delta = choice.get("delta")
-                                    if delta is not None:
-                                        if other in delta:
-                                            delta[target] = delta.pop(other)
-                                        if delta.get(target):
-                                            self.reasoning_tokens += _reasoning_count(
-                                                delta[target], ev.tokens
-                                            )
+                                self.reasoning_tokens += _renamed_reasoning(chunk, target, other, ev.tokens)
                             if self.phase is not streaming:
                                 self._first_output()
                             self.tokens += ev.tokens
@@ -688,6 +680,20 @@ def _reasoning_details(usage: dict[str, Any], relayed: int) -> None:
     if not (isinstance(given, int) and given > 0):
         details["reasoning_tokens"] = relayed
     usage["completion_tokens_details"] = details
+
+
+def _renamed_reasoning(chunk: dict[str, Any], target: str, other: str, tokens: int) -> int:
+    """Rename the reasoning field ``other`` of each choice's delta to ``target``; the
+    reasoning tokens the chunk carries (of its ``tokens``)."""
+    reasoning = 0
+    for choice in chunk["choices"]:
+        delta = choice.get("delta")
+        if delta is not None:
+            if other in delta:
+                delta[target] = delta.pop(other)
+            if delta.get(target):
+                reasoning += _reasoning_count(delta[target], tokens)
+    return reasoning
 
 
 def _reasoning_count(text: Any, tokens: int) -> int:

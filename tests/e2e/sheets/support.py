@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,6 +78,23 @@ def run_sample(name: str, env: Env, namespace: dict[str, Any] | None = None) -> 
         else:
             os.environ["OPENFILL_API_KEY"] = saved
     return out.getvalue()
+
+
+def raw_events(raw: bytes) -> list[bytes]:
+    """The stream's events read by hand from its bytes (not the project's parser): each
+    event's text up to its blank line, comments left out."""
+    events = [e for e in raw.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
+    return [e for e in events if not e.startswith(b":")]
+
+
+def raw_data(raw: bytes) -> list[Any]:
+    """The ``data:`` payload of each event (one line each), JSON-decoded; ``[DONE]`` as the string."""
+    out: list[Any] = []
+    for e in raw_events(raw):
+        assert e.startswith(b"data: ") and b"\n" not in e, e
+        payload = e[len(b"data: ") :]
+        out.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
+    return out
 
 
 @contextmanager

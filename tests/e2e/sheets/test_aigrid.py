@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import Env, assert_error_envelope, collect_sse
-from tests.e2e.sheets.support import AIGRID, ONE_SLOT, run_sample, slot_held
+from tests.e2e.sheets.support import AIGRID, ONE_SLOT, raw_data, run_sample, slot_held
 
 FAIL_AFTER_3 = {"fail_after_tokens": 3, "output_tokens": 10}
 
@@ -34,6 +34,8 @@ def test_the_terminal_chunk_carries_the_last_choice_and_the_usage(env: Env) -> N
     assert last["usage"]["completion_tokens"] == len(chunks), last
     assert last["usage"]["cost_micros"] > 0 and last["receipt"]["outcome"] == "completed", last
     assert all("usage" not in c for c in chunks[:-1])
+    events = raw_data(res.raw)
+    assert events[-1] == "[DONE]" and all(e["choices"] for e in events[:-1]), events
 
 
 def test_the_invocation_id_is_a_header_and_every_frame_id(env: Env) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.e2e.conftest import Env, assert_error_envelope, collect_sse
-from tests.e2e.sheets.support import ONE_SLOT, slot_held
+from tests.e2e.sheets.support import ONE_SLOT, raw_data, slot_held
 
 FAIL_AFTER_3 = {"fail_after_tokens": 3, "output_tokens": 10}
 HI = [{"role": "user", "content": "hi"}]
@@ -34,6 +34,8 @@ def test_the_sample_stream_shape(env: Env) -> None:
     usage = chunks[5]
     assert usage["choices"] == [] and usage["usage"]["cost"] > 0, usage
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    # read by hand: one data line per event, in the sample's order
+    assert raw_data(res.raw) == [*chunks, "[DONE]"]
 
 
 def test_reasoning_and_tool_calls_keep_the_shape(env: Env) -> None:

@@ -5,6 +5,7 @@ nothing, and a failure as one ``data:`` line holding the error envelope, without
 from __future__ import annotations
 
 from tests.e2e.conftest import Env, collect_sse
+from tests.e2e.sheets.support import raw_data
 
 FAIL_AFTER_3 = {"fail_after_tokens": 3, "output_tokens": 10}
 
@@ -31,7 +32,8 @@ def test_failure_is_one_data_line_holding_the_envelope_without_done(env: Env) ->
     assert data == ["data", "data", "data", "error"], res.kinds()
     assert set(res.chunks[-1]) == {"error"}
     assert set(res.chunks[-1]["error"]) == {"message", "type", "param", "code"}
-    assert res.raw.rstrip().endswith(b"}"), res.raw[-200:]
+    events = raw_data(res.raw)
+    assert events[-1] == res.chunks[-1] and "[DONE]" not in events, events
 
 
 def test_failure_with_include_usage_is_still_the_envelope_alone(env: Env) -> None:

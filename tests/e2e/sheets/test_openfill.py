@@ -6,7 +6,7 @@ streamed, in band when streamed)."""
 from __future__ import annotations
 
 from tests.e2e.conftest import Env, assert_error_envelope, collect_sse
-from tests.e2e.sheets.support import OPENFILL, run_sample
+from tests.e2e.sheets.support import OPENFILL, raw_data, run_sample
 
 FAIL_AFTER_3 = {"fail_after_tokens": 3, "output_tokens": 10}
 LONG_PROMPT = [{"role": "user", "content": "word " * 9000}]
@@ -28,6 +28,7 @@ def test_error_frame_is_the_envelope_exactly_then_done(env: Env) -> None:
     frame = res.chunks[-1]
     assert set(frame) == {"error"}, frame
     assert set(frame["error"]) == {"message", "type", "param", "code"}, frame
+    assert raw_data(res.raw)[-2:] == [frame, "[DONE]"]
 
 
 def test_a_prompt_longer_than_the_context_is_refused_by_the_model(env: Env) -> None:
