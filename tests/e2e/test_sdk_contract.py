@@ -13,11 +13,13 @@ from contextlib import contextmanager
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.conftest import ENGINE_KINDS, USER, Dep, Env, Product, collect_sse, open_sse, start_env
 from tests.e2e.money.support import new_caller, read_until
 
 SLOW = {"tokens_per_s": 20, "output_tokens": 400}
+HI: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 REASONING_TOKENS = 6  # bourse.engines.sim.REASONING_TOKENS
 
 
@@ -82,7 +84,7 @@ def test_a_book_timeout_is_not_resubmitted_by_the_sdk(env: Env) -> None:
     with _one_held(env), pytest.raises(openai.APIStatusError) as info:
         t0 = time.monotonic()
         try:
-            client.chat.completions.create(model="one", messages=USER, extra_body={"timeout": 0.3})
+            client.chat.completions.create(model="one", messages=HI, extra_body={"timeout": 0.3})
         finally:
             took = time.monotonic() - t0
             client.close()
