@@ -47,13 +47,17 @@ from bourse.storage.sql import SqlStore
 log = logging.getLogger("bourse")
 
 
-def build_engine(product: str, dep: DeploymentConfig, name: str | None = None) -> tuple[Engine, str]:
-    """The engine of one deployment (``name``: the deployment's, for its log lines) and
-    the model name it expects in requests."""
+def build_engine(
+    product: str, dep: DeploymentConfig, name: str | None = None, context_length: int = 8192
+) -> tuple[Engine, str]:
+    """The engine of one deployment (``name``: the deployment's, for its log lines;
+    ``context_length``: the product's, which the sim engine enforces) and the model
+    name it expects in requests."""
     if dep.engine == "sim":
         from bourse.engines.sim import SimEngine, SimSettings
 
-        return SimEngine(SimSettings.from_mapping(dep.sim_settings()), model_name=product), product
+        settings = SimSettings.from_mapping({**dep.sim_settings(), "context_length": context_length})
+        return SimEngine(settings, model_name=product), product
     if dep.engine == "llamacpp":
         from bourse.engines.llamacpp import LlamaCppEngine
 
@@ -260,7 +264,7 @@ def build(
         market_engines: dict[str, Engine] = {}
         for i, dconf in enumerate(pconf.deployments):
             name = deployment_name(pname, i, dconf)
-            engine, model = build_engine(pname, dconf, name)
+            engine, model = build_engine(pname, dconf, name, pconf.context_length)
             engines[name] = market_engines[name] = engine
             models[name] = model
             deployments.append(

@@ -49,6 +49,9 @@ def env(request: pytest.FixtureRequest) -> Iterator[Env]:
 
 
 def test_error_after_output_is_error_frame_then_done(env: Env) -> None:
+    """The default error frame: the chunk's identity and the error, no ``choices`` (a frame
+    with ``choices`` is read as a chunk by the AI SDK's openai provider, which then drops
+    the error; tests/clients)."""
     body = {"model": "p", "seed": 2, "sim": {"fail_after_tokens": 3, "output_tokens": 10}}
     res = collect_sse(env, body)
     assert res.status == 200
@@ -59,7 +62,7 @@ def test_error_after_output_is_error_frame_then_done(env: Env) -> None:
     assert frame["id"] == rid
     assert frame["model"] == "p"
     assert frame["object"] == "chat.completion.chunk"
-    assert frame["choices"] == [{"index": 0, "delta": {}, "finish_reason": "error"}]
+    assert set(frame) == {"id", "object", "created", "model", "error"}, frame
     err = frame["error"]
     assert err["code"] == "upstream_error"
     assert isinstance(err["message"], str) and err["message"]
@@ -117,21 +120,21 @@ def test_legacy_completion_error_after_output(env: Env) -> None:
     assert kinds == ["data", "data", "error", "DONE"], res.kinds()
     frame = res.chunks[-1]
     assert frame["id"] == res.headers["x-request-id"]
-    assert frame["choices"][0]["finish_reason"] == "error"
+    assert frame["object"] == "text_completion" and "choices" not in frame, frame
     assert frame["error"]["code"] == "upstream_error"
 
 
 def test_non_streamed_error_after_output_is_http_502(env: Env) -> None:
-    """The in-process engine fails after output: final, no requeue. The openai engine asked
-    its upstream for one answer, so the upstream's failure (HTTP 502) comes before any output
-    reached the gateway: transient, requeued up to max_requeues (3), then the same 502."""
+    """The engine fails after output: final, no requeue. The openai engine asked its
+    upstream for one answer, so the upstream says the failure with HTTP 502 (it ran the
+    request and failed): final too, the engines agree (tests/e2e/test_sdk_contract.py)."""
     started = env.stats("late-a")["started"]
     r = env.post(
         "/v1/chat/completions",
         {"model": "late", "messages": USER, "seed": 2, "sim": {"fail_after_tokens": 3}},
     )
     assert_error_envelope(r, 502, "upstream_error")
-    assert env.stats("late-a")["started"] - started == (1 if env.kind == "sim" else 4)
+    assert env.stats("late-a")["started"] - started == 1
 
 
 # -- 7. failure before output: requeue ----------------------------------------------------------
@@ -195,5 +198,5 @@ def test_all_deployments_failing_streamed_is_in_band_error(env: Env) -> None:
     assert kinds[-2:] == ["error", "DONE"], kinds
     frame = res.chunks[-1]
     assert frame["error"]["code"] in ("upstream_error", "no_capacity")
-    assert frame["choices"][0]["finish_reason"] == "error"
+    assert "choices" not in frame, frame
     assert frame["id"] == res.headers["x-request-id"]

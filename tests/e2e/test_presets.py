@@ -34,7 +34,8 @@ def env(request: pytest.FixtureRequest) -> Iterator[Env]:
                 "policy": "default",
                 "usage_chunk": "always",
                 "done_after_error": False,
-                "error_finish_reason": False,
+                "error_frame": "envelope",
+                "error_finish_reason": True,
                 "reasoning_field": "reasoning",
                 "on_disconnect": "drain",
             },
@@ -85,10 +86,10 @@ def _reasoning_chunks(res: Any) -> list[dict[str, Any]]:
 # -- default, for contrast ------------------------------------------------------------------------
 
 
-def test_default_error_frame_has_finish_reason_then_done(env: Env) -> None:
+def test_default_error_frame_is_the_error_without_choices_then_done(env: Env) -> None:
     res = collect_sse(env, {"model": "def", "seed": 2, "sim": FAIL_AFTER_3})
     assert _data_kinds(res.kinds()) == ["data", "data", "data", "error", "DONE"]
-    assert res.chunks[-1]["choices"][0]["finish_reason"] == "error"
+    assert set(res.chunks[-1]) == {"id", "object", "created", "model", "error"}, res.chunks[-1]
 
 
 def test_default_usage_chunk_only_when_asked_and_receipt_named_receipt(env: Env) -> None:
@@ -180,12 +181,14 @@ def test_openfill_usage_chunk_is_opt_in(env: Env) -> None:
 # -- aigrid -------------------------------------------------------------------------------------
 
 
-def test_aigrid_usage_chunk_without_asking(env: Env) -> None:
+def test_aigrid_usage_without_asking_on_the_terminal_chunk(env: Env) -> None:
     res = collect_sse(env, {"model": "aigrid", "seed": 2})
-    usage_chunks = [c for c in res.chunks if c.get("choices") == []]
-    assert len(usage_chunks) == 1
+    assert all(c.get("choices") for c in res.chunks), res.kinds()
+    usage_chunks = [c for c in res.chunks if "usage" in c]
+    assert usage_chunks == [res.chunks[-1]]
     assert usage_chunks[0]["usage"]["completion_tokens"] == len(res.content_chunks)
-    assert res.kinds()[-2:] == ["usage", "DONE"]
+    assert usage_chunks[0]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert res.kinds()[-1] == "DONE"
 
 
 def test_aigrid_disconnect_drains_the_engine(env: Env) -> None:
@@ -205,7 +208,8 @@ def test_gopuram_usage_chunk_without_asking(env: Env) -> None:
 
 def test_gopuram_reasoning_arrives_as_reasoning(env: Env) -> None:
     res = collect_sse(env, {"model": "gopuram", "seed": 2, "sim": {"reasoning": True}})
-    deltas = _reasoning_chunks(res)
+    assert res.content_chunks[0]["choices"][0]["delta"] == {"role": "assistant"}  # the role alone first
+    deltas = [c["choices"][0]["delta"] for c in res.content_chunks[1 : REASONING_TOKENS + 1]]
     assert all(d.get("reasoning") for d in deltas), deltas
     for c in res.content_chunks:
         assert "reasoning_content" not in c["choices"][0]["delta"], c
@@ -228,7 +232,7 @@ def test_gopuram_error_frame_has_finish_reason_then_done(env: Env) -> None:
     assert kinds[-2:] == ["error", "DONE"], res.kinds()
     frame = res.chunks[-1]
     assert frame["choices"] == [{"index": 0, "delta": {}, "finish_reason": "error"}]
-    assert frame["error"]["code"] == "upstream_error"
+    assert frame["error"]["code"] == "provider_error" and frame["error"]["type"] == "api_error"
 
 
 def test_gopuram_disconnect_cancels(env: Env) -> None:
@@ -242,7 +246,8 @@ def test_knobs_override_the_preset(env: Env) -> None:
     err = collect_sse(env, {"model": "knobs", "seed": 2, "sim": FAIL_AFTER_3})
     assert _data_kinds(err.kinds())[-1] == "error"
     assert "DONE" not in err.kinds()
-    assert set(err.chunks[-1]) == {"error"}
+    assert set(err.chunks[-1]) == {"choices", "error"}
+    assert err.chunks[-1]["choices"][0]["finish_reason"] == "error"
     ok = collect_sse(env, {"model": "knobs", "seed": 2, "sim": {"reasoning": True}})
     assert ok.kinds()[-2:] == ["usage", "DONE"]
     assert all(d.get("reasoning") for d in _reasoning_chunks(ok))

@@ -10,14 +10,15 @@ outcome               charged (when something was made)   missing usage may reco
 ``completed``         always                              yes
 ``disconnected``      policy ``charge_on_disconnect``     yes
 ``canceled``          policy ``charge_on_disconnect``     yes
-``error``             policy ``charge_on_error``          no
+``error``             policy ``charge_on_error``          yes
 ``timeout``           never                               no
 ====================  ==================================  ==========================
 
 A run that produced nothing is never charged, whatever its outcome. "Missing usage
 may reconcile": when the engine gave no usage (the gateway counted the tokens) and
 the policy says ``missing_usage = "reconcile"``, the hold goes to ``reconciling``
-instead of being settled on the gateway's count.
+instead of being settled on the gateway's count (or released): an engine that
+stopped mid-answer without its usage block leaves the charge to the operator.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ CHARGING: dict[Outcome, tuple[ChargedWhen, bool]] = {
     "completed": ("always", True),
     "disconnected": ("charge_on_disconnect", True),
     "canceled": ("charge_on_disconnect", True),
-    "error": ("charge_on_error", False),
+    "error": ("charge_on_error", True),
     "timeout": ("never", False),
 }
 

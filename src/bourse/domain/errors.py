@@ -37,6 +37,8 @@ _TYPES: dict[int, str] = {
     502: "upstream_error",
     503: "service_unavailable",
 }
+_RETRIED = frozenset({429, 500, 502, 503})
+"""The statuses a client may send again as they are (unless the error says otherwise)."""
 
 
 class GatewayError(Exception):
@@ -53,6 +55,7 @@ class GatewayError(Exception):
         param: str | None = None,
         error_type: str | None = None,
         headers: dict[str, str] | None = None,
+        retry: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -60,7 +63,9 @@ class GatewayError(Exception):
         self.message = message
         self.param = param
         self.error_type = error_type or _TYPES.get(status, "server_error")
-        self.headers = headers or {}
+        should = status in _RETRIED if retry is None else retry
+        self.headers = {"x-should-retry": "true" if should else "false", **(headers or {})}
+        """The answer's own headers: ``x-should-retry`` always, ``retry-after`` and the like."""
 
     def envelope(self) -> dict[str, object]:
         """The OpenAI error object (the value of the ``error`` key)."""

@@ -5,8 +5,9 @@ request it sends (the gateway's body, streamed with usage when the client stream
 a client that asked for one answer, one non-streamed upstream answer, handed on as one
 chunk whose ``delta`` is the message, then its usage), the mapping of
 upstream statuses and error envelopes to :class:`EngineFailure` (transient before
-any output for connect errors, timeouts, 5xx and 429; a refusal such as a context
-length error is final), and the stream's three steps: connect (send, status, first
+any output for connect errors, timeouts, 5xx and 429, except a non-streamed answer
+that the upstream ran and failed, 500 or 502; a refusal such as a context length
+error is final), and the stream's three steps: connect (send, status, first
 bytes), parse (the project's SSE parser, on the hot path, hands each upstream chunk on
 as it arrives and keeps the upstream's usage aside) and finish (``[DONE]`` seen, the
 usage as a :class:`UsageEvent`). Closing the generator closes the upstream response, so the
@@ -44,6 +45,11 @@ _DONE = b"[DONE]"
 _MESSAGE_MAX = 300
 _TRANSIENT_CLIENT_STATUSES = frozenset({401, 403, 404, 408, 429})
 """4xx answers that say the deployment is wrong or busy, not that the request is."""
+_FAILED_ANSWER_STATUSES = frozenset({500, 502})
+"""Answers to a non-streamed request that say the upstream ran the generation and it
+failed, perhaps after some output: final, as a failure after output is in a stream
+(the ``sim`` engine answers the same at once). 503, 504 and 429 say that it did not
+run it (busy, unavailable, timed out): transient."""
 
 
 def _error_details(error: object) -> tuple[str, str | None, str | None]:
@@ -198,9 +204,11 @@ class OpenAIHTTPEngine(Engine):
     request to the first bytes of the answer body, including the wait for a free
     connection (a failure there is transient); ``read_timeout_s`` bounds each silence
     after that. A non-streamed answer arrives only once it is generated: its wait
-    (connection, request, the whole answer) is bounded by the larger of the two, and a
-    failure or timeout before it is complete is transient (no output was relayed), so
-    the gateway requeues it.
+    (connection, request, the whole answer) is bounded by the larger of the two; a
+    connection failure, a timeout or an upstream that says it did not run the request
+    (429, 503, ...) is transient (no output was relayed), so the gateway requeues it,
+    while an upstream that ran it and failed (500, 502) is final, as the failure of a
+    stream after output is.
 
     It has nothing to load: the port's defaults for ``start``, ``loaded`` and
     ``broken`` apply (an unreachable upstream shows per request, as a transient failure).
@@ -268,12 +276,19 @@ class OpenAIHTTPEngine(Engine):
             text = text.replace(self._api_key, "***")
         return text
 
-    def _status_failure(self, status: int, content: bytes) -> EngineFailure:
+    def _status_failure(self, status: int, content: bytes, *, answer: bool = False) -> EngineFailure:
+        """The failure an error status says; ``answer``: the request asked for one
+        non-streamed answer (see ``_FAILED_ANSWER_STATUSES``)."""
         try:
             parsed: object = orjson.loads(content)
         except orjson.JSONDecodeError:
             parsed = content.decode("utf-8", "replace").strip()
         message, code, error_type = _error_details(parsed)
+        if answer and status in _FAILED_ANSWER_STATUSES:
+            detail = f": {message}" if message else ""
+            return EngineFailure(
+                self._scrub(f"upstream failed the answer (HTTP {status}){detail}"), transient=False
+            )
         if status >= 500 or status < 400 or status in _TRANSIENT_CLIENT_STATUSES:
             detail = f": {message}" if message else ""
             return EngineFailure(self._scrub(f"upstream answered HTTP {status}{detail}"), transient=True)
@@ -386,7 +401,7 @@ class OpenAIHTTPEngine(Engine):
             async with asyncio.timeout(timeout_s):
                 response = await self._post(request, body, json=json)
                 if not 200 <= response.status < 300:
-                    raise self._status_failure(response.status, await response.read())
+                    raise self._status_failure(response.status, await response.read(), answer=json)
                 return response, await (response.read() if json else response.content.readany())
         except BaseException as exc:
             if response is not None:

@@ -31,6 +31,7 @@ from bourse.ports.engine import (
     EngineEvent,
     EngineFailure,
     GenerationRequest,
+    Kind,
     UsageEvent,
 )
 from bourse.wire.chunks import stream_chunk
@@ -69,6 +70,10 @@ class SimSettings:
     """Emit ``reasoning_content`` tokens before the answer (chat only)."""
     output_tokens: int | None = None
     """Force the answer's natural length (content tokens) instead of the seeded one."""
+    context_length: int = 8192
+    """The engine's context window: a prompt of as many tokens or more (as the sim counts
+    them) is refused as an OpenAI-compatible server refuses it (400,
+    ``context_length_exceeded``). The gateway sets its product's ``context_length``."""
 
     @classmethod
     def from_mapping(cls, mapping: object) -> SimSettings:
@@ -93,6 +98,7 @@ _FIELD_RULES: dict[str, tuple[str, float]] = {
     "tool_call": ("bool", 0),
     "reasoning": ("bool", 0),
     "output_tokens": ("int?", 1),
+    "context_length": ("int", 1),
 }
 
 
@@ -214,6 +220,29 @@ def _answer(settings: SimSettings, chat: bool, body: Mapping[str, Any]) -> tuple
     return pieces, finish_reason
 
 
+def _check_context(settings: SimSettings, kind: Kind, body: Mapping[str, Any]) -> None:
+    """Refuse a prompt that leaves no room in the context window, in the words of an
+    OpenAI-compatible server (a final failure: another attempt would meet it again)."""
+    n = count_prompt_tokens(kind, body)
+    if n >= settings.context_length:
+        what = "messages" if kind == "chat" else "prompt"
+        raise EngineFailure(
+            f"This model's maximum context length is {settings.context_length} tokens. However, your "
+            f"{what} resulted in {n} tokens. Please reduce the length of the {what}.",
+            transient=False,
+            status=400,
+            code="context_length_exceeded",
+            error_type="invalid_request_error",
+        )
+
+
+def _details(pieces: list[Any]) -> dict[str, Any]:
+    """The usage details of an answer: its reasoning tokens, when it has any (as OpenAI
+    reports them in ``completion_tokens_details``)."""
+    reasoning = sum(1 for p in pieces if isinstance(p, dict) and "reasoning_content" in p)
+    return {"completion_tokens_details": {"reasoning_tokens": reasoning}} if reasoning else {}
+
+
 async def _before_output(settings: SimSettings, attempt: int) -> None:
     """The wait for the first chunk, and the scripted failure before any output."""
     if settings.ttft_ms > 0:
@@ -272,6 +301,7 @@ class SimEngine(Engine):
         try:
             body = request.body
             settings = self._settings_for(body)
+            _check_context(settings, request.kind, body)
             pieces, finish_reason = _answer(settings, request.kind == "chat", body)
             await _before_output(settings, request.attempt)
             kind, request_id, model = request.kind, request.request_id, self.model_name
@@ -295,7 +325,7 @@ class SimEngine(Engine):
                 )
                 yield ChunkEvent(chunk, 1)
             if not settings.omit_usage:
-                yield UsageEvent(count_prompt_tokens(request.kind, body), len(pieces))
+                yield UsageEvent(count_prompt_tokens(request.kind, body), len(pieces), _details(pieces))
         except (GeneratorExit, asyncio.CancelledError):
             if not finished:
                 stats["cancelled"] += 1

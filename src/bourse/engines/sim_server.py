@@ -66,6 +66,7 @@ def _usage_body(usage: UsageEvent) -> dict[str, Any]:
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        **usage.details,
     }
 
 

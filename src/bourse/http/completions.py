@@ -13,15 +13,16 @@ from typing import Any
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from bourse.domain.errors import GatewayError
 from bourse.http import idempotency
 from bourse.http.deps import Services, ServiceStore
 from bourse.http.edge import HotRoute, read_body, serve
 from bourse.http.relay import OnDone, RunResponse
-from bourse.http.responses import JSON
+from bourse.http.responses import JSON, error_response
 from bourse.ports.engine import Kind
 from bourse.ports.stores import StoredResponse
 from bourse.services.auth import Principal
-from bourse.wire.requests import parse_body, validate
+from bourse.wire.requests import ChatCompletionRequest, CompletionRequest, parse_body, validate
 
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
@@ -98,6 +99,28 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
         raw = await read_body(receive, head.length, limit)
         body = parse_body(raw)
         req = validate(kind, body)
+        market = completions.markets.get(req.model)
+        if market is None:
+            return await answer(kind, head, principal, body, raw, req, rid, t0)
+        # the product's policy names the request id from here on, errors included
+        policy = market.policy
+        rid = policy.request_id(rid)
+        try:
+            return await answer(kind, head, principal, body, raw, req, rid, t0)
+        except GatewayError as exc:
+            return error_response(exc, rid, policy.id_headers(rid))
+
+    async def answer(
+        kind: Kind,
+        head: _Head,
+        principal: Principal,
+        body: dict[str, Any],
+        raw: bytes,
+        req: ChatCompletionRequest | CompletionRequest,
+        rid: str,
+        t0: float,
+    ) -> ASGIApp:
+        """Idempotency, then the job or the run's response."""
         account, idem = principal.account_id, head.idempotency_key
         replay = await idempotency.begin(services, account, idem, kind, raw)
         if replay is not None:

@@ -50,6 +50,7 @@ async def begin(services: Services, account: str, key: str | None, scope: str, r
             409,
             "idempotency_conflict",
             "A request with this Idempotency-Key is still in flight; retry later.",
+            retry=True,
         )
     if begun.state == "done" and begun.response is not None:
         r = begun.response

@@ -16,7 +16,9 @@ A streamed request also has a timer for the quiet-interval frames of SPEC sectio
 short task in the group only to write such a frame.
 
 The per-chunk path is: rewrite (done by the run) -> ``orjson.dumps`` -> one
-``send``. Nothing waits: chunks that reached the engine together (one upstream read;
+``send``. A policy may shape the chunks first (:meth:`RunResponse._shaped`): the role
+and the ``finish_reason`` on chunks of their own, or the terminal chunk (the one with
+the ``finish_reason``) held back to carry the usage once settled. Nothing waits: chunks that reached the engine together (one upstream read;
 the engine marks all but the last with ``more``) go out together in one ``send``,
 which saves a write per chunk and delays none. The relay only reads the run's
 state; it tells the run that the client left (:meth:`Run.client_gone`).
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
@@ -35,7 +38,14 @@ from bourse.domain.errors import GatewayError
 from bourse.ports.engine import ChunkEvent
 from bourse.services.completion import Finished, Phase, Queued, Requeued, Run
 from bourse.wire import sse
-from bourse.wire.chunks import Aggregator, error_frame, usage_chunk
+from bourse.wire.chunks import (
+    Aggregator,
+    error_frame,
+    has_finish,
+    split_role_and_finish,
+    terminal_chunk,
+    usage_chunk,
+)
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -48,6 +58,14 @@ log = logging.getLogger("bourse.relay")
 
 OnDone = Callable[[int, dict[str, str], bytes | None], Awaitable[None]]
 """Called once with the final status, headers and body (None: no answer to keep)."""
+
+
+def _data_frame(chunk: dict[str, Any]) -> bytes:
+    return b"data: %b\n\n" % orjson.dumps(chunk)
+
+
+def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode(), v.encode()) for k, v in headers.items()]
 
 
 def _body(data: bytes) -> Message:
@@ -72,6 +90,8 @@ class RunResponse:
         "_closing",
         "_gone",
         "_group",
+        "_held",
+        "_hold_terminal",
         "_interval",
         "_last",
         "_loop",
@@ -79,6 +99,7 @@ class RunResponse:
         "_sending",
         "_ticking",
         "_timer",
+        "_waiting",
         "on_done",
         "run",
         "started",
@@ -97,6 +118,10 @@ class RunResponse:
         self._timer: asyncio.TimerHandle | None = None
         self._ticking: asyncio.Task[None] | None = None
         self._group: asyncio.TaskGroup | None = None
+        self._waiting = sse.comment(run.market.policy.waiting_comment)
+        self._hold_terminal = run.include_usage and run.market.policy.usage_on_last_choice
+        self._held: dict[str, Any] | None = None
+        """The terminal chunk, held back to carry the usage (policy ``usage_on_last_choice``)."""
         # True once the response head is sent: a failure after it cannot become an error response
         self.started = False
 
@@ -147,7 +172,7 @@ class RunResponse:
             f"This Idempotency-Key was used for a streamed request ({rid}); a stream cannot be replayed. "
             f"Its receipt is at GET /v1/usage/{rid}.",
         )
-        return {"content-type": "application/json", "x-request-id": rid}, orjson.dumps(
+        return {"content-type": "application/json", **self.run.policy.id_headers(rid)}, orjson.dumps(
             {"error": err.envelope()}
         )
 
@@ -198,7 +223,7 @@ class RunResponse:
         if phase is Phase.QUEUED and run.order is not None:
             frame = None  # the level and position are asked of the book first
         elif phase is Phase.ADMITTED:
-            frame = sse.WAITING
+            frame = self._waiting
         elif phase is Phase.STREAMING:
             frame = sse.KEEP_ALIVE
         else:
@@ -247,7 +272,11 @@ class RunResponse:
     async def _stream(self, send: Send) -> None:
         run = self.run
         loop = asyncio.get_running_loop()
-        headers = [*_SSE_HEADERS, (b"x-request-id", run.request_id.encode()), *self._money_headers(None)]
+        headers = [
+            *_SSE_HEADERS,
+            *_encoded(run.policy.id_headers(run.request_id)),
+            *self._money_headers(None),
+        ]
         self.started = True
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         self._loop = loop
@@ -256,13 +285,15 @@ class RunResponse:
         self._last = loop.time()
         self._arm()
         events = run.events()
-        dumps = orjson.dumps
+        frame_of = self._framer()
         together: list[bytes] = []  # frames of chunks that arrived with the next one
         try:
             async for ev in events:
                 if type(ev) is ChunkEvent:
                     if not self._gone:
-                        frame = b"data: %b\n\n" % dumps(ev.chunk)
+                        frame = frame_of(ev.chunk)
+                        if not frame:  # held back
+                            continue
                         if ev.more:
                             together.append(frame)
                             continue
@@ -275,13 +306,7 @@ class RunResponse:
                         self._sending = False
                         self._last = loop.time()
                 elif type(ev) is Finished:
-                    self._stop_ticking()
-                    if not self._gone:
-                        tail = self._tail(ev)
-                        if together:  # not expected: an engine's last chunk says no ``more``
-                            tail = b"".join(together) + tail
-                            together.clear()
-                        await send({"type": "http.response.body", "body": tail, "more_body": False})
+                    await self._end(send, ev, together)
                 elif type(ev) is Queued:
                     if not self._gone:
                         await send(_body(sse.comment(f"queued bid={sse.fmt_price(ev.bid)}")))
@@ -293,35 +318,81 @@ class RunResponse:
             self._stop_ticking()
             await events.aclose()
 
-    def _tail(self, fin: Finished) -> bytes:
-        run = self.run
-        policy = run.market.policy
-        out = b""
-        if fin.error is not None:
-            if run.include_usage and fin.text_tokens:
-                out += self._usage_frame(fin)
-            frame = error_frame(
-                run.kind, run.request_id, run.product, run.created, fin.error, policy.error_finish_reason
-            )
-            out += sse.data_frame(orjson.dumps(frame))
-            if policy.done_after_error:
-                out += sse.DONE
-            return out
-        if run.include_usage:
-            out += self._usage_frame(fin)
-        return out + sse.DONE
+    async def _end(self, send: Send, fin: Finished, together: list[bytes]) -> None:
+        """The last write: frames still together (not expected: an engine's last chunk
+        says no ``more``), then the tail."""
+        self._stop_ticking()
+        if self._gone:
+            return
+        tail = self._tail(fin)
+        if together:
+            tail = b"".join(together) + tail
+            together.clear()
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    def _usage_frame(self, fin: Finished) -> bytes:
+    def _framer(self) -> Callable[[dict[str, Any]], bytes]:
+        """How a chunk becomes its frames: as it is, or shaped by the policy (:meth:`_shaped`)."""
+        shapes = self._hold_terminal or self.run.policy.split_role_and_finish
+        return self._shaped if shapes else _data_frame
+
+    def _shaped(self, chunk: dict[str, Any]) -> bytes:
+        """The frames of ``chunk`` under the policy: split (role, content, finish), and
+        the terminal chunk held back (a chunk held before is written first)."""
+        chunks = split_role_and_finish(chunk) if self.run.policy.split_role_and_finish else [chunk]
+        if self._held is not None:
+            chunks.insert(0, self._held)
+            self._held = None
+        if self._hold_terminal and has_finish(chunks[-1]):
+            self._held = chunks.pop()
+        return b"".join(sse.data_frame(orjson.dumps(c)) for c in chunks)
+
+    def _tail(self, fin: Finished) -> bytes:
+        """The frames after the last chunk: the usage (or the terminal chunk held back
+        for it), the error frame, ``[DONE]``, each as the policy says."""
         run = self.run
-        chunk = usage_chunk(
+        policy = run.policy
+        failed = fin.error is not None
+        with_usage = run.include_usage and (
+            not failed
+            or (policy.usage_before_error and (fin.text_tokens > 0 or policy.usage_chunk == "always"))
+        )
+        if with_usage:
+            out = self._usage_frame(fin)
+        else:
+            out = b"" if self._held is None else sse.data_frame(orjson.dumps(self._held))
+        self._held = None
+        if fin.error is None:
+            return out + sse.DONE
+        frame = error_frame(
             run.kind,
             run.request_id,
             run.product,
             run.created,
-            fin.usage,
-            run.market.policy.receipt_name,
-            fin.receipt,
+            fin.error,
+            shape=policy.error_frame,
+            fields=policy.error_fields,
+            finish_reason=policy.error_finish_reason,
         )
+        out += sse.data_frame(orjson.dumps(frame))
+        return out + sse.DONE if policy.done_after_error else out
+
+    def _usage_frame(self, fin: Finished) -> bytes:
+        run = self.run
+        policy = run.policy
+        if self._hold_terminal:  # on the terminal chunk
+            chunk = self._held or terminal_chunk(run.kind, run.request_id, run.product, run.created)
+            chunk["usage"] = fin.usage
+            chunk[policy.receipt_name] = fin.receipt
+        else:
+            chunk = usage_chunk(
+                run.kind,
+                run.request_id,
+                run.product,
+                run.created,
+                fin.usage,
+                policy.receipt_name,
+                fin.receipt,
+            )
         return sse.data_frame(orjson.dumps(chunk))
 
     # -- not streamed -------------------------------------------------------------
@@ -345,7 +416,7 @@ class RunResponse:
         rid = run.request_id
         headers = [
             (b"content-type", b"application/json"),
-            (b"x-request-id", rid.encode()),
+            *_encoded(run.policy.id_headers(rid)),
             *self._money_headers(fin),
         ]
         if fin.error is not None:

@@ -31,6 +31,8 @@ class JSON(Response):
         return orjson.dumps(content)
 
 
-def error_response(err: GatewayError, request_id: str) -> Response:
-    headers = {"x-request-id": request_id, **err.headers}
+def error_response(err: GatewayError, request_id: str, id_headers: dict[str, str] | None = None) -> Response:
+    """The error envelope with its headers; ``id_headers``: those that carry the request
+    id (default ``x-request-id`` alone)."""
+    headers = {**(id_headers or {"x-request-id": request_id}), **err.headers}
     return JSON({"error": err.envelope()}, status_code=err.status, headers=headers)

@@ -8,8 +8,8 @@ consume, for streamed and non-streamed answers alike::
 
     Queued -> (engine chunks ... | Requeued -> ...) -> Finished
 
-Chunks are the engine's own dicts with ``id``, ``model`` and the reasoning field
-rewritten in place; nothing is copied or buffered. Every run ends in exactly one
+Chunks are the engine's own dicts with ``id``, ``model``, ``created`` (one value
+per response: the request's arrival) and the reasoning field rewritten in place; nothing is copied or buffered. Every run ends in exactly one
 :class:`Finished` (or in an abandonment when its consumer stops), and every slot it
 took is given back exactly once. Only the run writes its own state: its consumers
 read ``phase``, ``tokens`` and ``order``, and tell it that the client left with
@@ -181,6 +181,7 @@ class CompletionService:
             raise draining()
         t0 = time.perf_counter() if t0 is None else t0
         ask = self.prepare(kind, body, req, max_price_header=max_price_header, timeout_header=timeout_header)
+        request_id = ask.market.policy.request_id(request_id)
         self.auth.check_product(principal, ask.market.product)
         prompt = measure_prompt(body)
         await self._check_fits(ask, prompt, fail_fast)
@@ -428,6 +429,7 @@ class Run:
         "prompt",
         "queued_ms",
         "quote",
+        "reasoning_tokens",
         "request_id",
         "service",
         "stream",
@@ -480,6 +482,8 @@ class Run:
         """The last admission's terms, kept after its slot is given back."""
         self.client_left = False
         self.tokens = 0
+        self.reasoning_tokens = 0
+        """Of ``tokens``, those the engine sent as reasoning."""
         self.ttft_ms: float | None = None
         self.queued_ms: float | None = None
         self._usage_event: UsageEvent | None = None
@@ -555,6 +559,7 @@ class Run:
         chat = self.kind == "chat"
         rid = self.request_id
         product = self.product
+        created = self.created
         streaming = Phase.STREAMING
         self._task = asyncio.current_task()
         try:
@@ -567,11 +572,9 @@ class Run:
                             chunk = ev.chunk
                             chunk["id"] = rid
                             chunk["model"] = product
+                            chunk["created"] = created
                             if chat:
-                                for choice in chunk["choices"]:
-                                    delta = choice.get("delta")
-                                    if delta is not None and other in delta:
-                                        delta[target] = delta.pop(other)
+                                self.reasoning_tokens += _renamed_reasoning(chunk, target, other, ev.tokens)
                             if self.phase is not streaming:
                                 self._first_output()
                             self.tokens += ev.tokens
@@ -648,7 +651,7 @@ class Run:
         assert order is not None and adm is not None
         if self.phase is Phase.STREAMING or not failure.transient:
             err = GatewayError(failure.status, failure.code, failure.message, error_type=failure.error_type)
-            return await self._settled("error", err)
+            return await self._settled("error", self._engine_error(err))
         if order.requeues < m.policy.max_requeues:
             self._fut = fut = await m.requeue(order, adm)
             self.admission = None
@@ -659,7 +662,16 @@ class Run:
                 return await self._settled("error", cooling)
             return Requeued(adm.deployment)
         m.report_failure(adm.deployment)
-        return await self._settled("error", m.failure_after_requeues(failure.message))
+        return await self._settled("error", self._engine_error(m.failure_after_requeues(failure.message)))
+
+    def _engine_error(self, err: GatewayError) -> GatewayError:
+        """An engine failure as the client sees it: the policy may name its code and type."""
+        code, error_type = self.policy.engine_error(err.code, err.error_type)
+        if (code, error_type) == (err.code, err.error_type):
+            return err
+        return GatewayError(
+            err.status, code, err.message, param=err.param, error_type=error_type, headers=err.headers
+        )
 
     async def _settled(self, outcome: Outcome, error: GatewayError | None) -> Finished:
         self._finish(outcome, error)
@@ -768,6 +780,8 @@ class Run:
                 "total_tokens": prompt + self.tokens,
                 "usage_estimated": True,
             }
+        if self.reasoning_tokens:
+            _reasoning_details(usage, self.reasoning_tokens)
         order, cleared = self.order, self.cleared
         usage["x_market"] = {
             "bid": self.bid,
@@ -779,3 +793,37 @@ class Run:
             "deployment": None if cleared is None else cleared.deployment,
         }
         return usage
+
+
+def _reasoning_details(usage: dict[str, Any], relayed: int) -> None:
+    """``completion_tokens_details.reasoning_tokens`` in ``usage``: the engine's own, else
+    the gateway's count of the reasoning it relayed (one token per reasoning chunk)."""
+    details = usage.get("completion_tokens_details")
+    details = dict(details) if isinstance(details, dict) else {}
+    given = details.get("reasoning_tokens")
+    if not (isinstance(given, int) and given > 0):
+        details["reasoning_tokens"] = relayed
+    usage["completion_tokens_details"] = details
+
+
+def _renamed_reasoning(chunk: dict[str, Any], target: str, other: str, tokens: int) -> int:
+    """Rename the reasoning field ``other`` of each choice's delta to ``target``; the
+    reasoning tokens the chunk carries (of its ``tokens``)."""
+    reasoning = 0
+    for choice in chunk["choices"]:
+        delta = choice.get("delta")
+        if delta is not None:
+            if other in delta:
+                delta[target] = delta.pop(other)
+            if delta.get(target):
+                reasoning += _reasoning_count(delta[target], tokens)
+    return reasoning
+
+
+def _reasoning_count(text: Any, tokens: int) -> int:
+    """The reasoning tokens of a chunk that carries ``tokens`` completion tokens: all of
+    them for a chunk of one token, else (a whole answer in one chunk) the text's UTF-8
+    bytes / 4 + 1, at most ``tokens``."""
+    if tokens <= 1 or not isinstance(text, str):
+        return tokens
+    return min(tokens, len(text.encode()) // 4 + 1)

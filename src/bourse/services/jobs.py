@@ -9,8 +9,9 @@ which start-up moved to ``reconciling``, is released and a new one placed, so th
 job is charged once. A draining gateway (SIGTERM) hands back the jobs it has not
 finished: each is stopped, its hold released without a usage record, and it is stored
 queued with no owner, for the next gateway to claim and run from the start. When a job ends, its webhook (if any) receives one signed POST,
-retried with capped, jittered exponential back-off (:mod:`bourse.retrying`). A
-sweeper drops results past ``expires_at``.
+retried with capped, jittered exponential back-off (:mod:`bourse.retrying`). A job
+that ended reads ``expired``, without its result, from ``expires_at`` on; the
+sweeper frees the stored results later.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import orjson
@@ -49,6 +50,8 @@ log = logging.getLogger("bourse.jobs")
 
 ENDPOINTS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 WEBHOOK_BACKOFF_CAP = 64
+_ENDED = FINAL_JOB_STATES - {"expired"}
+"""The states whose result is kept until ``expires_at``."""
 """The jittered share of the wait between two webhook attempts is at most this many ``webhook_backoff_s``."""
 
 
@@ -238,6 +241,8 @@ class JobService:
 
     async def view(self, job: Job) -> dict[str, Any]:
         act = self.active.get(job.id)
+        if job.status in _ENDED and time.time() >= job.expires_at:  # the sweeper has yet to come
+            job = replace(job, status="expired", result=None, error=None)
         status = job.status
         out: dict[str, Any] = {
             "id": job.id,

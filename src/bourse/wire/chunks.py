@@ -190,21 +190,67 @@ def usage_chunk(
     }
 
 
-def error_frame(
-    kind: str, request_id: str, model: str, created: int, error: GatewayError, with_finish_reason: bool
-) -> dict[str, Any]:
-    """The in-band error of SPEC section 6 (or the bare envelope when the policy says so)."""
-    if not with_finish_reason:
-        return {"error": error.envelope()}
-    if kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": "error"}
+def terminal_chunk(kind: str, request_id: str, model: str, created: int) -> dict[str, Any]:
+    """A chunk with an empty choice and no ``finish_reason``: the terminal chunk that
+    carries the usage when the engine sent none with a ``finish_reason`` (a failure)."""
+    return stream_chunk(kind, request_id, model, created, {} if kind == "chat" else "")
+
+
+def has_finish(chunk: dict[str, Any]) -> bool:
+    """The chunk carries a choice's ``finish_reason``."""
+    return any(choice.get("finish_reason") for choice in chunk.get("choices") or ())
+
+
+def split_role_and_finish(chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat chunk of one choice as the chunks OpenAI itself sends: the ``role`` alone
+    on a chunk of its own (``delta: {"role": …}``), the content, and the
+    ``finish_reason`` alone (``delta: {}``). ``chunk`` is changed in place."""
+    choices = chunk.get("choices")
+    if not choices or len(choices) != 1:
+        return [chunk]
+    choice = choices[0]
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return [chunk]
+    out: list[dict[str, Any]] = []
+    if "role" in delta and len(delta) > 1:
+        out.append(
+            {**chunk, "choices": [{**choice, "delta": {"role": delta.pop("role")}, "finish_reason": None}]}
+        )
+    finish = choice.get("finish_reason")
+    if finish and delta:
+        choice["finish_reason"] = None
+        out.append(chunk)
+        out.append({**chunk, "choices": [{**choice, "delta": {}, "finish_reason": finish}]})
     else:
-        choice = {"index": 0, "text": "", "finish_reason": "error"}
-    return {
-        "id": request_id,
-        "object": CHAT_CHUNK if kind == "chat" else TEXT,
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "error": error.envelope(),
-    }
+        out.append(chunk)
+    return out
+
+
+def error_frame(
+    kind: str,
+    request_id: str,
+    model: str,
+    created: int,
+    error: GatewayError,
+    *,
+    shape: str,
+    fields: tuple[str, ...],
+    finish_reason: bool,
+) -> dict[str, Any]:
+    """The in-band error of SPEC section 6 in a policy's shape
+    (:data:`bourse.domain.policy.ErrorFrame`): the error object with ``fields``, at the
+    top level beside the chunk's identity (``chunk``), alone (``envelope``) or with the
+    id (``envelope_id``); ``finish_reason`` adds a choice that ends with ``"error"``."""
+    envelope = error.envelope()
+    frame: dict[str, Any] = {}
+    if shape == "chunk":
+        frame = {"id": request_id, "object": CHAT_CHUNK if kind == "chat" else TEXT, "created": created,
+                 "model": model}  # fmt: skip
+    if finish_reason:
+        piece: dict[str, Any] = {"delta": {}} if kind == "chat" else {"text": ""}
+        frame["choices"] = [{"index": 0, **piece, "finish_reason": "error"}]
+    frame["error"] = {k: envelope[k] for k in fields if k in envelope}
+    if shape == "envelope_id":
+        frame["id"] = request_id
+    return frame

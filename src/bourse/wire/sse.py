@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 DONE = b"data: [DONE]\n\n"
 KEEP_ALIVE = b": keep-alive\n\n"
-WAITING = b": waiting\n\n"
 REQUEUED = b": requeued (transient backend failure), waiting\n\n"
 
 

@@ -754,8 +754,13 @@ async def test_a_non_streamed_completion_is_one_text_chunk() -> None:
 @pytest.mark.parametrize(
     ("status", "body", "transient", "code"),
     [
-        (500, b'{"error": {"message": "boom"}}', True, "upstream_error"),
+        # the upstream ran it and failed (perhaps after output): final, as the sim engine says
+        (500, b'{"error": {"message": "boom"}}', False, "upstream_error"),
+        (502, b'{"error": {"message": "failed after 3 tokens"}}', False, "upstream_error"),
+        # it did not run it: transient
         (503, b"busy", True, "upstream_error"),
+        (504, b"gateway timeout", True, "upstream_error"),
+        (429, b'{"error": {"message": "slow down"}}', True, "upstream_error"),
         (400, b'{"error": {"message": "too long", "code": "context_length_exceeded"}}', False,
          "context_length_exceeded"),
         (200, b'{"error": {"message": "overloaded", "type": "server_error"}}', True, "upstream_error"),

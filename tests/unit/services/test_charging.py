@@ -51,7 +51,7 @@ def test_nothing_produced_is_never_charged(preset: str, outcome: Outcome, estima
 def test_estimated_usage_reconciles_only_under_the_reconcile_policy(preset: str, outcome: Outcome) -> None:
     policy = PRESETS[preset]
     got = decide(outcome, policy, produced=True, usage_estimated=True)
-    if policy.missing_usage == "reconcile" and outcome in ("completed", "disconnected", "canceled"):
+    if policy.missing_usage == "reconcile" and outcome != "timeout":
         assert got == "reconcile"
     else:
         assert got == EXPECTED[preset][outcome]
@@ -65,9 +65,13 @@ def test_the_charge_knobs() -> None:
     assert decide("completed", no_disconnect, produced=True, usage_estimated=False) == "settle"
     on_error = replace(base, charge_on_error="generated")
     assert decide("error", on_error, produced=True, usage_estimated=False) == "settle"
-    # an estimated error is charged on the estimate: only an end without error may reconcile
+    # an engine that failed mid-answer without its usage leaves the charge to an operator
+    # (sheet 002: "a provider that stops mid-answer retains its reservation as Reconciling")
     reconcile = replace(on_error, missing_usage="reconcile")
-    assert decide("error", reconcile, produced=True, usage_estimated=True) == "settle"
+    assert decide("error", reconcile, produced=True, usage_estimated=True) == "reconcile"
+    assert decide("error", replace(base, missing_usage="reconcile"), produced=True, usage_estimated=True) == (
+        "reconcile"
+    )
     # a reconciling disconnect under charge_on_disconnect = none still waits for an operator
     assert (
         decide(

@@ -101,6 +101,8 @@ DIFFERENCES: dict[tuple[str, str], tuple[str, str]] = {
     ("aigrid", "estimated usage"): ("reconciling", RECONCILING),
     ("aigrid", "disconnected"): ("reconciling", RECONCILING),
     ("aigrid", "canceled"): ("reconciling", RECONCILING),
+    # and so is a provider that stopped mid-answer without its usage (sheet 002)
+    ("aigrid", "error"): ("reconciling", RECONCILING),
     # gopuram: a failure after output is charged for what was generated
     ("gopuram", "error"): ("error", SETTLED),
 }

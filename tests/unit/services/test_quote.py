@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -67,3 +69,37 @@ async def test_a_run_holds_its_quote(exchange: Exchange) -> None:
     assert run.quote.tokens == len(b"Tell me about the market.") + 8 + 8 + 8
     assert (await exchange.hold(run)).amount_micros == run.quote.micros == 10 * run.quote.tokens
     await run.abandon()
+
+
+ROOT = Path(__file__).parents[3]
+DOCUMENTED = {
+    # file: a pattern whose two groups are the allowance per message and per request
+    "docs/money.md": r"quote tokens = prompt bytes \+ (\d+) \u00d7 messages \+ (\d+) \+ output budget",
+    "docs/architecture.md": r"tokens\s+= prompt_bytes \+ (\d+) \u00d7 messages \+ (\d+) \+ max_output",
+    "README.md": r"(\d+) prompt bytes \+ (\d+) for the message\s+\+ (\d+) \+ `max_tokens` (\d+)\)",
+}
+
+
+@pytest.mark.parametrize("doc", ["docs/money.md", "docs/architecture.md"])
+async def test_the_documented_formula_is_the_real_hold(exchange: Exchange, doc: str) -> None:
+    """The formula as the docs write it, computed for a request, is what a real hold takes."""
+    text = (ROOT / doc).read_text()
+    found = re.search(DOCUMENTED[doc], text)
+    assert found is not None, f"{doc} no longer states the quote formula"
+    per_message, per_request = int(found[1]), int(found[2])
+    run = await exchange.open("default", max_tokens=8)
+    tokens = len(b"Tell me about the market.") + per_message * 1 + per_request + 8
+    hold = await exchange.hold(run)
+    assert hold.amount_micros == -(-tokens * 10_000_000 // 1_000_000), (doc, tokens, hold)
+    await run.abandon()
+
+
+def test_the_readme_example_is_the_formula() -> None:
+    """The README's worked example ("Hello", max_tokens 3 at 0.20): its parts and its
+    total are the formula's, and its hold is the quote the code computes."""
+    text = (ROOT / "README.md").read_text()
+    found = re.search(r"hold was (\d+) micro-USD \((\d+) tokens at the bid: " + DOCUMENTED["README.md"], text)
+    assert found is not None, "README.md no longer works the quote example"
+    held, total, nbytes, per_message, per_request, max_tokens = (int(g) for g in found.groups())
+    q = quote_for(PromptSize(nbytes, 1, 0), max_tokens, 0.20)
+    assert (q.tokens, q.micros) == (total, held) == (nbytes + per_message + per_request + max_tokens, held)

@@ -1,5 +1,5 @@
 """The response shapes the gateway builds itself (``bourse.wire.chunks``): the
-aggregated non-streamed answer, the usage chunk and the in-band error frame."""
+aggregated non-streamed answer and the usage chunk (the error frames: test_error_frames.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bourse.domain.errors import GatewayError
-from bourse.wire.chunks import CHAT, CHAT_CHUNK, TEXT, Aggregator, error_frame, usage_chunk
+from bourse.wire.chunks import CHAT, CHAT_CHUNK, TEXT, Aggregator, usage_chunk
 
 RID = "chatcmpl-abc"
 CREATED = 1_700_000_000
@@ -146,26 +146,3 @@ def test_usage_chunk_has_no_choices_and_the_named_receipt(kind: str, obj: str, n
 
 ERR = GatewayError(502, "upstream_error", "the engine failed")
 ENVELOPE = {"message": "the engine failed", "type": "upstream_error", "param": None, "code": "upstream_error"}
-
-
-@pytest.mark.parametrize("kind", ["chat", "completion"])
-def test_the_bare_error_frame_is_the_envelope_only(kind: str) -> None:
-    assert error_frame(kind, RID, "p", CREATED, ERR, with_finish_reason=False) == {"error": ENVELOPE}
-
-
-def test_the_chat_error_frame_is_a_chunk_with_finish_reason_error() -> None:
-    assert error_frame("chat", RID, "p", CREATED, ERR, with_finish_reason=True) == {
-        "id": RID,
-        "object": CHAT_CHUNK,
-        "created": CREATED,
-        "model": "p",
-        "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}],
-        "error": ENVELOPE,
-    }
-
-
-def test_the_legacy_error_frame_has_an_empty_text() -> None:
-    frame = error_frame("completion", RID, "p", CREATED, ERR, with_finish_reason=True)
-    assert frame["object"] == TEXT
-    assert frame["choices"] == [{"index": 0, "text": "", "finish_reason": "error"}]
-    assert frame["error"] == ENVELOPE

@@ -13,7 +13,6 @@ from bourse.wire.sse import (
     DONE,
     KEEP_ALIVE,
     REQUEUED,
-    WAITING,
     Event,
     SSEParser,
     comment,
@@ -38,7 +37,6 @@ def test_data_frame_and_comment_are_one_line_and_a_blank_line() -> None:
 def test_the_fixed_frames() -> None:
     assert data_frame(b"[DONE]") == DONE
     assert comment("keep-alive") == KEEP_ALIVE
-    assert comment("waiting") == WAITING
     assert comment("requeued (transient backend failure), waiting") == REQUEUED
 
 
