@@ -138,6 +138,15 @@ class ServerConfig(_Strict):
     """Cap on a client's ``timeout``."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"
+    """``json``: one object per line (docs/operating.md shows both)."""
+    access_log: bool = True
+    """One line per finished request, at INFO."""
+    metrics: bool = True
+    """``GET /metrics`` (Prometheus); off: 404 and nothing counted."""
+    tracing: bool = False
+    """OpenTelemetry spans over OTLP/HTTP to ``otlp_endpoint`` (needs the ``otel`` extra)."""
+    otlp_endpoint: str = Field(default="http://127.0.0.1:4318/v1/traces", pattern=r"^https?://")
     header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     """Time a client has to send a request's line and headers, from its first byte; then
     it gets 408 and the connection is closed (slow-header clients, "slowloris")."""

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from bourse.domain.errors import GatewayError, internal_error
 from bourse.http import account, admin, completions, jobs, market
@@ -50,6 +50,13 @@ def create_app(services: Services) -> HotRouter:
             {"status": "ready" if ready else "unready", "products": products},
             status_code=200 if ready else 503,
         )
+
+    async def metrics(request: Request) -> Response:
+        scraped = await services.observer.scrape(request.headers.get("accept"))
+        if scraped is None:
+            raise GatewayError(404, "not_found", "Metrics are off here ([server] metrics = false).")
+        body, content_type = scraped
+        return Response(body, headers={"content-type": content_type, "cache-control": "no-store"})
 
     async def on_gateway_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GatewayError)
@@ -95,5 +102,18 @@ def create_app(services: Services) -> HotRouter:
         *admin.routes(services),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ]
-    return HotRouter(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), hot)
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    return HotRouter(app, hot, services.observer, route_templates(routes))
+
+
+def route_templates(routes: Sequence[BaseRoute]) -> dict[Any, str]:
+    """Each route's endpoint -> its path template (what the observer labels requests with)."""
+    out: dict[Any, str] = {}
+    for r in routes:
+        if isinstance(r, Route):
+            out[r.endpoint] = r.path
+        elif isinstance(r, Mount):
+            out[r.app] = r.path + "/*"
+    return out

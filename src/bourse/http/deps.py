@@ -8,6 +8,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from bourse.domain.errors import invalid_request
+from bourse.ports.observer import Observer
 from bourse.ports.stores import IdempotencyStore, UsageStore
 from bourse.services.accounts import AdminService
 from bourse.services.auth import Authenticator
@@ -37,6 +38,8 @@ class Services(Protocol):
     def max_body_bytes(self) -> int: ...
     @property
     def idempotency_ttl_s(self) -> float: ...
+    @property
+    def observer(self) -> Observer: ...
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from bourse.domain.errors import GatewayError
 from bourse.http.edge import HotRoute, HotRouter, read_body
 from bourse.http.responses import JSON
+from bourse.ports.observer import Caller
 
 pytestmark = pytest.mark.anyio
 
@@ -83,15 +84,16 @@ def _starlette() -> Starlette:
     )
 
 
-Opener = Callable[[Scope, Receive, str], Awaitable[ASGIApp]]
+Opener = Callable[[Scope, Receive, Caller], Awaitable[ASGIApp]]
 
 
 def _router(open_: Opener) -> HotRouter:
     return HotRouter(_starlette(), {"/v1/hot": HotRoute("chat", open_)})
 
 
-async def _ok(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
+async def _ok(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
     body = await read_body(receive, None, 1024)
+    rid = caller.request_id
     return JSON({"rid": rid, "echo": orjson.loads(body)}, request_id=rid)
 
 
@@ -132,7 +134,7 @@ async def test_lifespan_and_other_scopes_go_to_starlette() -> None:
 
 
 async def test_a_gateway_error_is_its_envelope_with_the_request_id() -> None:
-    async def refuse(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
+    async def refuse(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
         raise GatewayError(402, "insufficient_funds", "no money", headers={"x-extra": "1"})
 
     status, headers, body = await _call(_router(refuse), "POST", "/v1/hot")
@@ -144,7 +146,7 @@ async def test_a_gateway_error_is_its_envelope_with_the_request_id() -> None:
 
 
 async def test_a_crash_is_a_logged_500_envelope_without_a_trace(caplog: pytest.LogCaptureFixture) -> None:
-    async def crash(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
+    async def crash(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
         raise RuntimeError("secret internals")
 
     with caplog.at_level(logging.ERROR, logger="bourse.http"):
@@ -170,7 +172,7 @@ class _Failing:
 
 
 async def test_a_response_failing_before_its_head_becomes_a_500_envelope() -> None:
-    async def opener(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
+    async def opener(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
         return _Failing(after_start=False)
 
     status, headers, body = await _call(_router(opener), "POST", "/v1/hot")
@@ -180,7 +182,7 @@ async def test_a_response_failing_before_its_head_becomes_a_500_envelope() -> No
 
 
 async def test_a_response_failing_after_its_head_propagates_to_the_server() -> None:
-    async def opener(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
+    async def opener(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
         return _Failing(after_start=True)
 
     with pytest.raises(RuntimeError, match="relay failed"):
