@@ -1,16 +1,19 @@
 """The access log: one line per finished request, at INFO, on the ``bourse.access`` logger.
 
-A run's line carries its request id, the client's correlation id (its own
-``x-request-id``), the API key's public id (never the secret), the product, the
-deployment, the outcome, the status, the tokens, the cost, the bid, the cleared
-price, the time to the first token, the latency and the requeues. A request refused
-before the book carries what was known by then; any other HTTP request its method,
-route, status and latency (health checks and scrapes at DEBUG).
+A run's line carries the fields of its :class:`~bourse.ports.observer.RunReport`:
+its request id, the client's correlation id (its own ``x-request-id``), the API
+key's public id (never the secret), the product, the deployment, the outcome, the
+status, the tokens, the cost, the bid, the cleared price, the time to the first
+token, the latency and the requeues (text: every field, ``-`` when not known; JSON:
+``null``). A request refused before the book carries what was known by then; any
+other HTTP request its method, route, status and latency (health checks and
+scrapes at DEBUG).
 
 The lines have the shape of every other log line (:mod:`bourse.observability.logs`:
 ``text`` or ``json``), but are not written through a ``logging`` handler: a record
 costs ~10 µs (a ``LogRecord``, the caller's frame, a lock, a write and a flush per
-line). They are formatted here (~2 µs) and written in batches, at most
+line). They are formatted here (one f-string, or ``orjson`` over the report) and
+written in batches, at most
 ``flush_s`` after the first line of a batch, or at once when ``max_pending`` lines
 wait, and at shutdown. The ``bourse.access`` logger's level still decides: below
 INFO (e.g. ``log_level = "warning"``) nothing is written.
@@ -38,32 +41,22 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 3)
 
 
-def run_fields(r: RunReport) -> dict[str, Any]:
-    """A run's access line, as fields (None: not known or not applicable)."""
-    return {
-        "method": None if r.detached else "POST",
-        "route": r.route,
-        "status": r.status,
-        "outcome": r.outcome,
-        "request_id": r.request_id,
-        "correlation_id": r.correlation_id,
-        "key_id": r.key_id,
-        "product": r.product,
-        "deployment": r.deployment,
-        "stream": r.stream,
-        "detached": r.detached or None,
-        "error": r.error_code,
-        "prompt_tokens": r.prompt_tokens,
-        "completion_tokens": r.completion_tokens,
-        "cost_micros": r.cost_micros,
-        "quote_micros": r.quote_micros,
-        "bid": r.bid,
-        "cleared_price": r.cleared_price,
-        "queued_ms": _ms(r.queued_s),
-        "ttft_ms": _ms(r.ttft_s),
-        "latency_ms": _ms(r.latency_s),
-        "requeues": r.requeues,
-    }
+def _or_dash(v: object) -> object:
+    return "-" if v is None else v
+
+
+def run_text(r: RunReport) -> str:
+    """A run's access line in the text format: every field, ``-`` when not known."""
+    return (
+        f"method={'-' if r.detached else 'POST'} route={r.route} status={r.status} outcome={r.outcome} "
+        f"request_id={r.request_id} correlation_id={_or_dash(r.correlation_id)} key_id={_or_dash(r.key_id)} "
+        f"product={r.product} deployment={_or_dash(r.deployment)} stream={'true' if r.stream else 'false'} "
+        f"detached={'true' if r.detached else 'false'} error={_or_dash(r.error_code)} "
+        f"prompt_tokens={r.prompt_tokens} completion_tokens={r.completion_tokens} cost_micros={r.cost_micros} "
+        f"quote_micros={r.quote_micros} bid={r.bid} cleared_price={_or_dash(r.cleared_price)} "
+        f"queued_ms={_or_dash(r.queued_ms)} ttft_ms={_or_dash(r.ttft_ms)} latency_ms={r.latency_ms} "
+        f"requeues={r.requeues}"
+    )
 
 
 def refused_fields(c: Caller, status: int, code: str, seconds: float) -> dict[str, Any]:
@@ -132,6 +125,21 @@ class AccessLog:
         else:
             body = " ".join(f"{k}={_text_value(v)}" for k, v in fields.items() if v is not None)
             line = f"{self._clock.local(now)} {name} {NAME}: {body}"
+        self._add(line)
+
+    def write_run(self, report: RunReport) -> None:
+        """A run's line: in JSON the report's own fields (``orjson`` writes the dataclass
+        in C), in text :func:`run_text`."""
+        if not self._logger.isEnabledFor(logging.INFO):
+            return
+        now = time.time()
+        if self.json:
+            head = f'{{"ts":"{self._clock.utc(now)}","level":"INFO","logger":"{NAME}","msg":"access",'
+            self._add(head + orjson.dumps(report).decode()[1:])
+        else:
+            self._add(f"{self._clock.local(now)} INFO {NAME}: {run_text(report)}")
+
+    def _add(self, line: str) -> None:
         self._pending.append(line)
         if len(self._pending) >= self.max_pending:
             self.flush()

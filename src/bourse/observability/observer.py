@@ -19,7 +19,6 @@ from bourse.observability.access_log import (
     AccessLog,
     refused_fields,
     response_fields,
-    run_fields,
 )
 from bourse.observability.metrics import Instruments, Metrics
 from bourse.observability.tracing import Tracer
@@ -66,7 +65,7 @@ class Observability:
         if self.instruments is not None:
             self._count_run(self.instruments, report)
         if self.access is not None:
-            self.access.write(run_fields(report))
+            self.access.write_run(report)
 
     @staticmethod
     def _count_run(i: Instruments, r: RunReport) -> None:
@@ -74,11 +73,11 @@ class Observability:
         i.requests.inc((r.product, r.outcome))
         if not r.detached:
             i.responses.inc(("POST", r.route, str(r.status)))
-        i.duration.observe(product, r.latency_s)
-        if r.ttft_s is not None:
-            i.ttft.observe(product, r.ttft_s)
-        if r.queued_s is not None:
-            i.book_wait.observe(product, r.queued_s)
+        i.duration.observe(product, r.latency_ms / 1000.0)
+        if r.ttft_ms is not None:
+            i.ttft.observe(product, r.ttft_ms / 1000.0)
+        if r.queued_ms is not None:
+            i.book_wait.observe(product, r.queued_ms / 1000.0)
         if r.prompt_tokens:
             i.tokens.inc((r.product, "prompt"), r.prompt_tokens)
         if r.completion_tokens:

@@ -81,7 +81,8 @@ class Caller:
 
 @dataclass(slots=True)
 class RunReport:
-    """One run's end, settled: everything the access line and the metrics need."""
+    """One run's end, settled: everything the access line and the metrics need (its
+    fields, in this order, are the access line's; times in milliseconds, to the µs)."""
 
     request_id: str
     route: str
@@ -106,9 +107,11 @@ class RunReport:
     quote_micros: int
     bid: float
     cleared_price: float | None
-    queued_s: float | None
-    ttft_s: float | None
-    latency_s: float
+    queued_ms: float | None
+    """Time in the book before the first admission (None: never admitted)."""
+    ttft_ms: float | None
+    """From the request to the engine's first output (None: no output)."""
+    latency_ms: float
     requeues: int
 
 

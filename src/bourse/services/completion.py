@@ -689,9 +689,9 @@ class Run:
             quote_micros=self.quote.micros,
             bid=self.bid,
             cleared_price=None if cleared is None else cleared.price,
-            queued_s=None if self.queued_ms is None else self.queued_ms / 1000.0,
-            ttft_s=None if self.ttft_ms is None else self.ttft_ms / 1000.0,
-            latency_s=closing.receipt["latency_ms"] / 1000.0,
+            queued_ms=None if self.queued_ms is None else round(self.queued_ms, 3),
+            ttft_ms=None if self.ttft_ms is None else round(self.ttft_ms, 3),
+            latency_ms=closing.receipt["latency_ms"],
             requeues=0 if self.order is None else self.order.requeues,
         )
         self.service.observer.run_finished(report)
