@@ -15,6 +15,11 @@ Scenarios (each against direct nginx, bourse and each peer that started):
   (d) streamed 16-chunk answers: TTFT at c=1 (added over direct), streams/s at c=32
   (e) 10,000 concurrent slow streams through bourse: peak RSS (VmHWM)
   (f) the ledger alone (bench/ledger.py): settled requests/s on SQLite and PostgreSQL
+
+bourse runs twice in (a), (b) and (d): as configured by default (metrics and the access
+log on) and with ``[server] metrics = false`` and ``access_log = false`` (a second
+process, loaded right after the first), so one run shows what observing costs.
+``--no-peers`` leaves LiteLLM and Portkey out.
 """
 
 from __future__ import annotations
@@ -128,8 +133,10 @@ def nginx(stack: Stack) -> Iterator[None]:
         yield
 
 
-def bourse_config(stack: Stack, variants: dict[str, str], always_stream: frozenset[str] = frozenset()) -> str:
-    out = ['[server]\nlog_level = "info"\n']
+def bourse_config(
+    stack: Stack, variants: dict[str, str], always_stream: frozenset[str] = frozenset(), observe: bool = True
+) -> str:
+    out = ['[server]\nlog_level = "info"\n' + ("" if observe else "metrics = false\naccess_log = false\n")]
     for product, variant in variants.items():
         extra = "always_stream = true\n" if product in always_stream else ""
         out.append(
@@ -170,6 +177,21 @@ def bourse(stack: Stack) -> Iterator[None]:
             base + "/chat/completions",
             headers=auth,
             models={"fast": "bench-streamed"},
+            pid=proc.pid,
+        )
+        yield
+
+
+@contextlib.contextmanager
+def bourse_quiet(stack: Stack) -> Iterator[None]:
+    """bourse with metrics and the access log off (the same products otherwise)."""
+    cfg = bourse_config(stack, {"bench": "fast"}, observe=False)
+    with gateway_process(cfg, cpu=GATEWAY_CPU, log=LOGS / "bourse-quiet.log") as (base, key, proc):
+        stack.gateways["bourse-quiet"] = Gateway(
+            "bourse, metrics and access log off",
+            base + "/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            models={"fast": "bench"},
             pid=proc.pid,
         )
         yield
@@ -408,7 +430,7 @@ def targets(stack: Stack, variant: str, order: tuple[str, ...]) -> list[tuple[st
     ]
 
 
-ORDER = ("direct", "bourse", "bourse-one", "litellm", "portkey")
+ORDER = ("direct", "bourse", "bourse-quiet", "bourse-one", "litellm", "portkey")
 
 
 def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -434,7 +456,7 @@ def scenario_wrk(stack: Stack, variant: str, conns: int, o: Opts) -> dict[str, d
 def scenario_d(stack: Stack, o: Opts) -> dict[str, dict[str, Any]]:
     out = {}
     for key, gw in targets(stack, "fast", ORDER):
-        if key == "bourse-one":
+        if key in ("bourse-one", "bourse-quiet"):
             continue
         log(f"  {gw.name}: SSE c=1 {o.sse_c1_seconds:.0f}s, c={o.sse_conc} {o.sse_seconds:.0f}s")
 
@@ -658,6 +680,18 @@ def f1(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
 
 
+def observing_cost(add: Callable[[str], None], rows: dict[str, Any]) -> None:
+    """The line comparing bourse with metrics and the access log on and off (same run)."""
+    on, off = rows.get("bourse", {}), rows.get("bourse-quiet", {})
+    if "rps" in on and "rps" in off and off["rps"]:
+        cost = (1 - on["rps"] / off["rps"]) * 100
+        add("")
+        add(
+            f"Metrics and access log on vs off: {f1(on['rps'])} vs {f1(off['rps'])} requests/s "
+            f"(**{cost:+.1f} %** of throughput), p50 {ms(on['p50_us'])} vs {ms(off['p50_us'])} ms."
+        )
+
+
 def write_results(
     path: Path, stack: Stack, res: dict[str, Any], o: Opts, started: float, checks: dict[str, str]
 ) -> None:
@@ -733,6 +767,7 @@ def write_results(
             add(
                 f"| {name(k)} | {ms(r['p50_us'])} | {ms(r['p99_us'])} | {ap50} | {ap99} | {f1(r['rps'])} | {r['errors']} |"
             )
+        observing_cost(add, a)
         add("")
     for key, title in (
         ("b", "(b) c=64, non-streamed: throughput"),
@@ -754,6 +789,7 @@ def write_results(
             add(
                 f"| {name(k)} | {f1(r['rps'])} | {ratio} | {ms(r['p50_us'])} | {ms(r['p99_us'])} | {r['errors']} |"
             )
+        observing_cost(add, b)
         if key == "b" and "bourse" in b and "litellm" in b and "rps" in b["bourse"] and "rps" in b["litellm"]:
             add("")
             add(f"bourse / LiteLLM requests/s: **{b['bourse']['rps'] / b['litellm']['rps']:.2f}x**")
@@ -990,6 +1026,7 @@ def main() -> None:
         help="upstream of scenario (e): nginx (needs ~2 descriptors a stream) or the sim engine; "
         "auto: nginx when the open-files limit allows",
     )
+    ap.add_argument("--no-peers", action="store_true", help="leave LiteLLM and Portkey out")
     ap.add_argument("--ledger-worker", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.ledger_worker:
@@ -1028,10 +1065,14 @@ def main() -> None:
         if only & set("abcd"):
             log("starting bourse")
             es.enter_context(bourse(stack))
-            log("starting LiteLLM proxy")
-            es.enter_context(litellm(stack))
-            log("starting Portkey gateway")
-            es.enter_context(portkey(stack))
+            if only & set("ab"):
+                log("starting bourse with metrics and access log off")
+                es.enter_context(bourse_quiet(stack))
+            if not args.no_peers:
+                log("starting LiteLLM proxy")
+                es.enter_context(litellm(stack))
+                log("starting Portkey gateway")
+                es.enter_context(portkey(stack))
         for peer, why in stack.missing.items():
             log(f"{peer}: {why}")
         stack.versions = versions(stack)
