@@ -354,7 +354,9 @@ def wrk(gw: Gateway, variant: str, conns: int, seconds: float, warmup: float) ->
         "BENCH_HEADERS": "\n".join(f"{k}: {v}" for k, v in headers.items()),
     }
     result: dict[str, Any] = {}
+    cpu0 = 0.0
     for d in ([warmup] if warmup > 0 else []) + [seconds]:
+        cpu0 = cpu_s(gw.pid)
         args = pinned(
             [
                 "wrk",
@@ -374,9 +376,22 @@ def wrk(gw: Gateway, variant: str, conns: int, seconds: float, warmup: float) ->
         if line is None:
             raise RuntimeError(f"wrk printed no result: {p.stdout[-300:]} {p.stderr[-300:]}")
         result = json.loads(line[8:])
+    if gw.pid is not None and result["requests"]:
+        result["cpu_us"] = (cpu_s(gw.pid) - cpu0) / result["requests"] * 1e6
     result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
     result["errors"] = sum(v for k, v in result.items() if k.startswith("err_"))
     return result
+
+
+def cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system, every thread) the process has used; 0 without a pid."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def sse(gw: Gateway, variant: str, extra: list[str], timeout: float) -> dict[str, Any]:
@@ -422,6 +437,8 @@ class Opts:
     hold_s: float = 5.0
     ledger_n: int = 2000
     e_upstream: str = "auto"
+    rounds: int = 1
+    """(a), (b): bourse with observing on and off measured this many times, alternately (the median kept)."""
 
 
 def targets(stack: Stack, variant: str, order: tuple[str, ...]) -> list[tuple[str, Gateway]]:
@@ -445,12 +462,27 @@ def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 def scenario_wrk(stack: Stack, variant: str, conns: int, o: Opts) -> dict[str, dict[str, Any]]:
     out = {}
     for key, gw in targets(stack, variant, ORDER):
-        log(f"  {gw.name}: wrk c={conns} {o.seconds:.0f}s ({variant})")
-        out[key] = guarded(lambda gw=gw: wrk(gw, variant, conns, o.seconds, o.warmup))
-        r = out[key]
-        if "error" not in r:
-            log(f"    {r['rps']:.0f} req/s p50 {r['p50_us']} us p99 {r['p99_us']} us errors {r['errors']}")
+        out[key] = wrk_logged(gw, variant, conns, o)
+    pair = [(k, gw) for k, gw in targets(stack, variant, ("bourse", "bourse-quiet"))]
+    if o.rounds > 1 and len(pair) == 2:
+        runs = {k: [out[k]] for k, _ in pair}
+        for _ in range(o.rounds - 1):  # on and off alternately: load from elsewhere falls on both
+            for k, gw in pair:
+                runs[k].append(wrk_logged(gw, variant, conns, o))
+        for k, rs in runs.items():
+            good = sorted((r for r in rs if "error" not in r), key=lambda r: float(r["rps"]))
+            if good:
+                out[k] = {**good[len(good) // 2], "rounds": [round(float(r["rps"])) for r in good]}
     return out
+
+
+def wrk_logged(gw: Gateway, variant: str, conns: int, o: Opts) -> dict[str, Any]:
+    log(f"  {gw.name}: wrk c={conns} {o.seconds:.0f}s ({variant})")
+    r = guarded(lambda: wrk(gw, variant, conns, o.seconds, o.warmup))
+    if "error" not in r:
+        cpu = f", gateway CPU {r['cpu_us']:.0f} us/request" if r.get("cpu_us") else ""
+        log(f"    {r['rps']:.0f} req/s p50 {r['p50_us']} us p99 {r['p99_us']} us errors {r['errors']}{cpu}")
+    return r
 
 
 def scenario_d(stack: Stack, o: Opts) -> dict[str, dict[str, Any]]:
@@ -684,12 +716,19 @@ def observing_cost(add: Callable[[str], None], rows: dict[str, Any]) -> None:
     """The line comparing bourse with metrics and the access log on and off (same run)."""
     on, off = rows.get("bourse", {}), rows.get("bourse-quiet", {})
     if "rps" in on and "rps" in off and off["rps"]:
-        cost = (1 - on["rps"] / off["rps"]) * 100
         add("")
-        add(
+        line = (
             f"Metrics and access log on vs off: {f1(on['rps'])} vs {f1(off['rps'])} requests/s "
-            f"(**{cost:+.1f} %** of throughput), p50 {ms(on['p50_us'])} vs {ms(off['p50_us'])} ms."
+            f"(on/off {on['rps'] / off['rps']:.3f}), p50 {ms(on['p50_us'])} vs {ms(off['p50_us'])} ms"
         )
+        if "rounds" in on:
+            line += f" (median of {len(on['rounds'])} alternate rounds: {on['rounds']} vs {off['rounds']} requests/s)"
+        if on.get("cpu_us") and off.get("cpu_us"):
+            line += (
+                f"; the gateway's CPU time per request {on['cpu_us']:.0f} vs {off['cpu_us']:.0f} µs "
+                f"(on/off {on['cpu_us'] / off['cpu_us']:.3f}: what throughput on a core of its own follows)"
+            )
+        add(line + ".")
 
 
 def write_results(
@@ -1027,6 +1066,12 @@ def main() -> None:
         "auto: nginx when the open-files limit allows",
     )
     ap.add_argument("--no-peers", action="store_true", help="leave LiteLLM and Portkey out")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="(a), (b): measure bourse with observing on and off N times, alternately",
+    )
     ap.add_argument("--ledger-worker", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.ledger_worker:
@@ -1055,6 +1100,7 @@ def main() -> None:
         else Opts()
     )
     o.e_upstream = args.e_upstream
+    o.rounds = args.rounds
     only = set(args.only.split(","))
     stack = Stack()
     res: dict[str, Any] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from bourse.domain.errors import GatewayError, internal_error
 from bourse.http import account, admin, completions, jobs, market
 from bourse.http.deps import Services
-from bourse.http.edge import HotRouter
+from bourse.http.edge import HotRouter, Templates
 from bourse.http.responses import JSON, error_response
 from bourse.services.ids import new_request_id
 
@@ -108,12 +109,13 @@ def create_app(services: Services) -> HotRouter:
     return HotRouter(app, hot, services.observer, route_templates(routes))
 
 
-def route_templates(routes: Sequence[BaseRoute]) -> dict[Any, str]:
-    """Each route's endpoint -> its path template (what the observer labels requests with)."""
-    out: dict[Any, str] = {}
+def route_templates(routes: Sequence[BaseRoute]) -> Templates:
+    """Each route's endpoint -> (pattern, path template) of the routes it serves: what the
+    observer labels requests with."""
+    out: dict[Any, list[tuple[re.Pattern[str], str]]] = {}
     for r in routes:
         if isinstance(r, Route):
-            out[r.endpoint] = r.path
+            out.setdefault(r.endpoint, []).append((r.path_regex, r.path))
         elif isinstance(r, Mount):
-            out[r.app] = r.path + "/*"
+            out.setdefault(r.app, []).append((r.path_regex, r.path + "/*"))
     return out

@@ -24,8 +24,9 @@ routes only).
 from __future__ import annotations
 
 import logging
+import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,9 @@ Opener = Callable[[Scope, Receive, Caller], Awaitable[ASGIApp]]
 
 OTHER_ROUTE = "other"
 """The route label of a request no route matched."""
+
+Templates = Mapping[Any, Sequence[tuple[re.Pattern[str], str]]]
+"""A Starlette endpoint -> (path pattern, path template) of each route it serves."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +78,7 @@ _SILENT = _Silent()
 class HotRouter:
     """ASGI app: the hot POST routes directly, everything else to ``app``.
 
-    ``templates`` maps a Starlette route's endpoint to its path template, so that the
+    ``templates`` maps a Starlette route's endpoint to its path templates, so that the
     observer hears of other requests by route (``/v1/jobs/{job_id}``), never by path."""
 
     __slots__ = ("_app", "_observer", "_routes", "_templates")
@@ -84,7 +88,7 @@ class HotRouter:
         app: ASGIApp,
         routes: Mapping[str, HotRoute],
         observer: Observer = NULL_OBSERVER,
-        templates: Mapping[Any, str] | None = None,
+        templates: Templates | None = None,
     ) -> None:
         self._app = app
         self._routes = dict(routes)
@@ -119,9 +123,16 @@ class HotRouter:
             status = status or 500  # the server answers 500 if nothing was sent
             raise
         finally:
-            route = self._templates.get(scope.get("endpoint"), OTHER_ROUTE)
             seconds = time.perf_counter() - started
-            self._observer.responded(scope["method"], route, status or 499, seconds, None)
+            self._observer.responded(scope["method"], self._template(scope), status or 499, seconds, None)
+
+    def _template(self, scope: Scope) -> str:
+        """The template of the route Starlette matched (it leaves its endpoint in the scope)."""
+        found = self._templates.get(scope.get("endpoint"), ())
+        if len(found) == 1:
+            return found[0][1]
+        path: str = scope["path"]
+        return next((template for pattern, template in found if pattern.match(path)), OTHER_ROUTE)
 
 
 async def serve(route: HotRoute, scope: Scope, receive: Receive, send: Send) -> None:
