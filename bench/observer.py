@@ -1,6 +1,8 @@
-"""What observing costs a finished request: the observer's hooks alone, in CPU time.
+"""What observing costs a finished request, in CPU time: the observer's hooks alone,
+and whole requests through the app.
 
     .venv/bin/python -m bench.observer [--requests 100000] [--runs 5]
+    .venv/bin/python -m bench.observer --app [--requests 3000] [--runs 5] [--concurrency 64]
 
 One finished request calls, in order, what a run calls (``services/completion.py``,
 ``services/billing.py``, ``http/edge.py``): the request's :class:`Caller`, the run's
@@ -11,6 +13,14 @@ measures that path with the null observer (the hooks present, nothing done), wit
 /dev/null in its batches), in process CPU time (``time.process_time``: other load
 on the machine counts less than in wall time), and prints the best of ``--runs``
 runs as microseconds per request, and the difference to the null observer.
+
+``--app`` measures whole requests instead: two gateways in this process (the
+container and its ASGI app, no socket), one with ``metrics`` and ``access_log`` on
+(the access log to /dev/null), one with both off, each answering non-streamed chat
+requests from the ``sim`` engine (16 tokens, no pacing), with the hold and the
+settlement on SQLite, ``--concurrency`` at a time. The two are measured alternately
+``--runs`` times; the process's CPU time (every thread: the SQLite one too) per
+request, the median of the runs, is what a core of its own would serve.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import time
 from typing import Any
 
@@ -99,11 +110,122 @@ def observers(devnull: Any) -> dict[str, Observer]:
     return out
 
 
+# -- whole requests through the app ------------------------------------------------------------
+
+APP_CONFIG = """
+[products.bench]
+[[products.bench.deployments]]
+engine = "sim"
+slots = 1000
+floor = 0.10
+output_tokens = 16
+"""
+BODY = b'{"model": "bench", "messages": [{"role": "user", "content": "benchmark"}], "max_tokens": 16}'
+
+
+async def _gateway(folder: str, observe: bool) -> tuple[Any, Any, str]:
+    """(container, ASGI app, API key) of a started gateway with observing on or off."""
+    import tomllib
+
+    from bourse.container import build
+    from bourse.settings import Environment, parse_config
+
+    server = {} if observe else {"metrics": False, "access_log": False}
+    cfg = parse_config({**tomllib.loads(APP_CONFIG), "server": server}, "bench", env={})
+    container = build(cfg, data_dir=folder, env=Environment(admin_key="bk_admin_bench"))
+    container.announce = False
+    await container.start()
+    await container.admin.create_account("bench", 1e6)
+    key = (await container.admin.create_key("bench", None, None, None, None))["key"]
+    return container, container.app(), key
+
+
+async def _request(app: Any, key: str) -> int:
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "root_path": "",
+        "scheme": "http", "query_string": b"", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+        "headers": [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json"),
+                    (b"content-length", str(len(BODY)).encode())],
+    }  # fmt: skip
+    sent = [{"type": "http.request", "body": BODY, "more_body": False}]
+    never = asyncio.Event()
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        if sent:
+            return sent.pop()
+        await never.wait()  # the client stays until the answer is complete
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    await app(scope, receive, send)
+    return status
+
+
+async def _load(app: Any, key: str, n: int, concurrency: int) -> float:
+    """CPU µs per request over ``n`` requests, ``concurrency`` at a time."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one() -> None:
+        async with sem:
+            assert await _request(app, key) == 200
+
+    start = time.process_time()
+    await asyncio.gather(*(one() for _ in range(n)))
+    return (time.process_time() - start) / n * 1e6
+
+
+async def app_costs(n: int, runs: int, concurrency: int) -> dict[str, list[float]]:
+    import logging
+    import tempfile
+
+    logging.getLogger("bourse.access").setLevel(logging.INFO)
+    out: dict[str, list[float]] = {"on": [], "off": []}
+    with (
+        tempfile.TemporaryDirectory() as on_dir,
+        tempfile.TemporaryDirectory() as off_dir,
+        open(os.devnull, "w") as devnull,  # noqa: ASYNC230 (before the measurement)
+    ):
+        on = await _gateway(on_dir, True)
+        off = await _gateway(off_dir, False)
+        on[0].observer.access = AccessLog(json=False, stream=devnull)
+        try:
+            for gw in (on, off):  # warm up
+                await _load(gw[1], gw[2], min(n, 500), concurrency)
+            for _ in range(runs):
+                out["on"].append(await _load(on[1], on[2], n, concurrency))
+                out["off"].append(await _load(off[1], off[2], n, concurrency))
+        finally:
+            await on[0].stop()
+            await off[0].stop()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=100_000)
+    ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--app", action="store_true", help="whole requests through the app, observing on and off")
+    ap.add_argument("--concurrency", type=int, default=64)
     args = ap.parse_args()
+    if args.app:
+        costs = asyncio.run(app_costs(args.requests or 3000, args.runs, args.concurrency))
+        med = {k: statistics.median(v) for k, v in costs.items()}
+        print(f"| gateway (c={args.concurrency}) | CPU µs per request, each run | median |")
+        print("|---|---|---|")
+        for k in ("on", "off"):
+            label = "metrics and access log " + k
+            print(f"| {label} | {', '.join(f'{x:.0f}' for x in costs[k])} | {med[k]:.0f} |")
+        print(
+            f"\non/off: {med['on'] / med['off']:.3f} ({(med['on'] / med['off'] - 1) * 100:+.1f} % CPU per request)"
+        )
+        return
+    args.requests = args.requests or 100_000
     import logging
 
     logging.getLogger("bourse.access").setLevel(logging.INFO)
