@@ -16,6 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from bourse.ports.observer import Attr, Span
 
+FLUSH_S = 3.0
+"""At shutdown, how long the pending spans may take to leave."""
+EXPORT_TIMEOUT_S = 5.0
+"""One export's bound (retries included): a collector that is down delays shutdown by this at most."""
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -76,7 +81,9 @@ class Tracer:
         return OtelSpan(self._tracer.start_span(name, context=context, start_time=start_ns))
 
     def close(self) -> None:
-        """Export what is pending and stop the exporter's thread."""
+        """Export what is pending (waiting at most ``FLUSH_S``, then one export's timeout)
+        and stop the exporter's thread."""
+        self.provider.force_flush(timeout_millis=int(FLUSH_S * 1000))
         self.provider.shutdown()
 
 
@@ -96,7 +103,7 @@ def otlp_tracer(
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter(endpoint=endpoint)
+        exporter = OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
     provider = TracerProvider(
         resource=Resource.create({"service.name": service, "service.instance.id": instance})
     )

@@ -4,9 +4,11 @@ what one run reports, its spans, and the WARN lines of failures."""
 from __future__ import annotations
 
 import io
+import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -15,14 +17,17 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from bourse.container import build
 from bourse.observability.access_log import AccessLog
 from bourse.observability.observer import Observability
 from bourse.observability.tracing import Tracer
 from bourse.ports.observer import Caller
+from bourse.ports.webhooks import Address
 from bourse.services.completion import Run
 from bourse.services.ids import new_request_id
+from bourse.settings import Environment, parse_config
 from bourse.wire.requests import validate
-from tests.unit.services.exchange import Exchange, product, run_to_end, running
+from tests.unit.services.exchange import Exchange, product, run_to_end, running, until
 
 pytestmark = pytest.mark.anyio
 
@@ -187,3 +192,56 @@ async def test_a_jobs_run_is_reported_as_detached(
     await run_to_end(run)
     (line,) = _lines(out, obs)
     assert line["detached"] is True and line["route"] == "/v1/chat/completions"
+
+
+class _Sender:
+    """A webhook sender that answers ``status`` for every delivery."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    async def resolve(self, host: str, port: int) -> list[Address]:
+        return [ipaddress.IPv4Address("127.0.0.1")]
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> int:
+        return self.status
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("status", "results"), [(200, {"delivered": 1}), (500, {"attempt_failed": 2, "failed": 1})]
+)
+async def test_webhook_deliveries_are_counted_and_a_failed_one_is_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, status: int, results: dict[str, int]
+) -> None:
+    config = parse_config(
+        {
+            "jobs": {"allow_loopback_webhooks": True, "webhook_attempts": 2, "webhook_backoff_s": 0.01},
+            "products": {"plain": product()},
+        },
+        "test",
+        env={},
+    )
+    container = build(config, data_dir=tmp_path, env=Environment(admin_key="bk_admin_hooks"))
+    container.announce = False
+    container.jobs.sender = _Sender(status)
+    await container.start()
+    try:
+        obs = container.observer
+        assert isinstance(obs, Observability) and obs.instruments is not None
+        await container.admin.create_account("hooks", 1.0)
+        created = await container.admin.create_key("hooks", None, None, None, None)
+        principal = await container.auth.user(f"Bearer {created['key']}")
+        body = {"model": "plain", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        with caplog.at_level(logging.WARNING, logger="bourse.events"):
+            job = await container.jobs.submit(
+                principal, "/v1/chat/completions", body, webhook_url="http://127.0.0.1:9/h"
+            )
+            webhooks = obs.instruments.webhooks.values
+            await until(lambda: {k[0]: int(v) for k, v in webhooks.items()} == results)
+        failed = [r for r in caplog.records if f"webhook of job {job['id']} failed" in r.getMessage()]
+        assert len(failed) == (1 if status != 200 else 0)
+    finally:
+        await container.stop()
