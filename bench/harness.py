@@ -1053,6 +1053,39 @@ def raise_nofile() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def start_targets(es: contextlib.ExitStack, stack: Stack, only: set[str], *, peers: bool) -> None:
+    """nginx, and for (a)-(d) bourse (twice for (a), (b): observing on and off) and the peers."""
+    log("starting nginx")
+    es.enter_context(nginx(stack))
+    if not only & set("abcd"):
+        return
+    log("starting bourse")
+    es.enter_context(bourse(stack))
+    if only & set("ab"):
+        log("starting bourse with metrics and access log off")
+        es.enter_context(bourse_quiet(stack))
+    if peers:
+        log("starting LiteLLM proxy")
+        es.enter_context(litellm(stack))
+        log("starting Portkey gateway")
+        es.enter_context(portkey(stack))
+
+
+def sanity_checks(stack: Stack) -> dict[str, str]:
+    """Each target's sanity check (and the delayed upstream's, for the gateways): what failed."""
+    checks: dict[str, str] = {}
+    for key, gw in stack.gateways.items():
+        checks[key] = sanity(gw)
+        if checks[key]:
+            log(f"sanity check failed for {key}: {checks[key]}")
+        if key in ("bourse", "litellm", "portkey"):
+            cd = sanity(gw, "delay")
+            if cd:
+                checks[key + " (delay)"] = cd
+                log(f"sanity check failed for {key} (delay): {cd}")
+    return checks
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test of the harness)")
@@ -1106,31 +1139,11 @@ def main() -> None:
     res: dict[str, Any] = {}
     checks: dict[str, str] = {}
     with contextlib.ExitStack() as es:
-        log("starting nginx")
-        es.enter_context(nginx(stack))
-        if only & set("abcd"):
-            log("starting bourse")
-            es.enter_context(bourse(stack))
-            if only & set("ab"):
-                log("starting bourse with metrics and access log off")
-                es.enter_context(bourse_quiet(stack))
-            if not args.no_peers:
-                log("starting LiteLLM proxy")
-                es.enter_context(litellm(stack))
-                log("starting Portkey gateway")
-                es.enter_context(portkey(stack))
+        start_targets(es, stack, only, peers=not args.no_peers)
         for peer, why in stack.missing.items():
             log(f"{peer}: {why}")
         stack.versions = versions(stack)
-        for key, gw in stack.gateways.items():
-            checks[key] = sanity(gw)
-            if checks[key]:
-                log(f"sanity check failed for {key}: {checks[key]}")
-            if key in ("bourse", "litellm", "portkey"):
-                cd = sanity(gw, "delay")
-                if cd:
-                    checks[key + " (delay)"] = cd
-                    log(f"sanity check failed for {key} (delay): {cd}")
+        checks.update(sanity_checks(stack))
         if "a" in only:
             log("(a) c=1 non-streamed")
             res["a"] = scenario_wrk(stack, "fast", 1, o)

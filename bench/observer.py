@@ -58,6 +58,7 @@ def one_request(observer: Observer, i: int) -> None:
     settle.end()
     observer.run_finished(
         RunReport(
+            method="POST",
             request_id=caller.request_id,
             route=caller.route,
             product="sim-fast",
@@ -68,7 +69,7 @@ def one_request(observer: Observer, i: int) -> None:
             key_id=caller.key_id,
             correlation_id=caller.correlation_id,
             deployment="sim-fast/0",
-            error_code=None,
+            error=None,
             prompt_tokens=12,
             completion_tokens=16 + (i & 7),
             cost_micros=28,

@@ -48,10 +48,10 @@ def _or_dash(v: object) -> object:
 def run_text(r: RunReport) -> str:
     """A run's access line in the text format: every field, ``-`` when not known."""
     return (
-        f"method={'-' if r.detached else 'POST'} route={r.route} status={r.status} outcome={r.outcome} "
+        f"method={_or_dash(r.method)} route={r.route} status={r.status} outcome={r.outcome} "
         f"request_id={r.request_id} correlation_id={_or_dash(r.correlation_id)} key_id={_or_dash(r.key_id)} "
         f"product={r.product} deployment={_or_dash(r.deployment)} stream={'true' if r.stream else 'false'} "
-        f"detached={'true' if r.detached else 'false'} error={_or_dash(r.error_code)} "
+        f"detached={'true' if r.detached else 'false'} error={_or_dash(r.error)} "
         f"prompt_tokens={r.prompt_tokens} completion_tokens={r.completion_tokens} cost_micros={r.cost_micros} "
         f"quote_micros={r.quote_micros} bid={r.bid} cleared_price={_or_dash(r.cleared_price)} "
         f"queued_ms={_or_dash(r.queued_ms)} ttft_ms={_or_dash(r.ttft_ms)} latency_ms={r.latency_ms} "

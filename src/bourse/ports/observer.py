@@ -84,23 +84,26 @@ class RunReport:
     """One run's end, settled: everything the access line and the metrics need (its
     fields, in this order, are the access line's; times in milliseconds, to the µs)."""
 
-    request_id: str
+    method: str | None
+    """``POST``; None for a job's run (no HTTP request of its own)."""
     route: str
     """The endpoint (``/v1/chat/completions``, ``/v1/completions``)."""
-    product: str
-    outcome: str
-    """The recorded outcome (``completed``, ``error``, ``canceled``, ``disconnected``,
-    ``timeout``, ``reconciling``)."""
     status: int
     """The HTTP status the client got (a stream's is its head's, 200; 499: it left
     before a non-streamed answer)."""
+    outcome: str
+    """The recorded outcome (``completed``, ``error``, ``canceled``, ``disconnected``,
+    ``timeout``, ``reconciling``)."""
+    request_id: str
+    correlation_id: str | None
+    key_id: str | None
+    product: str
+    deployment: str | None
     stream: bool
     detached: bool
-    """A job's run (no HTTP response of its own)."""
-    key_id: str | None
-    correlation_id: str | None
-    deployment: str | None
-    error_code: str | None
+    """A job's run."""
+    error: str | None
+    """The error's code (None: completed)."""
     prompt_tokens: int
     completion_tokens: int
     cost_micros: int

@@ -30,6 +30,7 @@ def access_at_info() -> Iterator[None]:
 
 def report(**kw: object) -> RunReport:
     fields: dict[str, object] = {
+        "method": "POST",
         "request_id": "chatcmpl-abc",
         "route": "/v1/chat/completions",
         "product": "sim-fast",
@@ -40,7 +41,7 @@ def report(**kw: object) -> RunReport:
         "key_id": "key_0123",
         "correlation_id": None,
         "deployment": "sim-fast/0",
-        "error_code": None,
+        "error": None,
         "prompt_tokens": 12,
         "completion_tokens": 16,
         "cost_micros": 28,
@@ -82,6 +83,7 @@ def test_a_run_line_in_json_is_one_object() -> None:
     assert doc["level"] == "INFO" and doc["logger"] == "bourse.access" and doc["msg"] == "access"
     assert doc["ts"].endswith("Z")
     assert doc["request_id"] == "chatcmpl-abc" and doc["cost_micros"] == 28 and doc["ttft_ms"] is None
+    assert list(doc)[4:8] == ["method", "route", "status", "outcome"]  # the text line's order
 
 
 def test_refused_and_other_lines_leave_out_what_is_not_known() -> None:
