@@ -119,11 +119,12 @@ class HotRouter:
 
         try:
             await self._app(scope, receive, sending)
-        except BaseException:
+        except Exception:
             status = status or 500  # the server answers 500 if nothing was sent
             raise
         finally:
             seconds = time.perf_counter() - started
+            # nothing sent and no failure: the client left (or the server stopped) first
             self._observer.responded(scope["method"], self._template(scope), status or 499, seconds, None)
 
     def _template(self, scope: Scope) -> str:

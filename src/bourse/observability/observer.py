@@ -5,7 +5,9 @@ and starting the spans.
 Each part can be off (``[server] metrics``, ``access_log``, ``tracing``); the WARN
 lines (a breaker opening or closing, an upstream failure, a hold moved to
 ``reconciling``, a webhook given up) are always written, on the ``bourse.events``
-logger, with their facts as fields (keys of their own in the JSON format).
+logger, with their facts as fields (keys of their own in the JSON format). An
+engine refusing the request itself (``refused``: a prompt over its context) is an
+INFO line: the client's doing, not the deployment's.
 """
 
 from __future__ import annotations
@@ -109,10 +111,11 @@ class Observability:
     ) -> None:
         if self.instruments is not None:
             self.instruments.upstream_failures.inc((product, deployment, kind))
-        _warn(
-            "upstream failure on deployment %s (%s): %s; request %s", deployment, kind, message, request_id,
-            product=product, deployment=deployment, kind=kind, request_id=request_id,
-        )  # fmt: skip
+        fields = {"product": product, "deployment": deployment, "kind": kind, "request_id": request_id}
+        # an engine refusing the request itself (a prompt over its context) is the client's doing
+        level = logging.INFO if kind == "refused" else logging.WARNING
+        log.log(level, "upstream failure on deployment %s (%s): %s; request %s", deployment, kind, message,
+                request_id, extra={"fields": fields})  # fmt: skip
 
     def breaker_changed(self, product: str, deployment: str, state: str) -> None:
         if self.instruments is not None:
