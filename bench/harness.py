@@ -15,6 +15,11 @@ Scenarios (each against direct nginx, bourse and each peer that started):
   (d) streamed 16-chunk answers: TTFT at c=1 (added over direct), streams/s at c=32
   (e) 10,000 concurrent slow streams through bourse: peak RSS (VmHWM)
   (f) the ledger alone (bench/ledger.py): settled requests/s on SQLite and PostgreSQL
+
+bourse runs twice in (a), (b) and (d): as configured by default (metrics and the access
+log on) and with ``[server] metrics = false`` and ``access_log = false`` (a second
+process, loaded right after the first), so one run shows what observing costs.
+``--no-peers`` leaves LiteLLM and Portkey out.
 """
 
 from __future__ import annotations
@@ -128,8 +133,10 @@ def nginx(stack: Stack) -> Iterator[None]:
         yield
 
 
-def bourse_config(stack: Stack, variants: dict[str, str], always_stream: frozenset[str] = frozenset()) -> str:
-    out = ['[server]\nlog_level = "info"\n']
+def bourse_config(
+    stack: Stack, variants: dict[str, str], always_stream: frozenset[str] = frozenset(), observe: bool = True
+) -> str:
+    out = ['[server]\nlog_level = "info"\n' + ("" if observe else "metrics = false\naccess_log = false\n")]
     for product, variant in variants.items():
         extra = "always_stream = true\n" if product in always_stream else ""
         out.append(
@@ -170,6 +177,21 @@ def bourse(stack: Stack) -> Iterator[None]:
             base + "/chat/completions",
             headers=auth,
             models={"fast": "bench-streamed"},
+            pid=proc.pid,
+        )
+        yield
+
+
+@contextlib.contextmanager
+def bourse_quiet(stack: Stack) -> Iterator[None]:
+    """bourse with metrics and the access log off (the same products otherwise)."""
+    cfg = bourse_config(stack, {"bench": "fast"}, observe=False)
+    with gateway_process(cfg, cpu=GATEWAY_CPU, log=LOGS / "bourse-quiet.log") as (base, key, proc):
+        stack.gateways["bourse-quiet"] = Gateway(
+            "bourse, metrics and access log off",
+            base + "/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            models={"fast": "bench"},
             pid=proc.pid,
         )
         yield
@@ -332,7 +354,9 @@ def wrk(gw: Gateway, variant: str, conns: int, seconds: float, warmup: float) ->
         "BENCH_HEADERS": "\n".join(f"{k}: {v}" for k, v in headers.items()),
     }
     result: dict[str, Any] = {}
+    cpu0 = 0.0
     for d in ([warmup] if warmup > 0 else []) + [seconds]:
+        cpu0 = cpu_s(gw.pid)
         args = pinned(
             [
                 "wrk",
@@ -352,9 +376,22 @@ def wrk(gw: Gateway, variant: str, conns: int, seconds: float, warmup: float) ->
         if line is None:
             raise RuntimeError(f"wrk printed no result: {p.stdout[-300:]} {p.stderr[-300:]}")
         result = json.loads(line[8:])
+    if gw.pid is not None and result["requests"]:
+        result["cpu_us"] = (cpu_s(gw.pid) - cpu0) / result["requests"] * 1e6
     result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
     result["errors"] = sum(v for k, v in result.items() if k.startswith("err_"))
     return result
+
+
+def cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system, every thread) the process has used; 0 without a pid."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def sse(gw: Gateway, variant: str, extra: list[str], timeout: float) -> dict[str, Any]:
@@ -400,6 +437,8 @@ class Opts:
     hold_s: float = 5.0
     ledger_n: int = 2000
     e_upstream: str = "auto"
+    rounds: int = 1
+    """(a), (b): bourse with observing on and off measured this many times, alternately (the median kept)."""
 
 
 def targets(stack: Stack, variant: str, order: tuple[str, ...]) -> list[tuple[str, Gateway]]:
@@ -408,7 +447,7 @@ def targets(stack: Stack, variant: str, order: tuple[str, ...]) -> list[tuple[st
     ]
 
 
-ORDER = ("direct", "bourse", "bourse-one", "litellm", "portkey")
+ORDER = ("direct", "bourse", "bourse-quiet", "bourse-one", "litellm", "portkey")
 
 
 def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -423,18 +462,33 @@ def guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 def scenario_wrk(stack: Stack, variant: str, conns: int, o: Opts) -> dict[str, dict[str, Any]]:
     out = {}
     for key, gw in targets(stack, variant, ORDER):
-        log(f"  {gw.name}: wrk c={conns} {o.seconds:.0f}s ({variant})")
-        out[key] = guarded(lambda gw=gw: wrk(gw, variant, conns, o.seconds, o.warmup))
-        r = out[key]
-        if "error" not in r:
-            log(f"    {r['rps']:.0f} req/s p50 {r['p50_us']} us p99 {r['p99_us']} us errors {r['errors']}")
+        out[key] = wrk_logged(gw, variant, conns, o)
+    pair = [(k, gw) for k, gw in targets(stack, variant, ("bourse", "bourse-quiet"))]
+    if o.rounds > 1 and len(pair) == 2:
+        runs = {k: [out[k]] for k, _ in pair}
+        for _ in range(o.rounds - 1):  # on and off alternately: load from elsewhere falls on both
+            for k, gw in pair:
+                runs[k].append(wrk_logged(gw, variant, conns, o))
+        for k, rs in runs.items():
+            good = sorted((r for r in rs if "error" not in r), key=lambda r: float(r["rps"]))
+            if good:
+                out[k] = {**good[len(good) // 2], "rounds": [round(float(r["rps"])) for r in good]}
     return out
+
+
+def wrk_logged(gw: Gateway, variant: str, conns: int, o: Opts) -> dict[str, Any]:
+    log(f"  {gw.name}: wrk c={conns} {o.seconds:.0f}s ({variant})")
+    r = guarded(lambda: wrk(gw, variant, conns, o.seconds, o.warmup))
+    if "error" not in r:
+        cpu = f", gateway CPU {r['cpu_us']:.0f} us/request" if r.get("cpu_us") else ""
+        log(f"    {r['rps']:.0f} req/s p50 {r['p50_us']} us p99 {r['p99_us']} us errors {r['errors']}{cpu}")
+    return r
 
 
 def scenario_d(stack: Stack, o: Opts) -> dict[str, dict[str, Any]]:
     out = {}
     for key, gw in targets(stack, "fast", ORDER):
-        if key == "bourse-one":
+        if key in ("bourse-one", "bourse-quiet"):
             continue
         log(f"  {gw.name}: SSE c=1 {o.sse_c1_seconds:.0f}s, c={o.sse_conc} {o.sse_seconds:.0f}s")
 
@@ -658,6 +712,25 @@ def f1(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
 
 
+def observing_cost(add: Callable[[str], None], rows: dict[str, Any]) -> None:
+    """The line comparing bourse with metrics and the access log on and off (same run)."""
+    on, off = rows.get("bourse", {}), rows.get("bourse-quiet", {})
+    if "rps" in on and "rps" in off and off["rps"]:
+        add("")
+        line = (
+            f"Metrics and access log on vs off: {f1(on['rps'])} vs {f1(off['rps'])} requests/s "
+            f"(on/off {on['rps'] / off['rps']:.3f}), p50 {ms(on['p50_us'])} vs {ms(off['p50_us'])} ms"
+        )
+        if "rounds" in on:
+            line += f" (median of {len(on['rounds'])} alternate rounds: {on['rounds']} vs {off['rounds']} requests/s)"
+        if on.get("cpu_us") and off.get("cpu_us"):
+            line += (
+                f"; the gateway's CPU time per request {on['cpu_us']:.0f} vs {off['cpu_us']:.0f} µs "
+                f"(on/off {on['cpu_us'] / off['cpu_us']:.3f}: what throughput on a core of its own follows)"
+            )
+        add(line + ".")
+
+
 def write_results(
     path: Path, stack: Stack, res: dict[str, Any], o: Opts, started: float, checks: dict[str, str]
 ) -> None:
@@ -733,6 +806,7 @@ def write_results(
             add(
                 f"| {name(k)} | {ms(r['p50_us'])} | {ms(r['p99_us'])} | {ap50} | {ap99} | {f1(r['rps'])} | {r['errors']} |"
             )
+        observing_cost(add, a)
         add("")
     for key, title in (
         ("b", "(b) c=64, non-streamed: throughput"),
@@ -754,6 +828,7 @@ def write_results(
             add(
                 f"| {name(k)} | {f1(r['rps'])} | {ratio} | {ms(r['p50_us'])} | {ms(r['p99_us'])} | {r['errors']} |"
             )
+        observing_cost(add, b)
         if key == "b" and "bourse" in b and "litellm" in b and "rps" in b["bourse"] and "rps" in b["litellm"]:
             add("")
             add(f"bourse / LiteLLM requests/s: **{b['bourse']['rps'] / b['litellm']['rps']:.2f}x**")
@@ -978,6 +1053,39 @@ def raise_nofile() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def start_targets(es: contextlib.ExitStack, stack: Stack, only: set[str], *, peers: bool) -> None:
+    """nginx, and for (a)-(d) bourse (twice for (a), (b): observing on and off) and the peers."""
+    log("starting nginx")
+    es.enter_context(nginx(stack))
+    if not only & set("abcd"):
+        return
+    log("starting bourse")
+    es.enter_context(bourse(stack))
+    if only & set("ab"):
+        log("starting bourse with metrics and access log off")
+        es.enter_context(bourse_quiet(stack))
+    if peers:
+        log("starting LiteLLM proxy")
+        es.enter_context(litellm(stack))
+        log("starting Portkey gateway")
+        es.enter_context(portkey(stack))
+
+
+def sanity_checks(stack: Stack) -> dict[str, str]:
+    """Each target's sanity check (and the delayed upstream's, for the gateways): what failed."""
+    checks: dict[str, str] = {}
+    for key, gw in stack.gateways.items():
+        checks[key] = sanity(gw)
+        if checks[key]:
+            log(f"sanity check failed for {key}: {checks[key]}")
+        if key in ("bourse", "litellm", "portkey"):
+            cd = sanity(gw, "delay")
+            if cd:
+                checks[key + " (delay)"] = cd
+                log(f"sanity check failed for {key} (delay): {cd}")
+    return checks
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test of the harness)")
@@ -989,6 +1097,13 @@ def main() -> None:
         default="auto",
         help="upstream of scenario (e): nginx (needs ~2 descriptors a stream) or the sim engine; "
         "auto: nginx when the open-files limit allows",
+    )
+    ap.add_argument("--no-peers", action="store_true", help="leave LiteLLM and Portkey out")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="(a), (b): measure bourse with observing on and off N times, alternately",
     )
     ap.add_argument("--ledger-worker", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -1018,32 +1133,17 @@ def main() -> None:
         else Opts()
     )
     o.e_upstream = args.e_upstream
+    o.rounds = args.rounds
     only = set(args.only.split(","))
     stack = Stack()
     res: dict[str, Any] = {}
     checks: dict[str, str] = {}
     with contextlib.ExitStack() as es:
-        log("starting nginx")
-        es.enter_context(nginx(stack))
-        if only & set("abcd"):
-            log("starting bourse")
-            es.enter_context(bourse(stack))
-            log("starting LiteLLM proxy")
-            es.enter_context(litellm(stack))
-            log("starting Portkey gateway")
-            es.enter_context(portkey(stack))
+        start_targets(es, stack, only, peers=not args.no_peers)
         for peer, why in stack.missing.items():
             log(f"{peer}: {why}")
         stack.versions = versions(stack)
-        for key, gw in stack.gateways.items():
-            checks[key] = sanity(gw)
-            if checks[key]:
-                log(f"sanity check failed for {key}: {checks[key]}")
-            if key in ("bourse", "litellm", "portkey"):
-                cd = sanity(gw, "delay")
-                if cd:
-                    checks[key + " (delay)"] = cd
-                    log(f"sanity check failed for {key} (delay): {cd}")
+        checks.update(sanity_checks(stack))
         if "a" in only:
             log("(a) c=1 non-streamed")
             res["a"] = scenario_wrk(stack, "fast", 1, o)

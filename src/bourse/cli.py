@@ -72,12 +72,11 @@ def _serve_on(args: argparse.Namespace, config: Config, sock: socket.socket) -> 
 def _serve_locked(args: argparse.Namespace, config: Config, sock: socket.socket, data_dir: Path) -> int:
     from bourse.container import build, unreachable_services
     from bourse.http.server import GatewayServer
+    from bourse.observability.logs import configure_logging
     from bourse.settings import read_environment
 
     server = config.server
-    logging.basicConfig(
-        level=server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(server.log_level, server.log_format)
     # httpx (webhook delivery) logs every request it sends at INFO; bourse reports
     # failures itself (the upstream client of the openai engine is aiohttp)
     for noisy in ("httpx", "httpcore"):
@@ -144,6 +143,7 @@ def server_config(app: Any, server: ServerConfig) -> uvicorn.Config:
         app,
         http=bounded_protocol(limits),
         log_level="warning" if server.log_level != "debug" else "debug",
+        log_config=None,  # uvicorn's records go to bourse's handler, in its format
         access_log=False,
         # bourse never reads the client address: skip the X-Forwarded-* middleware
         proxy_headers=False,

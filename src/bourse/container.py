@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,11 @@ from bourse.coordination.limits_local import MemoryRateLimiter
 from bourse.domain.book import Deployment, ProductBook
 from bourse.domain.breaker import CircuitBreaker
 from bourse.http.app import create_app
+from bourse.observability import build_observer
 from bourse.ports.book import BookPort
 from bourse.ports.engine import Engine
 from bourse.ports.limits import RateLimiter
+from bourse.ports.observer import NULL_OBSERVER, Observer
 from bourse.ports.reports import ReportStore
 from bourse.services.accounts import AdminService, admin_key_hash, bootstrap_demo
 from bourse.services.auth import Authenticator
@@ -118,6 +121,7 @@ class Container:
     """Where keys generated at the first start are kept (set by ``bourse serve``)."""
     reports: ReportStore = field(kw_only=True)
     dashboard: Dashboard = field(kw_only=True)
+    observer: Observer = field(default=NULL_OBSERVER, kw_only=True)
 
     @property
     def max_body_bytes(self) -> int:
@@ -162,6 +166,7 @@ class Container:
             await engine.aclose()
         await self.auth.aclose()
         await self.store.close()
+        self.observer.close()
 
     def app(self) -> ASGIApp:
         return create_app(self, cors_origins=self.config.server.cors_origins)
@@ -256,7 +261,11 @@ def build(
             return RedisBook(hub, product, deployments, max_waiting=max_waiting)
         return LocalBook(ProductBook(product, deployments, max_waiting=max_waiting))
 
+    store = build_store(database, data)
     markets: dict[str, Market] = {}
+    kind = "postgresql" if database and database.startswith(("postgresql://", "postgres://")) else "sqlite"
+    # the observer reads the markets' books when scraped: the dict is filled below
+    observer = build_observer(config.server, books=markets, store=store, instance=owner, database=kind)
     engines: dict[str, Engine] = {}
     models: dict[str, str] = {}
     for pname, pconf in config.products.items():
@@ -272,7 +281,11 @@ def build(
                     name,
                     dconf.floor,
                     dconf.slots,
-                    breaker=CircuitBreaker(threshold=dconf.breaker_threshold, cooldown_s=dconf.cooldown_s),
+                    breaker=CircuitBreaker(
+                        threshold=dconf.breaker_threshold,
+                        cooldown_s=dconf.cooldown_s,
+                        on_change=partial(observer.breaker_changed, pname, name),
+                    ),
                 )
             )
         book = make_book(pname, deployments, pconf.max_waiting)
@@ -289,22 +302,24 @@ def build(
             else all(d.engine != "llamacpp" for d in pconf.deployments),
             description=pconf.description,
             breakers=[d.breaker for d in deployments],
+            observer=observer,
         )
-    store = build_store(database, data)
     store.secret_box = SecretBox.for_folder(data, env.secret_key)
     if not store.single_node and not env.secret_key:
         log.warning("webhook secrets are sealed with this replica's key (%s); replicas sharing the "
                     "database need the same BOURSE_SECRET_KEY", data / "secret_key")  # fmt: skip
     admin_hash, generated = admin_key_hash(data, env.admin_key)
     auth = Authenticator(store, admin_hash)
-    billing = Billing(store, owner=owner, lease_s=max(15.0, config.cluster.lease_s * 5))
+    billing = Billing(store, owner=owner, lease_s=max(15.0, config.cluster.lease_s * 5), observer=observer)
     limits = Limits(config.server.book_timeout_s, config.server.book_timeout_max_s)
     limiter: RateLimiter = MemoryRateLimiter()
     if hub is not None:
         from bourse.coordination.limits_redis import RedisRateLimiter
 
         limiter = RedisRateLimiter(hub)
-    service = CompletionService(markets, limits, models, billing=billing, limiter=limiter, auth=auth)
+    service = CompletionService(
+        markets, limits, models, billing=billing, limiter=limiter, auth=auth, observer=observer
+    )
     admin = AdminService(store, auth, products=config.products.keys(), audit=SqlAuditLog(store))
     from bourse.outbound.webhook_http import HttpWebhookSender
 
@@ -323,6 +338,7 @@ def build(
             sweep_interval_s=j.sweep_interval_s,
             max_active=j.max_active,
         ),
+        observer=observer,
     )
     housekeeping = Housekeeping(store, interval_s=config.storage.idempotency_purge_interval_s)
     from bourse.storage.reports import SqlReports
@@ -335,5 +351,5 @@ def build(
     return Container(
         config, service, auth, admin, store, billing, jobs,
         housekeeping=housekeeping, engines=engines, generated_admin_key=generated, hub=hub,
-        reports=reports, dashboard=dashboard,
+        reports=reports, dashboard=dashboard, observer=observer,
     )  # fmt: skip

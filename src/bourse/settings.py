@@ -176,6 +176,15 @@ class ServerConfig(_Strict):
     log_level: LogLevel = "info"
     cors_origins: list[str] = Field(default_factory=list, max_length=1000)
     """Browser origins allowed to call the API (``"*"``: any); empty: CORS off."""
+    log_format: Annotated[Literal["text", "json"], AnyCase] = "text"
+    """``json``: one object per line (docs/operating.md shows both)."""
+    access_log: bool = True
+    """One line per finished request, at INFO."""
+    metrics: bool = True
+    """``GET /metrics`` (Prometheus); off: 404 and nothing counted."""
+    tracing: bool = False
+    """OpenTelemetry spans over OTLP/HTTP to ``otlp_endpoint`` (needs the ``otel`` extra)."""
+    otlp_endpoint: str = Field(default="http://127.0.0.1:4318/v1/traces", pattern=r"^https?://")
     header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     """Time a client has to send a request's line and headers, from its first byte; then
     it gets 408 and the connection is closed (slow-header clients, "slowloris")."""

@@ -6,7 +6,8 @@ that cannot serve:
   is attempted upstream;
 - ``connect_timeout_s`` bounds a connect that gets no answer (well before
   ``first_byte_timeout_s``);
-- connect errors and timeouts are logged at WARNING with the deployment's name.
+- connect errors and timeouts are logged at WARNING with the deployment's name and the
+  failure's kind (one line each, the observer's).
 
 Before the fix a request to a product whose breakers were open waited in the book for
 the cool-down (then tried again, and waited again), and nothing was logged.
@@ -160,5 +161,5 @@ def test_open_breakers_answer_503_at_once_without_touching_the_upstream(
 
     log = _log(tmp_path, "ff")
     warnings = [line for line in log.splitlines() if " WARNING " in line]
-    assert any("deployment dead-upstream: upstream unreachable" in line for line in warnings), log
-    assert any("deployment silent-upstream: upstream timed out" in line for line in warnings), log
+    assert any("deployment dead-upstream (connect): upstream unreachable" in line for line in warnings), log
+    assert any("deployment silent-upstream (timeout): upstream timed out" in line for line in warnings), log

@@ -2,7 +2,8 @@
 
 ``threshold`` consecutive transient failures open the breaker for ``cooldown_s``;
 after that one trial admission is let through (half-open): a success closes the
-breaker, a failure opens it again.
+breaker, a failure opens it again. ``on_change`` (if set) hears each opening
+(``"open"``, also again after a failed trial) and each closing (``"closed"``).
 
 :func:`cooling_for` says when a request need not wait at all: every deployment of a
 product is cooling down, so the answer is 503 at once, with the time left.
@@ -10,7 +11,7 @@ product is cooling down, so the answer is 503 at once, with the time left.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 
@@ -22,6 +23,7 @@ class CircuitBreaker:
     open_until: float = 0.0
     half_open: bool = False
     trial_running: bool = False
+    on_change: Callable[[str], None] | None = None
 
     def available(self, now: float) -> bool:
         if self.failures < self.threshold:
@@ -39,12 +41,18 @@ class CircuitBreaker:
         self.failures += 1
         self.trial_running = False
         if self.failures >= self.threshold:
+            opening = self.failures == self.threshold or now >= self.open_until
             self.open_until = now + self.cooldown_s
+            if opening and self.on_change is not None:
+                self.on_change("open")
 
     def record_success(self) -> None:
+        was_open = self.failures >= self.threshold
         self.failures = 0
         self.trial_running = False
         self.open_until = 0.0
+        if was_open and self.on_change is not None:
+            self.on_change("closed")
 
     def cooling_left(self, now: float) -> float:
         """Seconds the breaker stays open (0 when closed, or its cool-down is over)."""

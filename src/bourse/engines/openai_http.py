@@ -19,7 +19,6 @@ The API key is sent only as a header; it never appears in a failure message.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -39,7 +38,6 @@ from bourse.wire.sse import SSEParser
 
 __all__ = ["OpenAIHTTPEngine"]
 
-log = logging.getLogger("bourse.engines")
 
 _DONE = b"[DONE]"
 _MESSAGE_MAX = 300
@@ -178,7 +176,7 @@ class _StreamParse:
             tokens = _carries_tokens(choices)
         except (orjson.JSONDecodeError, TypeError, AttributeError):
             self.failure = EngineFailure(
-                "upstream sent a malformed stream chunk", transient=not self.output_began
+                "upstream sent a malformed stream chunk", transient=not self.output_began, kind="malformed"
             )
             return None
         self.output_began = True
@@ -188,8 +186,8 @@ class _StreamParse:
         """The finish step, at the end of the stream: it must have said ``[DONE]``; its usage."""
         if not self.done:
             if self.output_began:
-                raise EngineFailure("upstream closed the stream early", transient=False)
-            raise EngineFailure("upstream closed the stream before any output", transient=True)
+                raise EngineFailure("upstream closed the stream early", transient=False, kind="stream")
+            raise EngineFailure("upstream closed the stream before any output", transient=True, kind="stream")
         return None if self.usage is None else _usage_event(self.usage)
 
 
@@ -228,7 +226,7 @@ class OpenAIHTTPEngine(Engine):
         name: str = "openai",
     ) -> None:
         self.name = name
-        """The deployment's name, for the log."""
+        """The deployment's name (its failures are logged by the observer, which names it too)."""
         base = base_url.rstrip("/")
         self._chat_url = yarl.URL(base + "/chat/completions")
         self._completion_url = yarl.URL(base + "/completions")
@@ -287,17 +285,22 @@ class OpenAIHTTPEngine(Engine):
         if answer and status in _FAILED_ANSWER_STATUSES:
             detail = f": {message}" if message else ""
             return EngineFailure(
-                self._scrub(f"upstream failed the answer (HTTP {status}){detail}"), transient=False
+                self._scrub(f"upstream failed the answer (HTTP {status}){detail}"),
+                transient=False,
+                kind="status",
             )
         if status >= 500 or status < 400 or status in _TRANSIENT_CLIENT_STATUSES:
             detail = f": {message}" if message else ""
-            return EngineFailure(self._scrub(f"upstream answered HTTP {status}{detail}"), transient=True)
+            return EngineFailure(
+                self._scrub(f"upstream answered HTTP {status}{detail}"), transient=True, kind="status"
+            )
         return EngineFailure(
             self._scrub(message or f"upstream refused the request (HTTP {status})"),
             transient=False,
             status=400,
             code=_refusal_code(message, code, error_type),
             error_type="invalid_request_error",
+            kind="refused",
         )
 
     def _stream_failure(self, error: object, output_began: bool) -> EngineFailure:
@@ -310,20 +313,21 @@ class OpenAIHTTPEngine(Engine):
                 status=400,
                 code=_refusal_code(message, code, error_type),
                 error_type="invalid_request_error",
+                kind="refused",
             )
-        return EngineFailure(f"upstream error: {message}", transient=not output_began)
+        return EngineFailure(f"upstream error: {message}", transient=not output_began, kind="stream")
 
     def _early_failure(self, exc: BaseException, waited: str) -> EngineFailure:
-        """A failure before any output (connect, status, first bytes): always transient,
-        and logged (WARNING) with the deployment's name."""
+        """A failure before any output (connect, status, first bytes): always transient.
+        Not logged here: the run reports it to the observer, whose WARNING line names the
+        deployment and the failure's kind."""
         if isinstance(exc, aiohttp.ServerTimeoutError):  # also a TimeoutError: checked first
-            message = f"upstream timed out ({type(exc).__name__})"
-        elif isinstance(exc, TimeoutError):
-            message = f"upstream sent {waited}"
-        else:
-            message = self._scrub(f"upstream unreachable ({type(exc).__name__}: {exc})")
-        log.warning("deployment %s: %s", self.name, message)
-        return EngineFailure(message, transient=True)
+            return EngineFailure(f"upstream timed out ({type(exc).__name__})", transient=True, kind="timeout")
+        if isinstance(exc, TimeoutError):
+            return EngineFailure(f"upstream sent {waited}", transient=True, kind="timeout")
+        return EngineFailure(
+            self._scrub(f"upstream unreachable ({type(exc).__name__}: {exc})"), transient=True, kind="connect"
+        )
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         if not request.stream and self._unary:
@@ -335,6 +339,8 @@ class OpenAIHTTPEngine(Engine):
     ) -> aiohttp.ClientResponse:
         """Send ``body`` to the request kind's URL; ``json``: ask for a JSON answer, not a stream."""
         headers = {"x-request-id": request.request_id, "x-bourse-attempt": str(request.attempt)}
+        if request.traceparent is not None:
+            headers["traceparent"] = request.traceparent
         if json:
             headers["accept"] = "application/json"
         url = self._chat_url if request.kind == "chat" else self._completion_url
@@ -366,7 +372,9 @@ class OpenAIHTTPEngine(Engine):
             usage = doc.pop("usage", None)
             tokens = _answer_chunk(doc, chat) if doc.get("choices") else None
         except (orjson.JSONDecodeError, TypeError, AttributeError, KeyError):
-            raise EngineFailure("upstream sent a malformed answer", transient=True) from None
+            raise EngineFailure(
+                "upstream sent a malformed answer", transient=True, kind="malformed"
+            ) from None
         usage_event = _usage_event(usage) if isinstance(usage, dict) else None
         if tokens is None:
             return None, usage_event
@@ -428,11 +436,10 @@ class OpenAIHTTPEngine(Engine):
                     piece = await response.content.readany()
                 except aiohttp.ServerTimeoutError:
                     silent = f"upstream went silent for {self._read_timeout_s:g}s"
-                    log.warning("deployment %s: %s", self.name, silent)
-                    raise EngineFailure(silent, transient=not parse.output_began) from None
+                    raise EngineFailure(silent, transient=not parse.output_began, kind="timeout") from None
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     broke = self._scrub(f"upstream stream broke ({type(exc).__name__})")
-                    raise EngineFailure(broke, transient=not parse.output_began) from None
+                    raise EngineFailure(broke, transient=not parse.output_began, kind="stream") from None
         except BaseException:
             # not read to its end (closed early, cancelled, failed): drop the connection,
             # so the upstream sees it go and stops generating
@@ -476,7 +483,9 @@ def _usage_event(usage: dict[str, Any]) -> UsageEvent:
         prompt = int(usage.get("prompt_tokens") or 0)
         completion = int(usage.get("completion_tokens") or 0)
     except (TypeError, ValueError):
-        raise EngineFailure("upstream sent a malformed usage block", transient=False) from None
+        raise EngineFailure(
+            "upstream sent a malformed usage block", transient=False, kind="malformed"
+        ) from None
     details = {
         k: v for k, v in usage.items() if k not in ("prompt_tokens", "completion_tokens", "total_tokens")
     }

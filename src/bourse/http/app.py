@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -17,14 +18,14 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Match, Route
+from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Scope
 
 from bourse.domain.errors import GatewayError, internal_error
 from bourse.http import account, admin, completions, dashboard, jobs, market, openapi, usage_csv
 from bourse.http.cors import with_cors
 from bourse.http.deps import Services
-from bourse.http.edge import HotRouter
+from bourse.http.edge import HotRouter, Templates
 from bourse.http.responses import JSON, error_response
 from bourse.services.ids import new_request_id
 
@@ -60,6 +61,13 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
         ready = any(products.values())
         status = "draining" if services.completions.draining else "ready" if ready else "unready"
         return JSON({"status": status, "products": products}, status_code=200 if status == "ready" else 503)
+
+    async def metrics(request: Request) -> Response:
+        scraped = await services.observer.scrape(request.headers.get("accept"))
+        if scraped is None:
+            raise GatewayError(404, "not_found", "Metrics are off here ([server] metrics = false).")
+        body, content_type = scraped
+        return Response(body, headers={"content-type": content_type, "cache-control": "no-store"})
 
     async def on_gateway_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GatewayError)
@@ -107,7 +115,21 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
         *dashboard.routes(services),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ]
     routes.append(openapi.route(routes))
-    app = HotRouter(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), hot)
+    starlette = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    app = HotRouter(starlette, hot, services.observer, route_templates(routes))
     return with_cors(app, cors_origins)
+
+
+def route_templates(routes: Sequence[BaseRoute]) -> Templates:
+    """Each route's endpoint -> (pattern, path template) of the routes it serves: what the
+    observer labels requests with."""
+    out: dict[Any, list[tuple[re.Pattern[str], str]]] = {}
+    for r in routes:
+        if isinstance(r, Route):
+            out.setdefault(r.endpoint, []).append((r.path_regex, r.path))
+        elif isinstance(r, Mount):
+            out.setdefault(r.app, []).append((r.path_regex, r.path + "/*"))
+    return out

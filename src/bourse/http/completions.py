@@ -1,12 +1,13 @@
 """Routes POST /v1/chat/completions and /v1/completions (with idempotency keys).
 
 They are raw ASGI routes (:mod:`bourse.http.edge`): the headers are read once from
-the scope, the body straight from ``receive``.
+the scope, the body straight from ``receive``. The client's ``x-request-id`` and
+``traceparent`` (checked by :mod:`bourse.wire.trace_headers`) and, once known, the
+key id and the product go into the request's :class:`~bourse.ports.observer.Caller`.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +19,13 @@ from bourse.http import idempotency
 from bourse.http.deps import Services, ServiceStore
 from bourse.http.edge import HotRoute, read_body, serve
 from bourse.http.relay import OnDone, RunResponse
-from bourse.http.responses import JSON, error_response
+from bourse.http.responses import JSON
 from bourse.ports.engine import Kind
+from bourse.ports.observer import Caller
 from bourse.ports.stores import StoredResponse
 from bourse.services.auth import Principal
 from bourse.wire.requests import ChatCompletionRequest, CompletionRequest, parse_body, validate
+from bourse.wire.trace_headers import correlation_id, traceparent
 
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
@@ -38,7 +41,7 @@ class _Head:
     book_timeout: str | None = None
 
 
-def _read_head(scope: Scope) -> _Head:
+def _read_head(scope: Scope, caller: Caller) -> _Head:
     head = _Head()
     for name, value in scope["headers"]:
         if name == b"authorization":
@@ -51,6 +54,10 @@ def _read_head(scope: Scope) -> _Head:
             head.max_price = value.decode("latin-1")
         elif name == b"x-book-timeout":
             head.book_timeout = value.decode("latin-1")
+        elif name == b"x-request-id":
+            caller.correlation_id = correlation_id(value)
+        elif name == b"traceparent":
+            caller.traceparent = traceparent(value)
     return head
 
 
@@ -91,24 +98,29 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
             services, account, idem, JSON(job, status_code=202, request_id=job["request_id"])
         )
 
-    async def complete(kind: Kind, scope: Scope, receive: Receive, rid: str) -> ASGIApp:
-        t0 = time.perf_counter()
-        head = _read_head(scope)
+    async def complete(kind: Kind, scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
+        t0 = caller.started
+        rid = caller.request_id
+        head = _read_head(scope, caller)
         principal = await auth.user(head.authorization)
+        caller.key_id = principal.key.id
         head.idempotency_key = idempotency.scoped(principal, head.idempotency_key)
         raw = await read_body(receive, head.length, limit)
         body = parse_body(raw)
         req = validate(kind, body)
         market = completions.markets.get(req.model)
         if market is None:
-            return await answer(kind, head, principal, body, raw, req, rid, t0)
-        # the product's policy names the request id from here on, errors included
+            return await answer(kind, head, principal, body, raw, req, rid, t0, caller)
+        caller.product = req.model
+        # the product's policy names the request id from here on, errors included (the
+        # edge answers them with the caller's id; the policy's id headers go with them)
         policy = market.policy
-        rid = policy.request_id(rid)
+        rid = caller.request_id = policy.request_id(rid)
         try:
-            return await answer(kind, head, principal, body, raw, req, rid, t0)
+            return await answer(kind, head, principal, body, raw, req, rid, t0, caller)
         except GatewayError as exc:
-            return error_response(exc, rid, policy.id_headers(rid))
+            exc.headers = {**policy.id_headers(rid), **exc.headers}
+            raise
 
     async def answer(
         kind: Kind,
@@ -119,6 +131,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
         req: ChatCompletionRequest | CompletionRequest,
         rid: str,
         t0: float,
+        caller: Caller,
     ) -> ASGIApp:
         """Idempotency, then the job or the run's response."""
         account, idem = principal.account_id, head.idempotency_key
@@ -138,19 +151,24 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
                 timeout_header=head.book_timeout,
                 t0=t0,
                 engine_stream=req.stream,  # one answer: the engine may ask its upstream for one
+                caller=caller,
             )
         except BaseException:
             await idempotency.forget(services, account, idem)
             raise
         return RunResponse(run, on_done=_keeper(services.store, account, idem))
 
-    async def chat(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
-        return await complete("chat", scope, receive, rid)
+    async def chat(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
+        return await complete("chat", scope, receive, caller)
 
-    async def legacy(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
-        return await complete("completion", scope, receive, rid)
+    async def legacy(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
+        return await complete("completion", scope, receive, caller)
 
-    return {PATHS["chat"]: HotRoute("chat", chat), PATHS["completion"]: HotRoute("completion", legacy)}
+    observer = services.observer
+    return {
+        PATHS["chat"]: HotRoute("chat", chat, PATHS["chat"], observer),
+        PATHS["completion"]: HotRoute("completion", legacy, PATHS["completion"], observer),
+    }
 
 
 class _Endpoint:

@@ -10,6 +10,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from bourse.domain.errors import invalid_request
 from bourse.http import edge
+from bourse.ports.observer import Observer
 from bourse.ports.reports import ReportStore
 from bourse.ports.stores import IdempotencyStore, UsageStore
 from bourse.services.accounts import AdminService
@@ -45,6 +46,8 @@ class Services(Protocol):
     def max_body_bytes(self) -> int: ...
     @property
     def idempotency_ttl_s(self) -> float: ...
+    @property
+    def observer(self) -> Observer: ...
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...

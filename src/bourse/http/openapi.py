@@ -270,6 +270,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         answer="Ready",
         extra={503: ("no product is ready", "Ready")},
     ),
+    ("GET", "/metrics"): Operation(
+        "The gateway's metrics in the Prometheus text format (404 when `[server] metrics` is off)",
+        "service",
+        auth="none",
+        answer=None,
+        errors=(404,),
+    ),
     ("GET", "/openapi.json"): Operation("This document", "service", auth="none"),
 }
 

@@ -46,6 +46,9 @@ class GenerationRequest:
     produce the whole answer at once (the ``openai`` engine asks its upstream for a
     non-streamed answer) and yield it as one chunk per choice whose ``delta`` is the
     message, then its usage. The body is the same either way."""
+    traceparent: str | None = None
+    """The W3C ``traceparent`` to hand on to an HTTP upstream (the client's, or this
+    attempt's span when bourse traces), or None."""
 
 
 @dataclass(slots=True)
@@ -77,7 +80,9 @@ class EngineFailure(Exception):
     ``transient`` is true for failures that another attempt may not meet: connect
     errors, upstream 5xx and 429, a first-byte timeout. ``status`` is the HTTP status
     the gateway reports when it gives up (400 for an engine's refusal such as a
-    context-length error, 502 otherwise); ``code`` the OpenAI error code.
+    context-length error, 502 otherwise); ``code`` the OpenAI error code; ``kind`` a
+    word for the operator's metrics (``connect``, ``timeout``, ``status``, ``refused``,
+    ``stream``, ``malformed``, else ``other``).
     """
 
     def __init__(
@@ -88,8 +93,10 @@ class EngineFailure(Exception):
         status: int = 502,
         code: str = "upstream_error",
         error_type: str = "upstream_error",
+        kind: str = "other",
     ) -> None:
         super().__init__(message)
+        self.kind = kind
         self.message = message
         self.transient = transient
         self.status = status

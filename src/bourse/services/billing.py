@@ -41,6 +41,7 @@ from bourse.domain.money import (
 )
 from bourse.domain.policy import Policy
 from bourse.ports.engine import Kind
+from bourse.ports.observer import NULL_OBSERVER, Observer
 from bourse.ports.stores import (
     ApiKey,
     Hold,
@@ -115,6 +116,8 @@ class Closing:
     """Token counts and ``x_market``; ``usage_estimated`` when the gateway counted."""
     receipt: Mapping[str, Any]
     """``latency_ms`` (and ``ttft_ms``) and ``outcome``."""
+    correlation_id: str | None = None
+    """The client's own ``x-request-id``, kept in the usage record."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +167,18 @@ def assess(closing: Closing) -> Settlement:
 class Billing:
     """Holds and settlements, against a ledger store."""
 
-    def __init__(self, store: BillingStore, *, owner: str | None = None, lease_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        store: BillingStore,
+        *,
+        owner: str | None = None,
+        lease_s: float = 15.0,
+        observer: Observer = NULL_OBSERVER,
+    ) -> None:
         self.store = store
         self.owner = owner or "gw_" + os.urandom(8).hex()
         self.lease_s = lease_s
+        self.observer = observer
         self._heartbeat: asyncio.Task[None] | None = None
 
     # -- before the book ----------------------------------------------------------
@@ -182,6 +193,7 @@ class Billing:
         period = None
         if key is not None and key.spend_cap_period is not None and key.spend_cap_micros is not None:
             period = cap_period(key.spend_cap_period, now)
+        t = time.perf_counter()
         try:
             await self.store.place_hold(
                 Hold(
@@ -210,11 +222,21 @@ class Billing:
             ) from None
         except UnknownAccount:
             raise GatewayError(401, "invalid_api_key", "This API key's account no longer exists.") from None
+        except Exception as exc:
+            self.observer.backend_error("database", "hold", exc)
+            raise
+        self.observer.ledger_timed("hold", time.perf_counter() - t)
         return hold_id
 
     async def release(self, hold_id: str) -> None:
         """The order never entered the book (503): give the hold back."""
-        await self.store.release(hold_id, None, time.time())
+        t = time.perf_counter()
+        try:
+            await self.store.release(hold_id, None, time.time())
+        except Exception as exc:
+            self.observer.backend_error("database", "release", exc)
+            raise
+        self.observer.ledger_timed("release", time.perf_counter() - t)
 
     # -- after the outcome ----------------------------------------------------------
 
@@ -246,6 +268,9 @@ class Billing:
                         await self._write(hold_id, s, record, now)
                     except HoldNotOpen:
                         log.error("hold %s of request %s was already closed", hold_id, request_id)
+                    except Exception as exc:
+                        self.observer.backend_error("database", s.action, exc)
+                        raise
         except Exception:
             log.exception(
                 "hold %s stays open after %d attempts; it will be reconciled at the next start",
@@ -254,12 +279,16 @@ class Billing:
             )
 
     async def _write(self, hold_id: str, s: Settlement, record: UsageRecord, now: float) -> None:
+        t = time.perf_counter()
         if s.action == "settle":
             await self.store.settle(hold_id, s.cost_micros, record, now)
         elif s.action == "release":
             await self.store.release(hold_id, record, now)
         else:
-            await self.store.to_reconciling(hold_id, record, "the engine gave no usage", now)
+            note = "the engine gave no usage"
+            await self.store.to_reconciling(hold_id, record, note, now)
+            self.observer.hold_reconciling(hold_id, record.request_id, note)
+        self.observer.ledger_timed(s.action, time.perf_counter() - t)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -286,7 +315,8 @@ class Billing:
                 await self.store.heartbeat(self.owner, now + self.lease_s, now)
                 if not self.store.single_node:
                     await self.store.reconcile_orphans(self.owner, now, all_others=False)
-            except Exception:
+            except Exception as exc:
+                self.observer.backend_error("database", "heartbeat", exc)
                 log.exception("lease heartbeat failed")
 
     async def stop(self) -> None:
@@ -307,4 +337,5 @@ def usage_document(closing: Closing, s: Settlement) -> dict[str, Any]:
         "usage": s.usage,
         "receipt": s.receipt,
         "key_id": closing.key_id,
+        **({"correlation_id": closing.correlation_id} if closing.correlation_id is not None else {}),
     }

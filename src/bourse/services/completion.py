@@ -38,8 +38,9 @@ from bourse.domain.policy import Policy
 from bourse.domain.ratelimit import retry_after_header
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
 from bourse.ports.limits import KeyLimits, LimiterUnavailable, RateLimiter
+from bourse.ports.observer import NULL_OBSERVER, NULL_SPAN, Caller, Observer, RunReport, Span
 from bourse.services.auth import Authenticator, Principal
-from bourse.services.billing import Billing, Closing, Quote, quote_for
+from bourse.services.billing import ENDPOINTS, Billing, Closing, Quote, quote_for
 from bourse.services.market import Market
 from bourse.wire.prompt import PromptSize, measure_prompt
 from bourse.wire.requests import GATEWAY_FIELDS, ChatCompletionRequest, CompletionRequest, bounded_header
@@ -141,6 +142,7 @@ class CompletionService:
         billing: Billing,
         limiter: RateLimiter,
         auth: Authenticator,
+        observer: Observer = NULL_OBSERVER,
     ) -> None:
         self.markets = markets
         self.limits = limits
@@ -149,6 +151,7 @@ class CompletionService:
         self.billing = billing
         self.limiter = limiter
         self.auth = auth
+        self.observer = observer
         self.background: set[asyncio.Task[Any]] = set()
         self.on_settled: list[SettledHook] = []
         """Listeners of settled runs (the dashboard's live tail)."""
@@ -170,13 +173,15 @@ class CompletionService:
         t0: float | None = None,
         engine_stream: bool = True,
         fail_fast: bool = True,
+        caller: Caller | None = None,
     ) -> Run:
         """validate -> (authenticated) -> rate-limit -> quote -> hold -> book.
 
         ``engine_stream`` False: the engine may produce the answer at once (a relayed
         non-streamed request); jobs keep the stream, so that their progress and a
         cancel's charge count the tokens as they come. ``fail_fast`` False: the run waits
-        out open breakers in the book (a resumed job) rather than get 503 at once."""
+        out open breakers in the book (a resumed job) rather than get 503 at once.
+        ``caller``: the HTTP request (None: a job's run)."""
         if self.draining:
             raise draining()
         t0 = time.perf_counter() if t0 is None else t0
@@ -199,7 +204,17 @@ class CompletionService:
             await self._limits_done(grant, 0)
             raise
         run = Run(
-            self, ask, request_id, t0, prompt, quote, principal.account_id, hold_id, grant, engine_stream
+            self,
+            ask,
+            request_id,
+            t0,
+            prompt,
+            quote,
+            principal.account_id,
+            hold_id,
+            grant,
+            engine_stream,
+            caller,
         )
         try:
             await run.submit()
@@ -261,6 +276,7 @@ class CompletionService:
         try:
             decision = await self.limiter.acquire(key_id, limits, tokens)
         except LimiterUnavailable as exc:
+            self.observer.backend_error("redis", "limits", exc)
             raise GatewayError(
                 503, "no_capacity", f"{exc}; retry shortly.", headers={"retry-after": "2"}
             ) from None
@@ -277,6 +293,7 @@ class CompletionService:
         try:
             await self.limiter.finish(grant.key_id, grant.limits, grant.tokens, used)
         except LimiterUnavailable as exc:  # the limiter repairs its count when it can
+            self.observer.backend_error("redis", "limits", exc)
             log.warning("rate limits of key %s not updated: %s", grant.key_id, exc)
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -287,14 +304,24 @@ class CompletionService:
         return task
 
     async def settle(
-        self, closing: Closing, error: GatewayError | None, grant: Grant, text_tokens: int
+        self,
+        closing: Closing,
+        error: GatewayError | None,
+        grant: Grant,
+        text_tokens: int,
+        run: Run | None = None,
     ) -> Finished:
-        """Settlement and limiter bookkeeping, detached from the client's connection."""
+        """Settlement and limiter bookkeeping, detached from the client's connection;
+        the run (when given) then reports its end to the observer."""
+        span = self.observer.start_span("bourse.settle", None if run is None else run.span)
         try:
             s = await self.billing.settle(closing)
         finally:
             await self._limits_done(grant, int(closing.usage.get("total_tokens") or 0))
+            span.end()
         fin = Finished(s.outcome, error, s.usage, s.receipt, text_tokens, s.cost_micros)
+        if run is not None:
+            run.report(fin, closing)
         for hook in self.on_settled:
             try:
                 hook(closing, fin)
@@ -400,6 +427,7 @@ class Run:
     ``tokens``, the timings) is written by its own methods only."""
 
     __slots__ = (
+        "_attempt_span",
         "_deadline",
         "_engine_iter",
         "_fut",
@@ -412,6 +440,7 @@ class Run:
         "admission",
         "bid",
         "body",
+        "caller",
         "cleared",
         "client_left",
         "created",
@@ -432,6 +461,7 @@ class Run:
         "reasoning_tokens",
         "request_id",
         "service",
+        "span",
         "stream",
         "t0",
         "timeout_s",
@@ -451,6 +481,7 @@ class Run:
         hold_id: str,
         grant: Grant,
         engine_stream: bool = True,
+        caller: Caller | None = None,
     ) -> None:
         # -- terms (fixed) --
         self.service = service
@@ -471,6 +502,11 @@ class Run:
         """The hold placed for this run (closed by its settlement)."""
         self.grant = grant
         self.engine_stream = engine_stream
+        self.caller = caller
+        """The HTTP request (None: a job's run)."""
+        self.span = service.observer.start_span(
+            "bourse.run", None if caller is None else caller.traceparent, t0
+        )
         self.created_at = time.time()
         self.created = int(self.created_at)
         # -- state (written by the run only) --
@@ -498,6 +534,7 @@ class Run:
         self._stop_cancelled = False
         self._task: asyncio.Task[Any] | None = None
         """The task reading :meth:`events` (where :meth:`interrupt` stops it)."""
+        self._attempt_span: Span = NULL_SPAN
 
     @property
     def product(self) -> str:
@@ -621,7 +658,14 @@ class Run:
         m, order, fut = self.market, self.order, self._fut
         assert order is not None and fut is not None
         self.phase = Phase.QUEUED
-        adm = await m.wait(order, fut, self._deadline)
+        observer = self.service.observer
+        wait = observer.start_span("bourse.book.wait", self.span)
+        try:
+            adm = await m.wait(order, fut, self._deadline)
+        except BaseException as exc:
+            wait.end(type(exc).__name__)
+            raise
+        wait.end()
         self.admission = self.cleared = adm
         self.phase = Phase.ADMITTED
         if self.queued_ms is None:
@@ -629,11 +673,16 @@ class Run:
             if on_admit is not None:
                 on_admit(self)
         self.body["model"] = self.service.models[adm.deployment]
+        span = self._attempt_span = observer.start_span("bourse.engine.attempt", self.span)
+        span.set("bourse.deployment", adm.deployment)
+        span.set("bourse.attempt", order.requeues)
+        traceparent = span.traceparent or (None if self.caller is None else self.caller.traceparent)
         it = m.engines[adm.deployment].generate(
             GenerationRequest(
-                self.request_id, self.kind, self.body, attempt=order.requeues, stream=self.engine_stream
+                self.request_id, self.kind, self.body, attempt=order.requeues, stream=self.engine_stream,
+                traceparent=traceparent,
             )
-        )
+        )  # fmt: skip
         self._engine_iter = it
         return it
 
@@ -649,10 +698,15 @@ class Run:
         self._engine_iter = None
         m, order, adm = self.market, self.order, self.admission
         assert order is not None and adm is not None
+        self._end_attempt(failure.message)
+        self.service.observer.upstream_failed(
+            m.product, adm.deployment, failure.kind, failure.message, self.request_id
+        )
         if self.phase is Phase.STREAMING or not failure.transient:
             err = GatewayError(failure.status, failure.code, failure.message, error_type=failure.error_type)
             return await self._settled("error", self._engine_error(err))
         if order.requeues < m.policy.max_requeues:
+            self.service.observer.requeued(m.product, adm.deployment)
             self._fut = fut = await m.requeue(order, adm)
             self.admission = None
             self.phase = Phase.QUEUED
@@ -722,6 +776,8 @@ class Run:
             self.market.release(self.admission)
             self.admission = None
         self.service.live.discard(self)
+        self._end_attempt("handed back")
+        self.span.end("handed_back")
         raise HandedBack(self.request_id)
 
     def _finish(self, outcome: Outcome, error: GatewayError | None) -> None:
@@ -731,11 +787,58 @@ class Run:
         closing = self._closing(outcome)
         self.phase = Phase.DONE
         self.service.live.discard(self)
+        self._end_attempt(None if error is None else error.message)
         if self.admission is not None:
             self.market.release(self.admission)
             self.admission = None
         service = self.service
-        self._settlement = service.spawn(service.settle(closing, error, self.grant, self.tokens))
+        self._settlement = service.spawn(service.settle(closing, error, self.grant, self.tokens, self))
+
+    def _end_attempt(self, error: str | None) -> None:
+        span, self._attempt_span = self._attempt_span, NULL_SPAN
+        span.end(error)
+
+    def report(self, fin: Finished, closing: Closing) -> None:
+        """Tell the observer how the run ended (once, after its settlement)."""
+        caller, usage, cleared = self.caller, fin.usage, self.cleared
+        error = fin.error
+        if self.stream and caller is not None:
+            status = 200  # the head went out when the order entered the book
+        elif error is not None:
+            status = error.status
+        else:
+            status = 499 if self.client_left else 200
+        report = RunReport(
+            method=None if caller is None else "POST",
+            route=caller.route if caller is not None else ENDPOINTS[closing.kind],
+            status=status,
+            outcome=fin.outcome,
+            request_id=self.request_id,
+            correlation_id=None if caller is None else caller.correlation_id,
+            key_id=self.grant.key_id,
+            product=self.product,
+            deployment=None if cleared is None else cleared.deployment,
+            stream=self.stream,
+            detached=caller is None,
+            error=None if error is None else error.code,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            cost_micros=fin.cost_micros,
+            quote_micros=self.quote.micros,
+            bid=self.bid,
+            cleared_price=None if cleared is None else cleared.price,
+            queued_ms=None if self.queued_ms is None else round(self.queued_ms, 3),
+            ttft_ms=None if self.ttft_ms is None else round(self.ttft_ms, 3),
+            latency_ms=closing.receipt["latency_ms"],
+            requeues=0 if self.order is None else self.order.requeues,
+        )
+        self.service.observer.run_finished(report)
+        span = self.span
+        if span is not NULL_SPAN:
+            span.set("bourse.outcome", fin.outcome)
+            span.set("bourse.product", self.product)
+            span.set("bourse.cost_micros", fin.cost_micros)
+            span.end(None if error is None else error.code)
 
     def _closing(self, outcome: Outcome) -> Closing:
         usage = self._usage()
@@ -760,6 +863,7 @@ class Run:
             price=self.bid if cleared is None else cleared.price,
             usage=usage,
             receipt=receipt,
+            correlation_id=None if self.caller is None else self.caller.correlation_id,
         )
 
     def _usage(self) -> dict[str, Any]:

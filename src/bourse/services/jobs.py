@@ -28,6 +28,7 @@ import orjson
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.ports.engine import ChunkEvent, Kind
 from bourse.ports.limits import KeyLimits
+from bourse.ports.observer import NULL_OBSERVER, Observer
 from bourse.ports.stores import (
     FINAL_JOB_STATES,
     ApiKey,
@@ -89,6 +90,7 @@ class JobService:
     completions: CompletionService
     sender: WebhookSender
     limits: JobLimits = field(default_factory=JobLimits)
+    observer: Observer = NULL_OBSERVER
     active: dict[str, Active] = field(default_factory=dict)
     _sweeper: asyncio.Task[None] | None = None
     _claimer: asyncio.Task[None] | None = None
@@ -414,8 +416,11 @@ class JobService:
                 )
             outcome = await self._post(job, job.webhook_url, secret, body, attempt)
             if outcome is not None:
+                if outcome == "delivered":
+                    self.observer.webhook_result(job_id, "delivered")
                 await self.store.update_job(job_id, webhook_state=outcome)
                 return
+        self.observer.webhook_result(job_id, "failed", f"no 2xx answer in {attempts} attempts")
         await self.store.update_job(job_id, webhook_state="failed")
 
     async def _post(self, job: Job, url: str, secret: str, body: bytes, attempt: int) -> str | None:
@@ -428,7 +433,7 @@ class JobService:
                 resolve=self.sender.resolve,
             )
         except GatewayError as exc:
-            log.warning("webhook of job %s refused: %s", job.id, exc.message)
+            self.observer.webhook_result(job.id, "failed", f"target refused: {exc.message}")
             return "failed"
         headers = {
             "content-type": "application/json",
@@ -443,4 +448,5 @@ class JobService:
             log.info("webhook of job %s answered %d (attempt %d)", job.id, status, attempt + 1)
         except OSError as exc:
             log.info("webhook of job %s failed: %s (attempt %d)", job.id, exc, attempt + 1)
+        self.observer.webhook_result(job.id, "attempt_failed")
         return None

@@ -20,6 +20,7 @@ from bourse.domain.errors import GatewayError, book_timeout, no_capacity
 from bourse.domain.policy import Policy
 from bourse.ports.book import BookPort, BookUnavailable, BookView
 from bourse.ports.engine import Engine, TokenCounter
+from bourse.ports.observer import NULL_OBSERVER, Observer
 
 
 class Market:
@@ -38,6 +39,7 @@ class Market:
         supports_tools: bool,
         description: str | None = None,
         breakers: Iterable[CircuitBreaker] = (),
+        observer: Observer = NULL_OBSERVER,
     ) -> None:
         self.product = product
         self.book = book
@@ -51,6 +53,7 @@ class Market:
         self.description = description
         self._breakers = tuple(breakers)
         """This replica's breaker of each deployment (the ones the book reads)."""
+        self.observer = observer
 
     @staticmethod
     def now() -> float:
@@ -108,6 +111,7 @@ class Market:
             ) from None
 
     def unavailable(self, exc: BaseException) -> GatewayError:
+        self.observer.backend_error("redis", "book", exc)
         return no_capacity(f"{exc}; retry shortly.", retry_after_s=2)
 
     def report_success(self, deployment: str) -> None:
@@ -128,7 +132,8 @@ class Market:
         """The level now and the orders ahead of ``order`` (-1 if it is not waiting)."""
         try:
             return await self.book.standing(order)
-        except BookUnavailable:  # the last known view, for progress frames and job status
+        except BookUnavailable as exc:  # the last known view, for progress frames and job status
+            self.observer.backend_error("redis", "book", exc)
             return self.book.level(), -1 if order is None else self.book.position(order)
 
     async def view(self) -> BookView:

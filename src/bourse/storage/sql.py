@@ -395,6 +395,21 @@ def _totals(db: Executor) -> Totals:
     return Totals(int(row["c"]), int(row["b"]), int(row["h"]), int(row["r"]))
 
 
+def _hold_counts(db: Executor) -> dict[str, tuple[int, int]]:
+    rows = db.fetch(
+        "SELECT state, COUNT(*) AS n, COALESCE(SUM(amount_micros), 0) AS m FROM holds "
+        "WHERE state IN ('open', 'reconciling') GROUP BY state"
+    )
+    return {str(r["state"]): (int(r["n"]), int(r["m"])) for r in rows}
+
+
+def _job_counts(db: Executor) -> dict[str, int]:
+    return {
+        str(r["status"]): int(r["n"])
+        for r in db.fetch("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status")
+    }
+
+
 def _create_key(db: Executor, key: ApiKey, key_hash: str) -> None:
     if db.fetchrow("SELECT id FROM accounts WHERE id = $1", key.account_id) is None:
         raise UnknownAccount(key.account_id)
@@ -824,6 +839,14 @@ class SqlStore:
         return await self._read(_totals)
 
     # -- keys -------------------------------------------------------------------------
+
+    async def hold_counts(self) -> dict[str, tuple[int, int]]:
+        """Open and reconciling holds: state -> (count, micro-USD) (for the metrics)."""
+        return await self._read(_hold_counts)
+
+    async def job_counts(self) -> dict[str, int]:
+        """Jobs by status (for the metrics)."""
+        return await self._read(_job_counts)
 
     async def create_key(self, key: ApiKey, key_hash: str, *, audit: AuditEntry | None = None) -> None:
         await self._run(_with_audit, audit, _create_key, key, key_hash)

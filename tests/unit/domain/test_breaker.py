@@ -1,5 +1,6 @@
-"""The circuit breaker's cool-down as fail fast reads it: :func:`cooling_for` is the time
-until the first breaker can be tried again when every one is open, else None."""
+"""The circuit breaker: its listener hears each opening and closing once; its cool-down as
+fail fast reads it (:func:`cooling_for` is the time until the first breaker can be tried
+again when every one is open, else None)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,28 @@ def test_cooling_for_is_the_first_end_when_every_breaker_is_open() -> None:
     assert cooling_for([opened(100.0, 5.0), CircuitBreaker()], 102.0) is None  # one can run
     assert cooling_for([opened(100.0, 5.0)], 106.0) is None  # its cool-down is over
     assert cooling_for([], 0.0) is None
+
+
+def test_opening_and_closing_are_heard_once_each() -> None:
+    heard: list[str] = []
+    b = CircuitBreaker(threshold=2, cooldown_s=5.0, on_change=heard.append)
+    b.record_failure(0.0)
+    assert heard == []
+    b.record_failure(0.1)
+    assert heard == ["open"]
+    b.record_failure(0.2)  # still cooling: no second opening
+    assert heard == ["open"]
+    b.record_failure(10.0)  # the half-open trial failed: open again
+    assert heard == ["open", "open"]
+    b.record_success()
+    assert heard == ["open", "open", "closed"]
+    b.record_success()  # already closed
+    assert heard == ["open", "open", "closed"]
+
+
+def test_a_breaker_without_a_listener_works_as_before() -> None:
+    b = CircuitBreaker(threshold=1, cooldown_s=1.0)
+    b.record_failure(0.0)
+    assert b.state == "open" and not b.available(0.5) and b.available(1.5)
+    b.record_success()
+    assert b.state == "closed"

@@ -15,8 +15,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bourse.domain.errors import GatewayError
+from bourse.http.app import route_templates
 from bourse.http.edge import HotRoute, HotRouter, read_body
 from bourse.http.responses import JSON
+from bourse.ports.observer import Caller, NullObserver
 
 pytestmark = pytest.mark.anyio
 
@@ -83,15 +85,16 @@ def _starlette() -> Starlette:
     )
 
 
-Opener = Callable[[Scope, Receive, str], Awaitable[ASGIApp]]
+Opener = Callable[[Scope, Receive, Caller], Awaitable[ASGIApp]]
 
 
 def _router(open_: Opener) -> HotRouter:
     return HotRouter(_starlette(), {"/v1/hot": HotRoute("chat", open_)})
 
 
-async def _ok(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
+async def _ok(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
     body = await read_body(receive, None, 1024)
+    rid = caller.request_id
     return JSON({"rid": rid, "echo": orjson.loads(body)}, request_id=rid)
 
 
@@ -132,7 +135,7 @@ async def test_lifespan_and_other_scopes_go_to_starlette() -> None:
 
 
 async def test_a_gateway_error_is_its_envelope_with_the_request_id() -> None:
-    async def refuse(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
+    async def refuse(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
         raise GatewayError(402, "insufficient_funds", "no money", headers={"x-extra": "1"})
 
     status, headers, body = await _call(_router(refuse), "POST", "/v1/hot")
@@ -144,7 +147,7 @@ async def test_a_gateway_error_is_its_envelope_with_the_request_id() -> None:
 
 
 async def test_a_crash_is_a_logged_500_envelope_without_a_trace(caplog: pytest.LogCaptureFixture) -> None:
-    async def crash(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
+    async def crash(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
         raise RuntimeError("secret internals")
 
     with caplog.at_level(logging.ERROR, logger="bourse.http"):
@@ -170,7 +173,7 @@ class _Failing:
 
 
 async def test_a_response_failing_before_its_head_becomes_a_500_envelope() -> None:
-    async def opener(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
+    async def opener(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
         return _Failing(after_start=False)
 
     status, headers, body = await _call(_router(opener), "POST", "/v1/hot")
@@ -180,7 +183,7 @@ async def test_a_response_failing_before_its_head_becomes_a_500_envelope() -> No
 
 
 async def test_a_response_failing_after_its_head_propagates_to_the_server() -> None:
-    async def opener(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
+    async def opener(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
         return _Failing(after_start=True)
 
     with pytest.raises(RuntimeError, match="relay failed"):
@@ -210,3 +213,61 @@ async def test_read_body_limits(declared: bytes | None, pieces: list[bytes], sta
     with pytest.raises(GatewayError) as info:
         await read_body(_receiver(*pieces), declared, 10)
     assert info.value.status == status
+
+
+# -- the observer ------------------------------------------------------------------------
+
+
+class _Recorder(NullObserver):
+    """Keeps what the edge reports."""
+
+    def __init__(self) -> None:
+        self.refusals: list[tuple[str, str, int, str]] = []
+        self.responses: list[tuple[str, str, int]] = []
+
+    def refused(self, caller: Caller, status: int, code: str) -> None:
+        self.refusals.append((caller.route, caller.request_id, status, code))
+
+    def responded(self, method: str, route: str, status: int, seconds: float, caller: Caller | None) -> None:
+        assert seconds >= 0
+        self.responses.append((method, route, status))
+
+
+def _observed(open_: Opener, observer: _Recorder) -> HotRouter:
+    app = _starlette()
+    return HotRouter(
+        app, {"/v1/hot": HotRoute("chat", open_, "/v1/hot", observer)}, observer, route_templates(app.routes)
+    )
+
+
+async def test_the_observer_hears_a_refusal_with_its_route_and_request_id() -> None:
+    async def refuse(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
+        raise GatewayError(402, "insufficient_funds", "no money")
+
+    seen = _Recorder()
+    _, headers, _ = await _call(_observed(refuse, seen), "POST", "/v1/hot")
+    assert seen.refusals == [("/v1/hot", headers["x-request-id"], 402, "insufficient_funds")]
+    assert seen.responses == []
+
+
+async def test_the_observer_hears_a_hot_answer_that_is_not_a_run() -> None:
+    seen = _Recorder()
+    status, _, _ = await _call(_observed(_ok, seen), "POST", "/v1/hot", b"{}")
+    assert status == 200
+    assert seen.responses == [("POST", "/v1/hot", 200)] and seen.refusals == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "expected"),
+    [
+        ("GET", "/other", ("GET", "/other", 200)),
+        ("POST", "/nope", ("POST", "other", 404)),
+        ("GET", "/v1/hot", ("GET", "/v1/hot", 405)),
+    ],
+)
+async def test_the_observer_hears_other_requests_by_route_template(
+    method: str, path: str, expected: tuple[str, str, int]
+) -> None:
+    seen = _Recorder()
+    await _call(_observed(_ok, seen), method, path)
+    assert seen.responses == [expected]

@@ -1,0 +1,145 @@
+"""The access log (text and JSON, batched, bound to the ``bourse.access`` logger's level)
+and the JSON log format."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import sys
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+from bourse.observability.access_log import AccessLog, refused_fields, response_fields
+from bourse.observability.logs import JsonFormatter
+from bourse.ports.observer import Caller, RunReport
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def access_at_info() -> Iterator[None]:
+    logger = logging.getLogger("bourse.access")
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    yield
+    logger.setLevel(old)
+
+
+def report(**kw: object) -> RunReport:
+    fields: dict[str, object] = {
+        "method": "POST",
+        "request_id": "chatcmpl-abc",
+        "route": "/v1/chat/completions",
+        "product": "sim-fast",
+        "outcome": "completed",
+        "status": 200,
+        "stream": True,
+        "detached": False,
+        "key_id": "key_0123",
+        "correlation_id": None,
+        "deployment": "sim-fast/0",
+        "error": None,
+        "prompt_tokens": 12,
+        "completion_tokens": 16,
+        "cost_micros": 28,
+        "quote_micros": 40,
+        "bid": 1.0,
+        "cleared_price": 0.5,
+        "queued_ms": 0.1,
+        "ttft_ms": None,
+        "latency_ms": 2.3,
+        "requeues": 0,
+    }
+    fields.update(kw)
+    return RunReport(**fields)  # type: ignore[arg-type]
+
+
+def test_a_run_line_in_text_names_every_field() -> None:
+    out = io.StringIO()
+    log = AccessLog(json=False, stream=out)
+    log.write_run(report(correlation_id="client-7"))
+    line = out.getvalue()
+    assert line.endswith("\n") and line.count("\n") == 1
+    head, _, body = line.rstrip("\n").partition(" INFO bourse.access: ")
+    assert len(head) == len("2025-05-01 12:00:00,123")
+    fields = dict(part.split("=", 1) for part in body.split(" "))
+    assert fields["request_id"] == "chatcmpl-abc"
+    assert fields["correlation_id"] == "client-7"
+    assert fields["key_id"] == "key_0123"
+    assert fields["status"] == "200" and fields["outcome"] == "completed"
+    assert fields["cleared_price"] == "0.5" and fields["ttft_ms"] == "-"
+    assert fields["stream"] == "true" and fields["method"] == "POST"
+
+
+def test_a_run_line_in_json_is_one_object() -> None:
+    out = io.StringIO()
+    log = AccessLog(json=True, stream=out)
+    log.write_run(report())
+    (line,) = out.getvalue().splitlines()
+    doc = orjson.loads(line)
+    assert doc["level"] == "INFO" and doc["logger"] == "bourse.access" and doc["msg"] == "access"
+    assert doc["ts"].endswith("Z")
+    assert doc["request_id"] == "chatcmpl-abc" and doc["cost_micros"] == 28 and doc["ttft_ms"] is None
+    assert list(doc)[4:8] == ["method", "route", "status", "outcome"]  # the text line's order
+
+
+def test_refused_and_other_lines_leave_out_what_is_not_known() -> None:
+    out = io.StringIO()
+    log = AccessLog(json=True, stream=out)
+    caller = Caller("chatcmpl-x", "/v1/chat/completions", 0.0, key_id="key_1")
+    log.write(refused_fields(caller, 402, "insufficient_funds", 0.002))
+    log.write(response_fields("GET", "/v1/models", 200, 0.001, None))
+    first, second = (orjson.loads(x) for x in out.getvalue().splitlines())
+    assert first["status"] == 402 and first["error"] == "insufficient_funds" and first["outcome"] == "refused"
+    assert "product" not in first and first["key_id"] == "key_1"
+    assert second == {**second, "method": "GET", "route": "/v1/models", "status": 200}
+    assert "request_id" not in second
+
+
+def test_below_info_nothing_is_written() -> None:
+    logging.getLogger("bourse.access").setLevel(logging.WARNING)
+    out = io.StringIO()
+    log = AccessLog(json=False, stream=out)
+    log.write_run(report())
+    log.write(response_fields("GET", "/v1/models", 200, 0.001, None))
+    log.flush()
+    assert out.getvalue() == ""
+
+
+async def test_lines_are_written_in_batches_on_the_loop() -> None:
+    out = io.StringIO()
+    log = AccessLog(json=False, stream=out, flush_s=0.05, max_pending=3)
+    log.write_run(report())
+    log.write_run(report())
+    assert out.getvalue() == ""  # waiting for the batch
+    log.write_run(report())
+    assert out.getvalue().count("\n") == 3  # a full batch goes at once
+    log.write_run(report())
+    await asyncio.sleep(0.2)
+    assert out.getvalue().count("\n") == 4  # the rest within flush_s
+
+
+def test_a_closed_stream_loses_lines_but_never_raises() -> None:
+    out = io.StringIO()
+    out.close()
+    AccessLog(json=False, stream=out).write_run(report())
+
+
+def test_the_json_format_puts_fields_and_tracebacks_in_one_object() -> None:
+    fmt = JsonFormatter()
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord(
+        "bourse.events", logging.WARNING, __file__, 1, "breaker %s", ("open",), exc_info
+    )
+    record.fields = {"deployment": "p/0", "msg": "not overwritten"}
+    line = fmt.format(record)
+    assert "\n" not in line
+    doc = orjson.loads(line)
+    assert doc["msg"] == "breaker open" and doc["level"] == "WARNING" and doc["deployment"] == "p/0"
+    assert "ValueError: boom" in doc["exc"]
