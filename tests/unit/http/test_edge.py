@@ -250,6 +250,22 @@ async def test_the_observer_hears_a_refusal_with_its_route_and_request_id() -> N
     assert seen.responses == []
 
 
+async def test_a_request_id_the_route_renamed_is_the_one_answered_and_heard() -> None:
+    """A product's policy renames the request id (``gen-…``) once the route knows the
+    product: its refusals carry that id, to the client and to the observer alike."""
+
+    async def renamed(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
+        caller.request_id = "gen-" + caller.request_id.partition("-")[2]
+        raise GatewayError(429, "rate_limited", "slow down", headers={"x-gen-request-id": caller.request_id})
+
+    seen = _Recorder()
+    status, headers, _ = await _call(_observed(renamed, seen), "POST", "/v1/hot")
+    assert status == 429
+    rid = headers["x-request-id"]
+    assert rid.startswith("gen-") and headers["x-gen-request-id"] == rid
+    assert seen.refusals == [("/v1/hot", rid, 429, "rate_limited")]
+
+
 async def test_the_observer_hears_a_hot_answer_that_is_not_a_run() -> None:
     seen = _Recorder()
     status, _, _ = await _call(_observed(_ok, seen), "POST", "/v1/hot", b"{}")
