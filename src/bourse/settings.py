@@ -226,6 +226,15 @@ class JobsConfig(_Strict):
     max_active: int = Field(default=100_000, ge=1, le=10_000_000)
 
 
+class ResponsesConfig(_Strict):
+    """Stored responses of the Responses API (``GET /v1/responses/{id}``, ``previous_response_id``)."""
+
+    retention_s: float = Field(default=30 * 86_400.0, ge=60, le=365 * 86_400)
+    """How long a stored response is kept (default 30 days, as OpenAI keeps them)."""
+    sweep_interval_s: float = Field(default=600.0, ge=0.05, le=86_400)
+    """How often expired responses are deleted (they are hidden from the moment they expire)."""
+
+
 class ClusterConfig(_Strict):
     """Several replicas behind a load balancer share one book through Redis."""
 
@@ -249,6 +258,7 @@ class Config(_Strict):
     cluster: ClusterConfig = ClusterConfig()
     storage: StorageConfig = StorageConfig()
     jobs: JobsConfig = JobsConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     products: dict[str, ProductConfig] = Field(min_length=1)
     source: str = Field(default="<built-in defaults>", exclude=True)
 

@@ -28,7 +28,7 @@ PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/com
 
 
 @dataclass(slots=True)
-class _Head:
+class Head:
     """The request headers a completion route reads (once, from the scope)."""
 
     authorization: str | None = None
@@ -38,8 +38,8 @@ class _Head:
     book_timeout: str | None = None
 
 
-def _read_head(scope: Scope) -> _Head:
-    head = _Head()
+def read_head(scope: Scope) -> Head:
+    head = Head()
     for name, value in scope["headers"]:
         if name == b"authorization":
             head.authorization = value.decode("latin-1")
@@ -54,7 +54,7 @@ def _read_head(scope: Scope) -> _Head:
     return head
 
 
-def _keeper(store: ServiceStore, account: str, key: str | None) -> OnDone | None:
+def keeper(store: ServiceStore, account: str, key: str | None) -> OnDone | None:
     """What keeps a relayed answer under its Idempotency-Key (None: no key)."""
     if key is None:
         return None
@@ -74,7 +74,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
     auth = services.auth
     limit = services.max_body_bytes
 
-    async def detached(kind: Kind, head: _Head, principal: Principal, body: dict[str, Any]) -> ASGIApp:
+    async def detached(kind: Kind, head: Head, principal: Principal, body: dict[str, Any]) -> ASGIApp:
         account, idem = principal.account_id, head.idempotency_key
         try:
             job = await services.jobs.submit(
@@ -93,7 +93,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
 
     async def complete(kind: Kind, scope: Scope, receive: Receive, rid: str) -> ASGIApp:
         t0 = time.perf_counter()
-        head = _read_head(scope)
+        head = read_head(scope)
         principal = await auth.user(head.authorization)
         head.idempotency_key = idempotency.scoped(principal, head.idempotency_key)
         raw = await read_body(receive, head.length, limit)
@@ -112,7 +112,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
 
     async def answer(
         kind: Kind,
-        head: _Head,
+        head: Head,
         principal: Principal,
         body: dict[str, Any],
         raw: bytes,
@@ -142,7 +142,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
         except BaseException:
             await idempotency.forget(services, account, idem)
             raise
-        return RunResponse(run, on_done=_keeper(services.store, account, idem))
+        return RunResponse(run, on_done=keeper(services.store, account, idem))
 
     async def chat(scope: Scope, receive: Receive, rid: str) -> ASGIApp:
         return await complete("chat", scope, receive, rid)

@@ -106,6 +106,7 @@ class JobService:
         ttl_s: float | None = None,
         max_price_header: str | None = None,
         timeout_header: str | None = None,
+        request_id: str | None = None,
     ) -> dict[str, Any]:
         kind = ENDPOINTS.get(endpoint)
         if kind is None:
@@ -132,7 +133,7 @@ class JobService:
         now = time.time()
         run = await self.completions.open(
             kind, body, req, principal,
-            request_id=new_request_id(kind), max_price_header=max_price_header, timeout_header=timeout_header,
+            request_id=request_id or new_request_id(kind), max_price_header=max_price_header, timeout_header=timeout_header,
         )  # fmt: skip
         job = Job(
             id="job_" + os.urandom(12).hex(),
