@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.e2e.jobs.support import Jobs, slot_held, unique
 from tests.e2e.money.support import As, assert_ledger_balanced, new_caller
-from tests.e2e.responses.conftest import PRODUCTS, SERVER
-from tests.e2e.responses.support import WAIT_S, Caller
+from tests.e2e.responses.support import PRODUCTS, SERVER, WAIT_S, Caller
 from tests.support.env import Env, start_env
 
 
@@ -42,7 +42,7 @@ def test_background_create_then_retrieve_until_completed(env: Env) -> None:
         final = client.responses.retrieve(created.id)
     assert final.status == "completed" and final.output_text, final
     assert final.usage is not None and final.usage.output_tokens == 6
-    usage = final.to_dict()["usage"]
+    usage: dict[str, Any] = final.model_dump()["usage"]
     assert (
         usage["cost_micros"] > 0 and money.usage(created.id)["usage"]["cost_micros"] == usage["cost_micros"]
     )

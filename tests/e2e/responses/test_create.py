@@ -15,8 +15,7 @@ import pytest
 
 from tests.e2e.jobs.support import unique
 from tests.e2e.money.support import new_caller
-from tests.e2e.responses.conftest import PRODUCTS, SERVER
-from tests.e2e.responses.support import Caller, text_of, types_of
+from tests.e2e.responses.support import PRODUCTS, SERVER, Caller, text_of, types_of
 from tests.support.env import ENGINE_KINDS, Env, start_env
 
 TOOLS: list[Any] = [
@@ -49,7 +48,7 @@ def test_a_response_not_streamed(env: Env) -> None:
     assert r.object == "response" and r.status == "completed", r
     assert r.model == "fast" and r.output_text and r.output[0].type == "message", r
     assert r.usage is not None and r.usage.output_tokens == 6 and r.usage.total_tokens > 6, r.usage
-    doc = r.to_dict()
+    doc: dict[str, Any] = r.to_dict()
     usage = doc["usage"]
     assert usage["cost_micros"] > 0 and usage["x_market"]["deployment"] == "fast-a", usage
     assert doc["receipt"]["outcome"] == "completed", doc
@@ -79,7 +78,7 @@ def test_a_streamed_response_with_the_sdk(env: Env) -> None:
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert done.response.output_text == deltas and done.response.status == "completed"
     assert done.response.id == events[0].response.id  # type: ignore[union-attr]
-    usage = done.response.to_dict()["usage"]
+    usage: dict[str, Any] = done.response.model_dump()["usage"]
     assert usage["cost_micros"] > 0 and usage["x_market"]["cleared_price"] is not None, usage
 
 
@@ -217,13 +216,16 @@ def test_stored_responses_are_the_accounts_own(env: Env) -> None:
     chained = other.create_raw({"model": "fast", "input": "Hi", "previous_response_id": r.id})
     assert chained.status_code == 404 and chained.json()["error"]["param"] == "previous_response_id"
     items = client.responses.input_items.list(r.id, order="asc")
-    assert [i.content[0].text for i in items.data] == ["One.", "Two."]  # type: ignore[union-attr]
+    assert [i.model_dump()["content"][0]["text"] for i in items.data] == ["One.", "Two."]
     newest = me.get_raw(f"/v1/responses/{r.id}/input_items", limit=1).json()
     assert newest["has_more"] is True and newest["data"][0]["content"][0]["text"] == "Two.", newest
     client.responses.delete(r.id)
     assert me.get_raw(f"/v1/responses/{r.id}").status_code == 404
     unstored = client.responses.create(model="fast", input="Forget me.", store=False)
-    assert unstored.store is False and me.get_raw(f"/v1/responses/{unstored.id}").status_code == 404
+    assert (
+        unstored.model_dump()["store"] is False
+        and me.get_raw(f"/v1/responses/{unstored.id}").status_code == 404
+    )
 
 
 @pytest.mark.parametrize(

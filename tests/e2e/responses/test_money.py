@@ -14,8 +14,7 @@ import pytest
 
 from tests.e2e.jobs.support import Jobs, slot_held, unique, usage_records
 from tests.e2e.money.support import As, assert_ledger_balanced, new_caller
-from tests.e2e.responses.conftest import PRODUCTS, SERVER
-from tests.e2e.responses.support import Caller
+from tests.e2e.responses.support import PRODUCTS, SERVER, Caller
 from tests.support.bodies import USER
 from tests.support.config import config_toml
 from tests.support.databases import fresh_postgres_database

@@ -11,8 +11,7 @@ import pytest
 
 from tests.e2e.jobs.support import slot_held, unique
 from tests.e2e.money.support import As, new_caller
-from tests.e2e.responses.conftest import PRODUCTS, SERVER
-from tests.e2e.responses.support import Caller, types_of
+from tests.e2e.responses.support import PRODUCTS, SERVER, Caller, types_of
 from tests.support.env import Env, start_env
 
 
