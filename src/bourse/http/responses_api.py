@@ -34,6 +34,7 @@ from bourse.http.responses import JSON, error_response
 from bourse.services.auth import Principal
 from bourse.services.completion import Finished, Run
 from bourse.services.responses import ResponseService
+from bourse.wire import sse
 from bourse.wire.requests import check_id, optional_id, parse_body, validate
 from bourse.wire.responses import (
     ResponseBuilder,
@@ -134,7 +135,8 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
                     principal, req, chat, items, history, request_id=rid,
                     max_price_header=head.max_price, timeout_header=head.book_timeout,
                 )  # fmt: skip
-                return await idempotency.keep(services, account, idem, JSON(doc, request_id=doc["id"]))
+                kept = await idempotency.keep(services, account, idem, JSON(doc, request_id=doc["id"]))
+                return follow(responses, doc, None) if req.stream else kept
             run = await completions.open(
                 "chat", chat, validate("chat", chat), principal, request_id=rid,
                 max_price_header=head.max_price, timeout_header=head.book_timeout, t0=t0,
@@ -164,29 +166,38 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
 
 
 async def _resume(responses: ResponseService, request: Request, p: Principal, rid: str) -> Response:
-    """A background stream from ``starting_after`` on (the events it kept), to its end."""
+    """``GET /v1/responses/{id}?stream=true&starting_after=N``: a background stream again."""
     after = request.query_params.get("starting_after")
     try:
         starting_after = None if after is None else int(after)
     except ValueError:
         raise invalid_request("starting_after: expected an integer", param="starting_after") from None
-    await responses.get(rid, p.account_id)  # owned by the account, else 404
+    doc = await responses.get(rid, p.account_id)  # owned by the account, else 404
+    return follow(responses, doc, starting_after)
+
+
+def follow(responses: ResponseService, doc: dict[str, Any], starting_after: int | None) -> Response:
+    """The typed events of a background stream after ``starting_after``, then those to its
+    end as they come (a ``: keep-alive`` comment every quiet interval without one)."""
+    rid = doc["id"]
     events = responses.logs.get(rid)
     if events is None:
         raise invalid_request(
-            "stream: only a background response created with stream: true can be streamed again, "
-            "on the gateway that runs it, while it runs",
+            "stream: only a background response created with stream: true can be streamed, on the "
+            "gateway that runs it, until a few minutes after its end",
             param="stream",
         )
+    market = responses.jobs.completions.markets.get(str(doc.get("model")))
+    interval = 2.0 if market is None else market.policy.quiet_interval_s
 
     async def frames() -> AsyncIterator[bytes]:
-        async for batch in events.follow(starting_after):
-            yield event_frames(batch)
+        async for batch in events.follow(starting_after, interval):
+            yield event_frames(batch) if batch else sse.KEEP_ALIVE
 
     return StreamingResponse(
         frames(),
         media_type="text/event-stream; charset=utf-8",
-        headers={"cache-control": "no-cache, no-transform", "x-accel-buffering": "no"},
+        headers={"cache-control": "no-cache, no-transform", "x-accel-buffering": "no", "x-request-id": rid},
     )
 
 

@@ -36,6 +36,8 @@ from bourse.wire.responses import FINAL_STATUSES, ResponseBuilder, ResponsesRequ
 log = logging.getLogger("bourse.responses")
 
 CHAT = "/v1/chat/completions"
+LOG_GRACE_S = 300.0
+"""How long a background stream's events are kept after its end, for late readers."""
 _JOB_STATUS = {"queued": "queued", "running": "in_progress"}
 
 
@@ -51,21 +53,39 @@ def not_found(response_id: str, param: str | None = None) -> GatewayError:
 
 @dataclass(eq=False)
 class EventLog:
-    """The typed events of a background stream while it runs, for readers that resume it."""
+    """The typed events of a background stream, kept while it runs (and ``LOG_GRACE_S``
+    after) for the readers that follow or resume it. Its events are numbered from 0, so
+    an event's ``sequence_number`` is its index."""
 
+    builder: ResponseBuilder
     events: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def extend(self, events: Sequence[dict[str, Any]], done: bool = False) -> None:
-        self.events.extend(events)
+    def _extend(self, done: bool = False) -> None:
+        self.events.extend(self.builder.take())
         self.done = self.done or done
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def follow(self, starting_after: int | None) -> AsyncIterator[list[dict[str, Any]]]:
-        """The events after sequence number ``starting_after``, as they come, to the end."""
-        at = 0 if starting_after is None else starting_after + 1
+    def queued(self) -> None:
+        self.builder.queued()
+        self._extend()
+
+    def tap(self, chunk: dict[str, Any]) -> None:
+        """A chunk of the job's run (:attr:`bourse.services.jobs.Active.tap`)."""
+        self.builder.add(chunk)
+        self._extend()
+
+    def finished(self) -> None:
+        self._extend(done=True)
+
+    async def follow(
+        self, starting_after: int | None, keep_alive_s: float
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """The events after sequence number ``starting_after``, as they come, to the end;
+        an empty batch after ``keep_alive_s`` without one."""
+        at = 0 if starting_after is None else max(starting_after + 1, 0)
         while True:
             changed = self._changed
             if at < len(self.events):
@@ -75,7 +95,10 @@ class EventLog:
                 continue
             if self.done:
                 return
-            await changed.wait()
+            try:
+                await asyncio.wait_for(changed.wait(), keep_alive_s)
+            except TimeoutError:
+                yield []
 
 
 class ResponseService:
@@ -140,20 +163,30 @@ class ResponseService:
         max_price_header: str | None = None,
         timeout_header: str | None = None,
     ) -> dict[str, Any]:
-        """Start a background response as a detached job; the response, ``queued``."""
-        ttl = min(self.limits.retention_s, self.jobs.limits.max_ttl_s)
-        job = await self.jobs.submit(
-            principal, CHAT, chat, ttl_s=ttl, max_price_header=max_price_header,
-            timeout_header=timeout_header, request_id=request_id,
-        )  # fmt: skip
-        rid: str = job["request_id"]
-        response = response_object(rid, req, req.model, int(job["created_at"]), "queued")
+        """Start a background response as a detached job; the response, ``queued``. With
+        ``stream``, its events are kept (:attr:`logs`) from ``response.created`` on."""
         now = time.time()
+        response = response_object(request_id, req, req.model, int(now), "queued")
+        events = EventLog(ResponseBuilder(response, events=True)) if req.stream else None
+        if events is not None:
+            events.queued()
+            self.logs[request_id] = events
+        ttl = min(self.limits.retention_s, self.jobs.limits.max_ttl_s)
+        try:
+            job = await self.jobs.submit(
+                principal, CHAT, chat, ttl_s=ttl, max_price_header=max_price_header,
+                timeout_header=timeout_header, request_id=request_id,
+                tap=None if events is None else events.tap,
+            )  # fmt: skip
+        except BaseException:
+            self.logs.pop(request_id, None)
+            raise
+        queued = {**response, "status": "queued", "output": []}  # the builder's goes on changing
         rec = ResponseRecord(
-            id=rid,
+            id=job["request_id"],
             account_id=principal.account_id,
             status="queued",
-            body=response,
+            body=queued,
             input_items=list(items),
             context=[*history, *items],
             created_at=now,
@@ -166,17 +199,17 @@ class ResponseService:
             await self.jobs.cancel(job["id"], principal.account_id)
             raise
         self._watch(rec)
-        return response
+        return queued
 
     def _watch(self, rec: ResponseRecord) -> None:
-        """Keep the output when the job ends (a read would do it too, later)."""
+        """Keep the output (and end a background stream) when the job ends; a read would
+        keep it too, later."""
         act = self.jobs.active.get(rec.job_id or "")
-        if act is None or act.task is None:
-            return
-        task = act.task
+        task = None if act is None else act.task
 
         async def watch() -> None:
-            await asyncio.wait([task])
+            if task is not None:
+                await asyncio.wait([task])
             try:
                 await self._settle(rec)
             except Exception:
@@ -198,39 +231,31 @@ class ResponseService:
         current = await self.store.response(rec.id, rec.account_id, time.time())
         if current is not None and current.status in FINAL_STATUSES:
             return current  # kept meanwhile (a watcher and a read)
-        body = self._final(rec.body, job)
+        body = self._final(rec, job)
         rec = replace(rec, status=body["status"], body=body, context=[*rec.context, *body["output"]])
         await self.store.put_response(rec)
         return rec
 
-    def _final(self, shell: Mapping[str, Any], job: Mapping[str, Any]) -> dict[str, Any]:
-        """The response of an ended job: its result's output, usage and receipt, or its error."""
-        builder = ResponseBuilder({**shell, "output": []}, events=False)
+    def _final(self, rec: ResponseRecord, job: Mapping[str, Any]) -> dict[str, Any]:
+        """The response of an ended job: its result's output, usage and receipt, or its
+        error. A background stream's own builder ends it (its items keep their ids)."""
+        events = self.logs.get(rec.id)
+        builder = (
+            ResponseBuilder({**rec.body, "output": []}, events=False) if events is None else events.builder
+        )
         result = job.get("result")
-        usage: Mapping[str, Any] | None = None
-        extra: dict[str, Any] = {}
-        receipt = self._receipt_name(str(shell.get("model")))
-        if isinstance(result, Mapping):
+        receipt = self._receipt_name(str(rec.body.get("model")))
+        if events is None and isinstance(result, Mapping):
             choice = (result.get("choices") or [{}])[0]
             builder.add_message(choice.get("message") or {}, choice.get("finish_reason"))
-            usage = result.get("usage")
-            extra = {receipt: result[receipt]} if receipt in result else {}
-        status = job["status"]
-        if status == "succeeded":
-            return builder.finish(usage, extra=extra, completed_at=job.get("finished_at"))
-        if status == "canceled":
-            return builder.finish(usage, cancelled=True, extra=extra)
-        failure = job.get("error") or {}
-        env = failure.get("error") or {}
-        error = {
-            "code": env.get("code") or status,
-            "message": env.get("message") or f"The background response's job is {status}.",
-        }
-        if receipt in failure:
-            extra = {receipt: failure[receipt]}
-        return builder.finish(failure.get("usage", usage), error, extra=extra)
+        response = _finish(builder, job, receipt)
+        if events is not None:
+            events.finished()
+            asyncio.get_running_loop().call_later(LOG_GRACE_S, self.logs.pop, rec.id, None)
+        return response
 
     def _receipt_name(self, product: str) -> str:
+        """The product's receipt object's name (its policy's)."""
         market = self.jobs.completions.markets.get(product)
         return "receipt" if market is None else market.policy.receipt_name
 
@@ -314,3 +339,28 @@ class ResponseService:
             except Exception:
                 log.exception("deleting expired responses failed; the next pass retries")
             await asyncio.sleep(self.limits.sweep_interval_s)
+
+
+def _finish(builder: ResponseBuilder, job: Mapping[str, Any], receipt: str) -> dict[str, Any]:
+    """End ``builder``'s response as the ended ``job`` says: completed with its result's
+    usage and receipt, cancelled, or failed with its error."""
+    result = job.get("result")
+    usage: Mapping[str, Any] | None = None
+    extra: dict[str, Any] = {}
+    if isinstance(result, Mapping):
+        usage = result.get("usage")
+        extra = {receipt: result[receipt]} if receipt in result else {}
+    status = job["status"]
+    if status == "succeeded":
+        return builder.finish(usage, extra=extra, completed_at=job.get("finished_at"))
+    if status == "canceled":
+        return builder.finish(usage, cancelled=True, extra=extra)
+    failure = job.get("error") or {}
+    env = failure.get("error") or {}
+    error = {
+        "code": env.get("code") or status,
+        "message": env.get("message") or f"The background response's job is {status}.",
+    }
+    if receipt in failure:
+        extra = {receipt: failure[receipt]}
+    return builder.finish(failure.get("usage", usage), error, extra=extra)

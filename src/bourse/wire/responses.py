@@ -428,7 +428,7 @@ class ResponseBuilder:
     """Folds a run's chat chunks (choice 0) into a response's output items; with
     ``events``, also into the stream's typed events (taken with :meth:`take`)."""
 
-    __slots__ = ("_events", "_finish", "_open", "_tools", "items", "response", "seq", "started")
+    __slots__ = ("_created", "_events", "_finish", "_open", "_tools", "items", "response", "seq", "started")
 
     def __init__(self, response: dict[str, Any], *, events: bool, seq: int = 0) -> None:
         self.response = response
@@ -439,6 +439,7 @@ class ResponseBuilder:
         self._open: _Item | None = None
         self._tools: dict[int, _Item] = {}
         self._finish: str | None = None
+        self._created = False
         self.started = False
 
     def _emit(self, kind: str, **fields: Any) -> None:
@@ -453,14 +454,22 @@ class ResponseBuilder:
             self._events = []
         return out
 
+    def queued(self) -> None:
+        """``response.created`` and ``response.queued``: a background response, before it runs."""
+        self._created = True
+        self.response["status"] = "queued"
+        self._emit("response.created", response=dict(self.response))
+        self._emit("response.queued", response=dict(self.response))
+
     def start(self) -> None:
-        """``response.created`` and ``response.in_progress`` (once)."""
+        """``response.created`` (unless :meth:`queued` sent it) and ``response.in_progress`` (once)."""
         if self.started:
             return
         self.started = True
         self.response["status"] = "in_progress"
-        self._emit("response.created", response=self.response)
-        self._emit("response.in_progress", response=self.response)
+        if not self._created:
+            self._emit("response.created", response=dict(self.response))
+        self._emit("response.in_progress", response=dict(self.response))
 
     def add(self, chunk: Mapping[str, Any]) -> None:
         self.start()

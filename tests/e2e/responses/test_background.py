@@ -127,3 +127,36 @@ def test_cancelling_a_response_that_is_not_in_the_background_is_a_400(env: Env) 
     done = me.create({"model": "fast", "input": "Hi"})
     r = httpx.post(env.url + f"/v1/responses/{done['id']}/cancel", headers=me.auth, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+def test_a_background_stream_is_resumed_after_a_disconnect(env: Env) -> None:
+    me, _ = _caller(env, "resume")
+    client = env.client(api_key=me.key)
+    stream = client.responses.create(
+        model="slow", input="Talk.", background=True, stream=True,
+        extra_body={"sim": {"tokens_per_s": 20, "output_tokens": 20}},
+    )  # fmt: skip
+    first: list[Any] = []
+    for event in stream:
+        first.append(event)
+        if sum(e.type == "response.output_text.delta" for e in first) == 3:
+            break
+    stream.close()  # the client leaves; the background response runs on
+    assert [e.type for e in first[:3]] == ["response.created", "response.queued", "response.in_progress"]
+    created = first[0].response
+    assert created.status == "queued" and created.background is True
+    last = first[-1].sequence_number
+    rest = list(client.responses.retrieve(created.id, stream=True, starting_after=last))
+    assert rest[0].sequence_number == last + 1, rest[0]
+    numbers = [e.sequence_number for e in [*first, *rest]]
+    assert numbers == list(range(len(numbers))), numbers
+    assert rest[-1].type == "response.completed", [e.type for e in rest]
+    text = "".join(e.delta for e in [*first, *rest] if e.type == "response.output_text.delta")
+    final = client.responses.retrieve(created.id)
+    assert final.status == "completed" and final.output_text == text and len(text.split()) == 20
+    assert final.output[0].id == rest[-1].response.output[0].id  # the stream's items are the stored ones
+    again = list(client.responses.retrieve(created.id, stream=True, starting_after=last + 4))
+    assert [e.sequence_number for e in again] == numbers[last + 5 :]  # read again, after its end
+    not_streamed = me.create({"model": "fast", "input": "Hi", "background": True})
+    r = me.get_raw(f"/v1/responses/{not_streamed['id']}", stream="true")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream", r.text
