@@ -46,6 +46,15 @@ def test_the_ai_sdk_default_provider(env: Env, client: str) -> None:
         assert seen["errors"] == [] and "text-delta" in seen["parts"] and "finish" in seen["parts"], seen
 
 
+def test_the_ai_sdk_default_provider_over_two_turns(env: Env) -> None:
+    seen = _run(env, "ai-multi-turn")
+    assert seen["first"] and seen["second"], seen
+    kinds = [item.get("type", "message") for item in seen["input"]]
+    assert kinds == ["message", "item_reference", "message"], seen["input"]
+    # the reference was resolved: the engine saw the first answer (its tokens are in the prompt)
+    assert seen["usage"]["inputTokens"] > len(seen["first"].split()), seen
+
+
 def test_the_openai_package_streams_a_response(env: Env) -> None:
     seen = _run(env, "openai-stream")
     types = seen["types"]

@@ -128,7 +128,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
             return replay
         try:
             history = await responses.history(req.previous_response_id, account)
-            items = input_items(req)
+            items = await responses.resolve(input_items(req), account)
             chat = chat_body(req, history, items)
             if req.background:
                 doc = await responses.submit(

@@ -31,7 +31,13 @@ from bourse.domain.errors import GatewayError, invalid_request
 from bourse.ports.stores import ResponseRecord, ResponseStore
 from bourse.services.auth import Principal
 from bourse.services.jobs import JobService
-from bourse.wire.responses import FINAL_STATUSES, ResponseBuilder, ResponsesRequest, response_object
+from bourse.wire.responses import (
+    FINAL_STATUSES,
+    ResponseBuilder,
+    ResponsesRequest,
+    referenced,
+    response_object,
+)
 
 log = logging.getLogger("bourse.responses")
 
@@ -125,6 +131,38 @@ class ResponseService:
                 param="previous_response_id",
             )
         return [dict(item) for item in rec.context]
+
+    async def resolve(self, items: Sequence[Mapping[str, Any]], account_id: str) -> list[dict[str, Any]]:
+        """``items`` with each ``item_reference`` replaced by the output item it names (of
+        one of the account's stored responses); 404 naming the reference otherwise."""
+        out: list[dict[str, Any]] = []
+        records: dict[str, ResponseRecord | None] = {}
+        for i, item in enumerate(items):
+            if item.get("type") != "item_reference":
+                out.append(dict(item))
+                continue
+            found = await self._referenced(str(item["id"]), account_id, records)
+            if found is None:
+                raise GatewayError(
+                    404, "not_found", f"No item '{item['id']}' for this account.", param=f"input.{i}.id"
+                )
+            out.append(found)
+        return out
+
+    async def _referenced(
+        self, item_id: str, account_id: str, records: dict[str, ResponseRecord | None]
+    ) -> dict[str, Any] | None:
+        where = referenced(item_id)
+        if where is None:
+            return None
+        response_id, index = where
+        if response_id not in records:
+            records[response_id] = await self.store.response(response_id, account_id, time.time())
+        rec = records[response_id]
+        output = [] if rec is None else rec.body.get("output") or []
+        if index >= len(output) or output[index].get("id") != item_id:
+            return None
+        return dict(output[index])
 
     async def save(
         self,

@@ -100,17 +100,23 @@ class FunctionCallOutputItem(_Open):
     id: str | None = None
 
 
+class ItemReference(_Strict):
+    type: Literal["item_reference"]
+    id: IdText
+
+
 class ReasoningItem(_Open):
     type: Literal["reasoning"]
     summary: list[dict[str, Any]] = Field(default_factory=list)
     id: str | None = None
 
 
-_ITEMS: dict[str, type[_Open]] = {
+_ITEMS: dict[str, type[BaseModel]] = {
     "message": MessageItem,
     "function_call": FunctionCallItem,
     "function_call_output": FunctionCallOutputItem,
     "reasoning": ReasoningItem,
+    "item_reference": ItemReference,
 }
 
 
@@ -220,13 +226,13 @@ def _check_text(text: Mapping[str, Any] | None) -> None:
         raise invalid_request("text.format.schema: expected a JSON schema object", param="text.format.schema")
 
 
-def _item(i: int, item: Mapping[str, Any]) -> _Open:
+def _item(i: int, item: Mapping[str, Any]) -> BaseModel:
     kind = item.get("type", "message" if "role" in item else None)
     model = _ITEMS.get(kind) if isinstance(kind, str) else None
     if model is None:
         raise invalid_request(
             f"input.{i}.type: {kind!r} is not supported by this gateway (message, function_call, "
-            "function_call_output and reasoning items are)",
+            "function_call_output, reasoning and item_reference items are)",
             param=f"input.{i}.type",
         )
     try:
@@ -255,12 +261,23 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
                 part = "output_text" if item["role"] == "assistant" else "input_text"
                 item["content"] = [{"type": part, "text": item["content"]}]
             item.setdefault("status", "completed")
-        item.setdefault("id", new_id(_ID_PREFIX[item["type"]]))
+        if "id" not in item:
+            item["id"] = new_id(_ID_PREFIX[item["type"]])
         out.append(item)
     return out
 
 
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def referenced(item_id: str) -> tuple[str, int] | None:
+    """The response id and output index an output item's id names (``msg_<response
+    id>_<index>``), or None for an id this gateway did not give an output item."""
+    prefix, _, rest = item_id.partition("_")
+    response_id, _, index = rest.rpartition("_")
+    if prefix not in ("msg", "fc", "rs") or not response_id or not index.isdigit():
+        return None
+    return response_id, int(index)
 
 
 def _message(role: str, content: list[dict[str, Any]]) -> dict[str, Any]:
@@ -495,6 +512,11 @@ class ResponseBuilder:
 
     # -- items ---------------------------------------------------------------------
 
+    def _item_id(self, prefix: str) -> str:
+        """The next output item's id: its response's id and its index in the output, so that
+        an ``item_reference`` finds it (:func:`referenced`)."""
+        return f"{prefix}_{self.response['id']}_{len(self.items)}"
+
     def _begin(self, data: dict[str, Any]) -> _Item:
         self._close()
         item = _Item(len(self.items), data)
@@ -506,7 +528,7 @@ class ResponseBuilder:
     def _reasoning(self, text: str) -> None:
         item = self._open
         if item is None or item.data["type"] != "reasoning":
-            item = self._begin({"id": new_id("rs"), "type": "reasoning", "summary": []})
+            item = self._begin({"id": self._item_id("rs"), "type": "reasoning", "summary": []})
             self._emit("response.reasoning_summary_part.added", item_id=item.data["id"], output_index=item.index,
                        summary_index=0, part={"type": "summary_text", "text": ""})  # fmt: skip
         item.parts.append(text)
@@ -518,7 +540,7 @@ class ResponseBuilder:
         if item is None or item.data["type"] != "message":
             item = self._begin(
                 {
-                    "id": new_id("msg"),
+                    "id": self._item_id("msg"),
                     "type": "message",
                     "status": "in_progress",
                     "role": "assistant",
@@ -536,7 +558,7 @@ class ResponseBuilder:
         fn = call.get("function") or {}
         item = self._tools.get(index)
         if item is None:
-            item = self._begin({"id": new_id("fc"), "type": "function_call", "status": "in_progress",
+            item = self._begin({"id": self._item_id("fc"), "type": "function_call", "status": "in_progress",
                                 "call_id": call.get("id") or new_id("call"), "name": fn.get("name") or "",
                                 "arguments": ""})  # fmt: skip
             self._tools[index] = item

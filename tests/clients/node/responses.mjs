@@ -1,7 +1,8 @@
 // One request through a real client's Responses API; prints what the client saw as JSON.
 // usage: node responses.mjs <client> ; env BOURSE_URL (…/v1), BOURSE_KEY, BOURSE_MODEL
 // clients: ai-stream and ai-generate (the AI SDK's streamText and generateText with the
-// default provider, createOpenAI()(model), which speaks the Responses API), openai-stream
+// default provider, createOpenAI()(model), which speaks the Responses API), ai-multi-turn
+// (two generateText turns, the second referencing the first answer), openai-stream
 // (the openai package's responses.create({stream: true})).
 import OpenAI from "openai";
 import { generateText, streamText } from "ai";
@@ -44,6 +45,18 @@ async function aiGenerate() {
   return { text: result.text, finishReason: result.finishReason, usage: result.usage, responseId: result.response.id };
 }
 
+async function aiMultiTurn() {
+  // the second turn sends the first answer back as an item_reference (the provider's
+  // default with store: true)
+  const model = createOpenAI({ baseURL, apiKey })(modelId);
+  const messages = [{ role: "user", content: prompt }];
+  const first = await generateText({ model, messages, maxRetries: 0 });
+  messages.push(...first.response.messages, { role: "user", content: "And then?" });
+  const second = await generateText({ model, messages, maxRetries: 0 });
+  const sent = typeof second.request.body === "string" ? JSON.parse(second.request.body) : second.request.body;
+  return { first: first.text, second: second.text, input: sent.input, usage: second.usage };
+}
+
 async function openaiStream() {
   const sdk = new OpenAI({ baseURL, apiKey, maxRetries: 0 });
   const stream = await sdk.responses.create({ model: modelId, input: prompt, stream: true });
@@ -60,6 +73,11 @@ async function openaiStream() {
   return { types, sequence, text, id: final?.id, status: final?.status, output: final?.output, usage: final?.usage };
 }
 
-const clients = { "ai-stream": aiStream, "ai-generate": aiGenerate, "openai-stream": openaiStream };
+const clients = {
+  "ai-stream": aiStream,
+  "ai-generate": aiGenerate,
+  "ai-multi-turn": aiMultiTurn,
+  "openai-stream": openaiStream,
+};
 if (!(client in clients)) throw new Error(`unknown client ${client}`);
 process.stdout.write(JSON.stringify(await clients[client]()) + "\n");

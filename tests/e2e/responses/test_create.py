@@ -178,6 +178,38 @@ def test_previous_response_id_prepends_the_stored_conversation(env: Env) -> None
     assert third.usage is not None and third.usage.input_tokens > second.usage.input_tokens
 
 
+def test_an_item_reference_names_a_stored_output_item(env: Env) -> None:
+    me, client = _caller(env, "ref")
+    other, _ = _caller(env, "ref-other")
+    first = client.responses.create(model="fast", input="First question.")
+    ref = first.output[0].id
+    assert ref is not None
+    second = client.responses.create(
+        model="fast",
+        store=False,
+        input=[
+            {"role": "user", "content": "First question."},
+            {"type": "item_reference", "id": ref},
+            {"role": "user", "content": "Second question."},
+        ],
+    )
+    whole = client.responses.create(
+        model="fast",
+        store=False,
+        input=[
+            {"role": "user", "content": "First question."},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "Second question."},
+        ],
+    )
+    assert second.output_text == whole.output_text  # the engine saw the referenced answer
+    for bad in (ref + "0", "msg_nothing", "anything"):
+        r = me.create_raw({"model": "fast", "input": [{"type": "item_reference", "id": bad}]})
+        assert r.status_code == 404 and r.json()["error"]["param"] == "input.0.id", r.text
+    theirs = other.create_raw({"model": "fast", "input": [{"type": "item_reference", "id": ref}]})
+    assert theirs.status_code == 404, theirs.text
+
+
 def test_reasoning_is_a_reasoning_item_with_its_summary(env: Env) -> None:
     me, _ = _caller(env, "think")
     s = me.stream({"model": "think", "input": "Think first."})
