@@ -278,6 +278,8 @@ class ResponseService:
         """The response of an ended job: its result's output, usage and receipt, or its
         error. A background stream's own builder ends it (its items keep their ids)."""
         events = self.logs.get(rec.id)
+        if events is not None and events.done:  # ended meanwhile (a watcher and a read)
+            return dict(events.builder.response)
         builder = (
             ResponseBuilder({**rec.body, "output": []}, events=False) if events is None else events.builder
         )
