@@ -40,6 +40,7 @@ from bourse.services.housekeeping import Housekeeping
 from bourse.services.jobs import JobLimits, JobService
 from bourse.services.market import Market
 from bourse.services.request_feed import RequestFeed
+from bourse.services.responses import ResponseLimits, ResponseService
 from bourse.services.sessions import Sessions
 from bourse.services.tape import MarketTape
 from bourse.settings import Config, DeploymentConfig, Environment, deployment_name
@@ -81,6 +82,7 @@ def build_engine(
         max_connections=dep.max_connections,
         unary=not dep.always_stream,
         name=name or product,
+        api=dep.api,
     )
     return engine, dep.model
 
@@ -122,6 +124,7 @@ class Container:
     reports: ReportStore = field(kw_only=True)
     dashboard: Dashboard = field(kw_only=True)
     observer: Observer = field(default=NULL_OBSERVER, kw_only=True)
+    responses: ResponseService = field(kw_only=True)
 
     @property
     def max_body_bytes(self) -> int:
@@ -145,6 +148,7 @@ class Container:
             log.info("resumed %d jobs left queued or running by the previous run", resumed)
         self.demo_key = await bootstrap_demo(self.admin)
         self.housekeeping.start()
+        self.responses.start()
         if self.announce:
             announce_keys(self.data_dir, self.generated_admin_key, self.demo_key)
         log.info("bourse serving %d products from %s", len(self.completions.markets), self.config.source)
@@ -152,6 +156,7 @@ class Container:
     async def stop(self) -> None:
         await self.dashboard.stop()
         await self.housekeeping.stop()
+        await self.responses.stop()
         await self.jobs.stop()
         for m in self.completions.markets.values():
             await m.aclose()
@@ -341,6 +346,8 @@ def build(
         observer=observer,
     )
     housekeeping = Housekeeping(store, interval_s=config.storage.idempotency_purge_interval_s)
+    r = config.responses
+    responses = ResponseService(store, jobs, ResponseLimits(r.retention_s, r.sweep_interval_s))
     from bourse.storage.reports import SqlReports
 
     reports = SqlReports(store)
@@ -351,5 +358,5 @@ def build(
     return Container(
         config, service, auth, admin, store, billing, jobs,
         housekeeping=housekeeping, engines=engines, generated_admin_key=generated, hub=hub,
-        reports=reports, dashboard=dashboard, observer=observer,
+        reports=reports, dashboard=dashboard, observer=observer, responses=responses,
     )  # fmt: skip

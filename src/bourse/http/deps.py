@@ -18,6 +18,7 @@ from bourse.services.auth import Authenticator
 from bourse.services.completion import CompletionService
 from bourse.services.dashboard import Dashboard
 from bourse.services.jobs import JobService
+from bourse.services.responses import ResponseService
 from bourse.wire.requests import parse_body
 
 M = TypeVar("M", bound=BaseModel)
@@ -36,6 +37,8 @@ class Services(Protocol):
     def admin(self) -> AdminService: ...
     @property
     def jobs(self) -> JobService: ...
+    @property
+    def responses(self) -> ResponseService: ...
     @property
     def store(self) -> ServiceStore: ...
     @property

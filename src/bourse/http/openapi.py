@@ -29,6 +29,7 @@ from bourse.http.admin import PAGE_MAX, Credit, NewAccount, NewKey, RevokeKey, R
 from bourse.http.jobs import NewJob
 from bourse.services.ids import new_request_id
 from bourse.wire.requests import ChatCompletionRequest, CompletionRequest
+from bourse.wire.responses import ResponsesRequest
 
 Auth = Literal["key", "admin", "none"]
 REF = "#/components/schemas/{model}"
@@ -71,6 +72,8 @@ class Operation:
     """The component schema of the (JSON) success answer; None: not described."""
     stream: bool = False
     """The success answer may be an event stream (``stream: true``)."""
+    event: str = "Event"
+    """The component schema of one event of that stream."""
     errors: tuple[int, ...] = ()
     params: tuple[Param, ...] = ()
     extra: dict[int, tuple[str, str]] = field(default_factory=dict)
@@ -123,6 +126,43 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=_RUN_ERRORS,
         params=(_IDEM, _BID, _WAIT),
         extra={202: ("`detached: true`: the job", "Job")},
+    ),
+    ("POST", "/v1/responses"): Operation(
+        "Create a response (OpenAI's Responses API; `stream` for typed server-sent events, "
+        "`background` to run it as a job)",
+        "responses",
+        body=ResponsesRequest,
+        example={"model": "sim-fast", "input": "Hello", "max_output_tokens": 16},
+        answer="Response",
+        stream=True,
+        event="ResponseEvent",
+        errors=_RUN_ERRORS,
+        params=(_IDEM, _BID, _WAIT),
+    ),
+    ("GET", "/v1/responses/{response_id}"): Operation(
+        "A stored response (`stream=true&starting_after=N` resumes a background stream)",
+        "responses",
+        answer="Response",
+        params=(
+            Param("stream", {"type": "boolean"}, "resume a background stream"),
+            Param("starting_after", {"type": "integer"}, "the last `sequence_number` already read"),
+        ),
+    ),
+    ("DELETE", "/v1/responses/{response_id}"): Operation(
+        "Delete a stored response", "responses", answer="ResponseDeleted"
+    ),
+    ("GET", "/v1/responses/{response_id}/input_items"): Operation(
+        "A stored response's input items",
+        "responses",
+        answer="ItemList",
+        params=(
+            _LIMIT,
+            Param("after", {"type": "string"}, "the `last_id` of the previous page"),
+            Param("order", {"enum": ["asc", "desc"]}, "default desc"),
+        ),
+    ),
+    ("POST", "/v1/responses/{response_id}/cancel"): Operation(
+        "Cancel a background response (a queued one is never charged)", "responses", answer="Response"
     ),
     ("GET", "/v1/models"): Operation("List the products", "market", auth="none", answer="List"),
     ("GET", "/v1/market"): Operation(
@@ -345,6 +385,43 @@ ANSWERS: dict[str, dict[str, Any]] = {
             {"type": "object", "required": ["error"], "properties": {"error": {"type": "object"}}},
         ]
     },
+    "ResponseEvent": {
+        "description": "one typed server-sent event: `event: <type>` and `data: <json>`",
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": _STRING,
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": _obj(["type", "sequence_number"], type=_STRING, sequence_number=_INT),
+            },
+        },
+    },
+    "Response": _obj(
+        ["id", "object", "created_at", "status", "model", "output"],
+        id=_STRING,
+        object=_const("response"),
+        created_at=_INT,
+        status={"enum": ["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]},
+        model=_STRING,
+        output={"type": "array", "items": {"type": "object"}},
+        usage={"type": ["object", "null"]},
+    ),
+    "ResponseDeleted": _obj(
+        ["id", "object", "deleted"],
+        id=_STRING,
+        object=_const("response.deleted"),
+        deleted={"type": "boolean"},
+    ),
+    "ItemList": _obj(
+        ["object", "data", "has_more"],
+        object=_const("list"),
+        data={"type": "array", "items": {"type": "object"}},
+        first_id=_NULLABLE_STRING,
+        last_id=_NULLABLE_STRING,
+        has_more={"type": "boolean"},
+    ),
     "List": _obj(
         ["object", "data"], object=_const("list"), data={"type": "array", "items": {"type": "object"}}
     ),
@@ -442,7 +519,7 @@ def _responses(op: Operation, path_params: bool) -> dict[str, Any]:
         {"description": "the answer"} if op.answer is None else _json("the answer", op.answer)
     )
     if op.stream:
-        ok["content"]["text/event-stream"] = {"schema": _ref("Event")}
+        ok["content"]["text/event-stream"] = {"schema": _ref(op.event)}
     out: dict[str, Any] = {str(op.ok): ok}
     for status, (description, schema) in op.extra.items():
         out[str(status)] = _json(description, schema)

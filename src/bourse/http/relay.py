@@ -22,6 +22,11 @@ the ``finish_reason``) held back to carry the usage once settled. Nothing waits:
 the engine marks all but the last with ``more``) go out together in one ``send``,
 which saves a write per chunk and delays none. The relay only reads the run's
 state; it tells the run that the client left (:meth:`Run.client_gone`).
+
+Another API's shapes (the Responses API) come from an :class:`Encoder`, chosen once per
+response: it frames the chunks and writes the end (streamed) or folds the chunks into
+the answer (not streamed); everything else (the comments, the timer, disconnects, the
+idempotency key) is the relay's, unchanged. A chat or legacy completion has none.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
@@ -72,6 +77,26 @@ def _body(data: bytes) -> Message:
     return {"type": "http.response.body", "body": data, "more_body": True}
 
 
+class Encoder(Protocol):
+    """How a run's output is written in another API's shapes (see the module's docstring)."""
+
+    def frames(self, chunk: dict[str, Any]) -> bytes:
+        """The frames of one chunk (empty: nothing to write for it yet)."""
+        ...
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        """Fold one chunk into the answer (not streamed)."""
+        ...
+
+    async def tail(self, fin: Finished) -> bytes:
+        """The frames after the last chunk (streamed); called even when the client has left."""
+        ...
+
+    async def document(self, fin: Finished) -> dict[str, Any]:
+        """The answer (not streamed; the relay writes the error envelope when ``fin`` failed)."""
+        ...
+
+
 class _ClientLeft(Exception):
     """Raised by the listener: the client left and the relay stops (cancel policy)."""
 
@@ -100,14 +125,16 @@ class RunResponse:
         "_ticking",
         "_timer",
         "_waiting",
+        "encoder",
         "on_done",
         "run",
         "started",
     )
 
-    def __init__(self, run: Run, on_done: OnDone | None = None) -> None:
+    def __init__(self, run: Run, on_done: OnDone | None = None, encoder: Encoder | None = None) -> None:
         self.run = run
         self.on_done = on_done
+        self.encoder = encoder
         self._gone = False
         self._sending = False
         self._closing = False
@@ -305,6 +332,8 @@ class RunResponse:
                         await send({"type": "http.response.body", "body": frame, "more_body": True})
                         self._sending = False
                         self._last = loop.time()
+                    elif self.encoder is not None:  # drained: nothing written, the answer still kept
+                        self.encoder.add(ev.chunk)
                 elif type(ev) is Finished:
                     await self._end(send, ev, together)
                 elif type(ev) is Queued:
@@ -322,9 +351,10 @@ class RunResponse:
         """The last write: frames still together (not expected: an engine's last chunk
         says no ``more``), then the tail."""
         self._stop_ticking()
+        encoded = None if self.encoder is None else await self.encoder.tail(fin)
         if self._gone:
             return
-        tail = self._tail(fin)
+        tail = self._tail(fin) if encoded is None else encoded
         if together:
             tail = b"".join(together) + tail
             together.clear()
@@ -332,6 +362,8 @@ class RunResponse:
 
     def _framer(self) -> Callable[[dict[str, Any]], bytes]:
         """How a chunk becomes its frames: as it is, or shaped by the policy (:meth:`_shaped`)."""
+        if self.encoder is not None:
+            return self.encoder.frames
         shapes = self._hold_terminal or self.run.policy.split_role_and_finish
         return self._shaped if shapes else _data_frame
 
@@ -400,12 +432,13 @@ class RunResponse:
     async def _unary(self, send: Send) -> None:
         run = self.run
         agg = Aggregator(run.kind, run.market.policy.reasoning_field)
+        add = agg.add if self.encoder is None else self.encoder.add
         fin: Finished | None = None
         events = run.events()
         try:
             async for ev in events:
                 if type(ev) is ChunkEvent:
-                    agg.add(ev.chunk)
+                    add(ev.chunk)
                 elif type(ev) is Finished:
                     fin = ev
         finally:
@@ -413,6 +446,7 @@ class RunResponse:
         if fin is None:
             return
         self._closing = True  # the client leaving now changes nothing
+        encoded = None if self.encoder is None else await self.encoder.document(fin)
         rid = run.request_id
         headers = [
             (b"content-type", b"application/json"),
@@ -425,10 +459,10 @@ class RunResponse:
             headers.extend((k.encode(), v.encode()) for k, v in err.headers.items())
             status = err.status
         else:
-            usage = fin.usage
-            doc = agg.build(rid, run.product, run.created, usage)
-            doc[run.market.policy.receipt_name] = fin.receipt
-            body = orjson.dumps(doc)
+            if encoded is None:
+                encoded = agg.build(rid, run.product, run.created, fin.usage)
+                encoded[run.market.policy.receipt_name] = fin.receipt
+            body = orjson.dumps(encoded)
             status = 200
         if self.on_done is not None:
             if fin.error is None or (fin.error.status < 500 and fin.error.status not in (408, 429)):

@@ -393,3 +393,41 @@ class JobStore(Protocol):
     async def expire_jobs(self, now: float) -> int:
         """Finished jobs past ``expires_at``: drop the result, status ``expired``."""
         ...
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseRecord:
+    """A stored response of the Responses API, owned by its account until ``expires_at``."""
+
+    id: str
+    account_id: str
+    status: str
+    body: Mapping[str, Any]
+    """The response object as last known (final once ``status`` is)."""
+    input_items: Sequence[Mapping[str, Any]]
+    """The request's own input items."""
+    context: Sequence[Mapping[str, Any]]
+    """The conversation through this response: what ``previous_response_id`` prepends
+    (the earlier context, the input and, once final, the output)."""
+    created_at: float
+    expires_at: float
+    job_id: str | None = None
+    """The detached job that runs a background response."""
+
+
+class ResponseStore(Protocol):
+    async def put_response(self, record: ResponseRecord) -> None:
+        """Insert the record, or replace the one with its id."""
+        ...
+
+    async def response(self, response_id: str, account_id: str, now: float) -> ResponseRecord | None:
+        """The account's record with this id, unless it expired by ``now``."""
+        ...
+
+    async def delete_response(self, response_id: str, account_id: str) -> bool:
+        """Delete the account's record; False when there was none."""
+        ...
+
+    async def purge_responses(self, now: float, limit: int) -> int:
+        """Delete at most ``limit`` records that expired before ``now``; how many were deleted."""
+        ...

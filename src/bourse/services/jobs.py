@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -82,6 +83,8 @@ class Active:
     task: asyncio.Task[None] | None = None
     agg: Aggregator | None = None
     admit_task: asyncio.Task[None] | None = None
+    tap: Callable[[dict[str, Any]], None] | None = None
+    """Sees each chunk as it comes (a background response's stream)."""
 
 
 @dataclass
@@ -108,6 +111,8 @@ class JobService:
         ttl_s: float | None = None,
         max_price_header: str | None = None,
         timeout_header: str | None = None,
+        request_id: str | None = None,
+        tap: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         kind = ENDPOINTS.get(endpoint)
         if kind is None:
@@ -134,7 +139,7 @@ class JobService:
         now = time.time()
         run = await self.completions.open(
             kind, body, req, principal,
-            request_id=new_request_id(kind), max_price_header=max_price_header, timeout_header=timeout_header,
+            request_id=request_id or new_request_id(kind), max_price_header=max_price_header, timeout_header=timeout_header,
         )  # fmt: skip
         job = Job(
             id="job_" + os.urandom(12).hex(),
@@ -157,12 +162,12 @@ class JobService:
         except BaseException:
             await run.abandon()
             raise
-        self._start(job, run)
+        self._start(job, run, tap)
         return await self.view(job)
 
-    def _start(self, job: Job, run: Run) -> None:
+    def _start(self, job: Job, run: Run, tap: Callable[[dict[str, Any]], None] | None = None) -> None:
         run.detached = True
-        act = Active(job, run, agg=Aggregator(run.kind, run.market.policy.reasoning_field))
+        act = Active(job, run, agg=Aggregator(run.kind, run.market.policy.reasoning_field), tap=tap)
         self.active[job.id] = act
         act.task = self._spawn(self._execute(act))
 
@@ -185,6 +190,8 @@ class JobService:
                 async for ev in run.events(on_admit=admitted):
                     if type(ev) is ChunkEvent:
                         agg.add(ev.chunk)
+                        if act.tap is not None:
+                            act.tap(ev.chunk)
                     elif type(ev) is Finished:
                         fin = ev
             except asyncio.CancelledError:

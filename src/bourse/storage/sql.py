@@ -33,6 +33,7 @@ from bourse.ports.stores import (
     KeyBudgetExceeded,
     KeyChanged,
     KeyRevoked,
+    ResponseRecord,
     StoredResponse,
     Totals,
     UnknownAccount,
@@ -679,6 +680,30 @@ def _jobs_page(db: Executor, account_id: str, limit: int, after: str | None) -> 
     return [_job(r) for r in db.fetch(sql, *args)]
 
 
+def _response(row: Row) -> ResponseRecord:
+    return ResponseRecord(
+        id=row["id"],
+        account_id=row["account_id"],
+        status=row["status"],
+        body=orjson.loads(row["body"]),
+        input_items=orjson.loads(row["input_items"]),
+        context=orjson.loads(row["context"]),
+        created_at=float(row["created_at"]),
+        expires_at=float(row["expires_at"]),
+        job_id=row["job_id"],
+    )
+
+
+def _put_response(db: Executor, r: ResponseRecord) -> None:
+    db.execute(
+        "INSERT INTO responses (id, account_id, status, job_id, body, input_items, context, created_at, expires_at) "
+        "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO UPDATE SET status = $3, job_id = $4, "
+        "body = $5, input_items = $6, context = $7, expires_at = $9",
+        r.id, r.account_id, r.status, r.job_id, orjson.dumps(r.body).decode(),
+        orjson.dumps(r.input_items).decode(), orjson.dumps(r.context).decode(), r.created_at, r.expires_at,
+    )  # fmt: skip
+
+
 log = logging.getLogger("bourse.storage")
 
 
@@ -985,3 +1010,35 @@ class SqlStore:
             )
 
         return await self._run(run)
+
+    # -- stored responses (the Responses API) -------------------------------------------
+
+    async def put_response(self, record: ResponseRecord) -> None:
+        await self._run(_put_response, record)
+
+    async def response(self, response_id: str, account_id: str, now: float) -> ResponseRecord | None:
+        def get(db: Executor) -> ResponseRecord | None:
+            row = db.fetchrow(
+                "SELECT * FROM responses WHERE id = $1 AND account_id = $2 AND expires_at > $3",
+                response_id, account_id, now,
+            )  # fmt: skip
+            return None if row is None else _response(row)
+
+        return await self._read(get)
+
+    async def delete_response(self, response_id: str, account_id: str) -> bool:
+        def delete(db: Executor) -> bool:
+            n = db.execute("DELETE FROM responses WHERE id = $1 AND account_id = $2", response_id, account_id)
+            return n > 0
+
+        return await self._run(delete)
+
+    async def purge_responses(self, now: float, limit: int) -> int:
+        def purge(db: Executor) -> int:
+            return db.execute(
+                "DELETE FROM responses WHERE id IN "
+                f"(SELECT id FROM responses WHERE expires_at < $1 LIMIT {max(1, int(limit))})",
+                now,
+            )
+
+        return await self._run(purge)
