@@ -1,6 +1,7 @@
 """The products of the HTTP tests' in-process gateway: one per preset of SPEC section
 12 (named after it), ``knobs`` (the default policy with knobs set one by one),
-``default-slow`` and ``hips-slow`` (a short quiet interval), ``flaky`` (failures before output; its breaker never opens) and ``single`` (one slot).
+``default-slow`` and ``hips-slow`` (a short quiet interval), ``flaky`` (failures
+before output; its breaker never opens) and ``single`` (one slot).
 Every floor is 1 USD per 1M tokens (one micro-USD per token), so a receipt's cost is
 its token count.
 """
