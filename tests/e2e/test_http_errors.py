@@ -174,7 +174,7 @@ def test_wrong_method_is_an_envelope(env: Env) -> None:
         ("GET", "/v1/chat/completions", {"POST"}),
         ("TRACE", "/v1/completions", {"POST"}),
         ("DELETE", "/v1/models", {"GET", "HEAD"}),
-        ("PUT", "/admin/accounts", {"POST"}),
+        ("PUT", "/admin/accounts", {"GET", "HEAD", "POST"}),  # GET lists the accounts
         ("DELETE", "/v1/jobs", {"GET", "HEAD", "POST"}),
     ],
 )

@@ -1,6 +1,7 @@
 """The products of the HTTP tests' in-process gateway: one per preset of SPEC section
 12 (named after it), ``knobs`` (the default policy with knobs set one by one),
-``flaky`` (failures before output; its breaker never opens) and ``single`` (one slot).
+``default-slow`` and ``hips-slow`` (a short quiet interval), ``flaky`` (failures
+before output; its breaker never opens) and ``single`` (one slot).
 Every floor is 1 USD per 1M tokens (one micro-USD per token), so a receipt's cost is
 its token count.
 """
@@ -23,9 +24,17 @@ PRODUCTS = [
             "policy": "default",
             "usage_chunk": "always",
             "done_after_error": False,
-            "error_finish_reason": False,
+            "error_frame": "envelope",
+            "error_finish_reason": True,
             "reasoning_field": "reasoning",
         },
+    ),
+    # the engine silent before its first token for longer than a (short) quiet interval
+    *(
+        Product(
+            f"{name}-slow", [Dep(f"{name}-slow-a", floor=FLOOR)], {"policy": name, "quiet_interval_s": 0.05}
+        )
+        for name in ("default", "hips")
     ),
     # failures before output: the breaker never opens, so each test sees a healthy deployment
     Product("flaky", [Dep("flaky-a", floor=FLOOR, extra={"breaker_threshold": 1000})]),

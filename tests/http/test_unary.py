@@ -18,6 +18,21 @@ pytestmark = pytest.mark.anyio
 
 PREFIX = {"hips": "x-hips-"}
 """Receipt header prefix by product (``x-bourse-`` otherwise)."""
+ID_PREFIX = {"gopuram": "gen-"}
+"""The request id's prefix by product (``chatcmpl-`` otherwise)."""
+ID_HEADER = {"aigrid": "x-aigrid-invocation", "gopuram": "x-gopuram-request-id"}
+"""The header that repeats the request id, by product."""
+ENGINE_ERROR = {"aigrid": ("provider_failed", "upstream_error"), "gopuram": ("provider_error", "api_error")}
+"""The (code, type) of an engine failure by product (``upstream_error`` otherwise)."""
+
+
+def _assert_id_headers(r: httpx.Response, product: str) -> str:
+    """The request id in ``x-request-id`` with the product's prefix, repeated in its own header."""
+    rid = r.headers["x-request-id"]
+    assert rid.startswith(ID_PREFIX.get(product, "chatcmpl-")), rid
+    for name in ("x-aigrid-invocation", "x-gopuram-request-id"):
+        assert r.headers.get(name) == (rid if ID_HEADER.get(product) == name else None), dict(r.headers)
+    return rid
 
 
 async def _chat(gw: InProcessGateway, product: str, **extra: Any) -> httpx.Response:
@@ -31,7 +46,7 @@ async def test_non_streamed_answer_body_and_headers(gw: InProcessGateway, produc
     assert r.headers["content-type"] == "application/json"
     assert int(r.headers["content-length"]) == len(r.content)
     doc = r.json()
-    rid = r.headers["x-request-id"]
+    rid = _assert_id_headers(r, product)
     assert (doc["id"], doc["object"], doc["model"]) == (rid, "chat.completion", product)
     [choice] = doc["choices"]
     assert choice["message"]["role"] == "assistant" and choice["message"]["content"], choice
@@ -103,11 +118,17 @@ async def test_non_streamed_legacy_completion(gw: InProcessGateway) -> None:
     assert doc["choices"][0]["text"] == res.text()
 
 
-@pytest.mark.parametrize("product", ["default", "hips", "gopuram"])
+@pytest.mark.parametrize("product", PRESETS)
 async def test_non_streamed_error_after_output_is_an_http_502(gw: InProcessGateway, product: str) -> None:
+    """The engine failed: 502 with the product's code and type for an engine failure,
+    the request id in the product's headers, ``x-should-retry: true``."""
     r = await _chat(gw, product, seed=2, sim={"fail_after_tokens": 3, "output_tokens": 10})
-    err = assert_error_envelope(r, 502, "upstream_error")
+    code, error_type = ENGINE_ERROR.get(product, ("upstream_error", "upstream_error"))
+    err = assert_error_envelope(r, 502, code)
+    assert err["type"] == error_type, err
     assert "3 tokens" in err["message"]
+    _assert_id_headers(r, product)
+    assert r.headers["x-should-retry"] == "true"
     prefix = PREFIX.get(product, "x-bourse-")
     assert int(r.headers[f"{prefix}quote-micros"]) > 0
 

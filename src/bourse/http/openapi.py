@@ -559,7 +559,9 @@ def _operation(method: str, path: str, route: Route, components: dict[str, Any])
         media: dict[str, Any] = {"schema": schema}
         if op.example is not None:
             media["example"] = op.example
-        out["requestBody"] = {"required": True, "content": {"application/json": media}}
+        # a model of optional fields only takes no body at all (read as ``{}``)
+        required = any(f.is_required() for f in op.body.model_fields.values())
+        out["requestBody"] = {"required": required, "content": {"application/json": media}}
     out["security"] = [] if op.auth == "none" else [{"apiKey" if op.auth == "key" else "adminKey": []}]
     return out
 

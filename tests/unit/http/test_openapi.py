@@ -71,6 +71,23 @@ def test_request_bodies_are_the_wire_models(doc: dict[str, Any]) -> None:
     )
 
 
+def test_a_body_is_required_exactly_when_its_model_has_a_required_field(doc: dict[str, Any]) -> None:
+    """A route whose body model has only optional fields (revoke, rotate, settle) takes
+    no body at all (as ``{}``): its ``requestBody`` is not required; the others are."""
+    for key, op in _operations(doc).items():
+        model = OPERATIONS[key].body
+        if model is None:
+            assert "requestBody" not in op, key
+            continue
+        needed = any(f.is_required() for f in model.model_fields.values())
+        assert op["requestBody"]["required"] is needed, key
+    ops = _operations(doc)
+    for key in [("POST", "/admin/keys/{key_id}/revoke"), ("POST", "/admin/keys/{key_id}/rotate"),
+                ("POST", "/admin/holds/{hold_id}/settle")]:  # fmt: skip
+        assert ops[key]["requestBody"]["required"] is False, key
+    assert ops[("POST", "/v1/chat/completions")]["requestBody"]["required"] is True
+
+
 def test_every_error_answer_is_the_envelope(doc: dict[str, Any]) -> None:
     envelope = {"$ref": "#/components/schemas/ErrorEnvelope"}
     for key, op in _operations(doc).items():
