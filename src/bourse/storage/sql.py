@@ -39,6 +39,7 @@ from bourse.ports.stores import (
     UnknownKey,
     UsageRecord,
 )
+from bourse.storage.batching import Coalescer
 from bourse.storage.schema import migrations
 
 Row = Mapping[str, Any]
@@ -265,11 +266,12 @@ def _count_on_cap(db: Executor, key_id: str, period: int, amount: int) -> bool:
     raise KeyBudgetExceeded(int(row["spend_cap_micros"]), spent, row["spend_cap_period"])
 
 
-def _place_hold(db: Executor, hold: Hold) -> None:
-    # The key's cap first (only a capped key's row is locked), the hold row next, the
-    # account last: the account's row lock (every request of an account takes it) is
-    # held for one statement and the commit, not two. Closing a hold takes them in the
-    # same order (hold, key, account).
+def _new_hold(db: Executor, hold: Hold) -> None:
+    """The hold's row, counted on its key's cap: the key's row first (only a capped
+    key's row is locked), the hold row next; the caller debits the account last, so
+    the account's row lock (every request of an account takes it) is held for one
+    statement and the commit. Raises without an SQL error (the transaction stays
+    usable for a batch's other holds), having undone its cap count."""
     period = hold.spend_period
     if period is not None and (
         hold.key_id is None or not _count_on_cap(db, hold.key_id, period, hold.amount_micros)
@@ -279,21 +281,107 @@ def _place_hold(db: Executor, hold: Hold) -> None:
         "INSERT INTO holds (id, account_id, request_id, amount_micros, charged_micros, state, owner, product, "
         "note, created_at, updated_at, key_id, spend_period) "
         "SELECT $1, $2, $3, $4, 0, 'open', $5, $6, NULL, $7, $7, $8, $9 "
-        "WHERE EXISTS (SELECT 1 FROM accounts WHERE id = $2)",
+        "WHERE EXISTS (SELECT 1 FROM accounts WHERE id = $2) ON CONFLICT DO NOTHING",
         hold.id, hold.account_id, hold.request_id, hold.amount_micros, hold.owner, hold.product, hold.created_at,
         hold.key_id, period,
     )  # fmt: skip
-    if n != 1:
+    if n == 1:
+        return
+    if period is not None:
+        _uncount(db, hold.key_id, period, hold.amount_micros)
+    if db.fetchrow("SELECT 1 AS x FROM accounts WHERE id = $1", hold.account_id) is None:
         raise UnknownAccount(hold.account_id)
+    raise IntegrityError(f"hold {hold.id} exists")
+
+
+def _uncount(db: Executor, key_id: Any, period: Any, amount: int) -> None:
+    """Give back ``amount`` to the key's cap (if still in ``period``)."""
+    db.execute(
+        "UPDATE api_keys SET spend_micros = CASE WHEN spend_micros > $3 THEN spend_micros - $3 ELSE 0 END "
+        "WHERE id = $1 AND spend_period = $2",
+        key_id, period, amount,
+    )  # fmt: skip
+
+
+def _debit(db: Executor, account_id: str, amount: int) -> bool:
+    """Take ``amount`` from the account's balance; False when it cannot cover it."""
     n = db.execute(
         "UPDATE accounts SET balance_micros = balance_micros - $2 WHERE id = $1 AND balance_micros >= $2",
-        hold.account_id, hold.amount_micros,
+        account_id, amount,
     )  # fmt: skip
-    if n != 1:  # the transaction rolls back, the hold row with it
+    return n == 1
+
+
+def _place_hold(db: Executor, hold: Hold) -> None:
+    _new_hold(db, hold)
+    if not _debit(
+        db, hold.account_id, hold.amount_micros
+    ):  # the transaction rolls back, the hold row with it
         row = db.fetchrow("SELECT balance_micros FROM accounts WHERE id = $1", hold.account_id)
         if row is None:
             raise UnknownAccount(hold.account_id)
         raise InsufficientFunds(int(row["balance_micros"]))
+
+
+class BatchShort(Exception):
+    """The account cannot cover a batch's holds together (the batch rolls back and
+    each of its holds is placed alone, to find which ones it can cover)."""
+
+
+def _place_holds(db: Executor, holds: list[Hold]) -> list[Exception | None]:
+    """Holds of one account in one transaction, the account's row taken once (after
+    every key row, in key order: the order every ledger transaction locks in)."""
+    out: list[Exception | None] = [None] * len(holds)
+    debits: dict[str, int] = {}
+    for i in sorted(range(len(holds)), key=lambda i: (holds[i].key_id or "", holds[i].id)):
+        hold = holds[i]
+        try:
+            _new_hold(db, hold)
+        except (KeyBudgetExceeded, UnknownAccount, IntegrityError) as exc:
+            out[i] = exc
+            continue
+        debits[hold.account_id] = debits.get(hold.account_id, 0) + hold.amount_micros
+    for account_id in sorted(debits):
+        if not _debit(db, account_id, debits[account_id]):
+            raise BatchShort(account_id)
+    return out
+
+
+Closing = tuple[str, HoldState, int, UsageRecord | None, str | None, float]
+"""One settle or release: ``(hold_id, state, charge_micros, usage, note, now)``."""
+
+
+def _close_row(db: Executor, item: Closing) -> Row | None:
+    """Close the hold's row (settled or released) and write its usage record; the row,
+    or None when the hold is not open. The caller returns the unused amount."""
+    hold_id, state, charge_micros, usage, note, now = item
+    charge = max(0, charge_micros) if state == "settled" else 0
+    row = db.fetchrow(
+        "UPDATE holds SET state = $2, "
+        "charged_micros = CASE WHEN $3 < amount_micros THEN $3 ELSE amount_micros END, "
+        "note = COALESCE($4, note), updated_at = $5 "
+        "WHERE id = $1 AND state IN ('open', 'reconciling') RETURNING *",
+        hold_id, state, charge, note, now,
+    )  # fmt: skip
+    if row is not None and usage is not None:
+        _put_usage(db, usage)
+    return row
+
+
+def _unused(row: Row) -> int:
+    return int(row["amount_micros"]) - int(row["charged_micros"])
+
+
+def _refund_cap(db: Executor, row: Row) -> None:
+    """The key's cap gets back what the hold did not charge (if still in that period)."""
+    unused = _unused(row)
+    if row["spend_period"] is not None and row["key_id"] is not None and unused:
+        _uncount(db, row["key_id"], row["spend_period"], unused)
+
+
+def _refund(db: Executor, account_id: str, unused: int) -> None:
+    # the account last: its row lock is held for one statement and the commit
+    db.execute("UPDATE accounts SET balance_micros = balance_micros + $2 WHERE id = $1", account_id, unused)
 
 
 def _close_hold(
@@ -311,38 +399,36 @@ def _close_hold(
             "RETURNING *",
             hold_id, note, now,
         )  # fmt: skip
+        if row is not None and usage is not None:
+            _put_usage(db, usage)
     else:
-        charge = max(0, charge_micros) if state == "settled" else 0
-        row = db.fetchrow(
-            "UPDATE holds SET state = $2, "
-            "charged_micros = CASE WHEN $3 < amount_micros THEN $3 ELSE amount_micros END, "
-            "note = COALESCE($4, note), updated_at = $5 "
-            "WHERE id = $1 AND state IN ('open', 'reconciling') RETURNING *",
-            hold_id, state, charge, note, now,
-        )  # fmt: skip
+        row = _close_row(db, (hold_id, state, charge_micros, usage, note, now))
         if row is not None:
-            if usage is not None:
-                _put_usage(db, usage)
-                usage = None
-            unused = int(row["amount_micros"]) - int(row["charged_micros"])
-            if row["spend_period"] is not None and row["key_id"] is not None and unused:
-                # the key's cap gets back what was not charged (if still in that period)
-                db.execute(
-                    "UPDATE api_keys SET spend_micros = CASE WHEN spend_micros > $3 THEN spend_micros - $3 ELSE 0 END "
-                    "WHERE id = $1 AND spend_period = $2",
-                    row["key_id"], row["spend_period"], unused,
-                )  # fmt: skip
-            # the account last: its row lock is held for one statement and the commit
-            db.execute(
-                "UPDATE accounts SET balance_micros = balance_micros + $2 WHERE id = $1",
-                row["account_id"],
-                unused,
-            )
+            _refund_cap(db, row)
+            _refund(db, row["account_id"], _unused(row))
     if row is None:
         raise HoldNotOpen(hold_id)
-    if usage is not None:
-        _put_usage(db, usage)
     return _hold(row)
+
+
+def _close_holds(db: Executor, items: list[Closing]) -> list[Hold | Exception]:
+    """Settles and releases in one transaction: hold rows (in id order), then key rows
+    (in key order), then each account's row once."""
+    out: list[Hold | Exception] = [HoldNotOpen(item[0]) for item in items]
+    rows: list[Row] = []
+    for i in sorted(range(len(items)), key=lambda i: items[i][0]):
+        row = _close_row(db, items[i])
+        if row is not None:
+            out[i] = _hold(row)
+            rows.append(row)
+    for row in sorted(rows, key=lambda r: str(r["key_id"] or "")):
+        _refund_cap(db, row)
+    refunds: dict[str, int] = {}
+    for row in rows:
+        refunds[row["account_id"]] = refunds.get(row["account_id"], 0) + _unused(row)
+    for account_id in sorted(refunds):
+        _refund(db, account_id, refunds[account_id])
+    return out
 
 
 def _holds(db: Executor, state: HoldState | None, account_id: str | None, limit: int) -> list[Hold]:
@@ -770,10 +856,57 @@ class SqlStore:
 
         return self._open(account_id, await self._read(get))
 
+    # Holds and closes of one account are group-committed (storage.batching): the
+    # account's row is taken once per batch, not once per request.
+    _hold_writes: Coalescer[Hold, None] | None = None
+    _close_writes: Coalescer[Closing, Hold] | None = None
+    _hold_accounts: dict[str, str] | None = None
+    """Open holds placed here, by id: their account (the partition of their close)."""
+    HOLD_ACCOUNTS_MAX = 100_000
+    """Open holds remembered; beyond it a close runs alone (the map is only a hint)."""
+
+    def _ledger_writers(self) -> tuple[Coalescer[Hold, None], Coalescer[Closing, Hold], dict[str, str]]:
+        if self._hold_writes is None or self._close_writes is None or self._hold_accounts is None:
+            self._hold_writes = Coalescer(self._place_one, self._place_many)
+            self._close_writes = Coalescer(self._close_one, self._close_many)
+            self._hold_accounts = {}
+        return self._hold_writes, self._close_writes, self._hold_accounts
+
+    async def _place_one(self, hold: Hold) -> None:
+        await self._run(_place_hold, hold)
+
+    async def _place_many(self, holds: list[Hold]) -> list[Exception | None]:
+        try:
+            return await self._run(_place_holds, holds)
+        except BatchShort:  # near the end of the balance: one by one, in order
+            out: list[Exception | None] = []
+            for hold in holds:
+                try:
+                    out.append(await self._run(_place_hold, hold))
+                except Exception as exc:
+                    out.append(exc)
+            return out
+
+    async def _close_one(self, item: Closing) -> Hold:
+        return await self._run(_close_hold, *item)
+
+    async def _close_many(self, items: list[Closing]) -> list[Hold | Exception]:
+        return await self._run(_close_holds, items)
+
     async def place_hold(self, hold: Hold) -> None:
         if hold.amount_micros < 0:
             raise ValueError("a hold cannot be negative")
-        await self._run(_place_hold, hold)
+        holds, _, accounts = self._ledger_writers()
+        await holds.submit(hold.account_id, hold)
+        if len(accounts) < self.HOLD_ACCOUNTS_MAX:
+            accounts[hold.id] = hold.account_id
+
+    async def _close(self, item: Closing) -> Hold:
+        _, closes, accounts = self._ledger_writers()
+        account_id = accounts.pop(item[0], None)
+        if account_id is None:  # placed elsewhere (or forgotten): alone
+            return await self._run(_close_hold, *item)
+        return await closes.submit(account_id, item)
 
     async def settle(
         self,
@@ -785,7 +918,7 @@ class SqlStore:
         audit: AuditEntry | None = None,
     ) -> Hold:
         if audit is None:
-            return await self._run(_close_hold, hold_id, "settled", charge_micros, usage, None, now)
+            return await self._close((hold_id, "settled", charge_micros, usage, None, now))
         return await self._run(
             _with_audit, audit, _close_hold, hold_id, "settled", charge_micros, usage, None, now
         )
@@ -794,7 +927,7 @@ class SqlStore:
         self, hold_id: str, usage: UsageRecord | None, now: float, *, audit: AuditEntry | None = None
     ) -> Hold:
         if audit is None:
-            return await self._run(_close_hold, hold_id, "released", 0, usage, None, now)
+            return await self._close((hold_id, "released", 0, usage, None, now))
         return await self._run(_with_audit, audit, _close_hold, hold_id, "released", 0, usage, None, now)
 
     async def to_reconciling(self, hold_id: str, usage: UsageRecord | None, note: str, now: float) -> Hold:
