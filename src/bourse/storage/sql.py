@@ -328,19 +328,78 @@ class BatchShort(Exception):
     each of its holds is placed alone, to find which ones it can cover)."""
 
 
+def _values(rows: int, columns: int, cast: Sequence[str] = ()) -> str:
+    """``($1, $2), ($3, $4)``: the parameters of a multi-row VALUES list (``cast``, if
+    given, types each column, as ``CAST($n AS type)``)."""
+    out = []
+    for r in range(rows):
+        cells = [f"${r * columns + c + 1}" for c in range(columns)]
+        if cast:
+            cells = [f"CAST({p} AS {t})" if t else p for p, t in zip(cells, cast, strict=True)]
+        out.append("(" + ", ".join(cells) + ")")
+    return ", ".join(out)
+
+
+_HOLD_COLUMNS = (
+    "id, account_id, request_id, amount_micros, charged_micros, state, owner, product, note, created_at, "
+    "updated_at, key_id, spend_period"
+)
+
+
+def _insert_holds(db: Executor, holds: list[Hold]) -> set[str]:
+    """Insert uncapped holds of existing accounts in one statement; the ids inserted
+    (a hold whose id exists is left out)."""
+    args: list[Any] = []
+    for h in holds:
+        args += (
+            h.id,
+            h.account_id,
+            h.request_id,
+            h.amount_micros,
+            h.owner,
+            h.product,
+            h.created_at,
+            h.key_id,
+        )
+    values = _values(len(holds), 8)
+    rows = db.fetch(
+        f"INSERT INTO holds ({_HOLD_COLUMNS}) SELECT column1, column2, column3, column4, 0, 'open', column5, "
+        f"column6, NULL, column7, column7, column8, NULL FROM (VALUES {values}) AS v WHERE true "
+        "ON CONFLICT DO NOTHING RETURNING id",
+        *args,
+    )
+    return {r["id"] for r in rows}
+
+
 def _place_holds(db: Executor, holds: list[Hold]) -> list[Exception | None]:
     """Holds of one account in one transaction, the account's row taken once (after
-    every key row, in key order: the order every ledger transaction locks in)."""
+    every key row, in key order: the order every ledger transaction locks in). The
+    uncapped ones go in one statement."""
     out: list[Exception | None] = [None] * len(holds)
-    debits: dict[str, int] = {}
-    for i in sorted(range(len(holds)), key=lambda i: (holds[i].key_id or "", holds[i].id)):
-        hold = holds[i]
+    placed: list[Hold] = []
+    for account_id in sorted({h.account_id for h in holds}):
+        if db.fetchrow("SELECT 1 AS x FROM accounts WHERE id = $1", account_id) is None:
+            for i, h in enumerate(holds):
+                if h.account_id == account_id:
+                    out[i] = UnknownAccount(account_id)
+    capped = [i for i, h in enumerate(holds) if out[i] is None and h.spend_period is not None]
+    for i in sorted(capped, key=lambda i: holds[i].key_id or ""):
         try:
-            _new_hold(db, hold)
+            _new_hold(db, holds[i])
         except (KeyBudgetExceeded, UnknownAccount, IntegrityError) as exc:
             out[i] = exc
             continue
-        debits[hold.account_id] = debits.get(hold.account_id, 0) + hold.amount_micros
+        placed.append(holds[i])
+    plain = [i for i, h in enumerate(holds) if out[i] is None and h.spend_period is None]
+    inserted = _insert_holds(db, [holds[i] for i in plain]) if plain else set()
+    for i in plain:
+        if holds[i].id in inserted:
+            placed.append(holds[i])
+        else:
+            out[i] = IntegrityError(f"hold {holds[i].id} exists")
+    debits: dict[str, int] = {}
+    for h in placed:
+        debits[h.account_id] = debits.get(h.account_id, 0) + h.amount_micros
     for account_id in sorted(debits):
         if not _debit(db, account_id, debits[account_id]):
             raise BatchShort(account_id)
@@ -411,16 +470,35 @@ def _close_hold(
     return _hold(row)
 
 
+def _close_rows(db: Executor, items: list[Closing]) -> list[Row]:
+    """Close the holds' rows (settled or released) in one statement, then write their
+    usage records in one more; the rows closed (a hold not open is left out)."""
+    args: list[Any] = []
+    for hold_id, state, charge, _, note, now in items:
+        args += (hold_id, state, max(0, charge) if state == "settled" else 0, note, now)
+    values = _values(len(items), 5, ("", "", "BIGINT", "TEXT", "DOUBLE PRECISION"))
+    rows = db.fetch(
+        "UPDATE holds SET state = v.column2, "
+        "charged_micros = CASE WHEN v.column3 < amount_micros THEN v.column3 ELSE amount_micros END, "
+        f"note = COALESCE(v.column4, note), updated_at = v.column5 FROM (VALUES {values}) AS v "
+        f"WHERE holds.id = v.column1 AND holds.state IN ('open', 'reconciling') RETURNING {_HOLD_COLUMNS}",
+        *args,
+    )
+    closed = {r["id"] for r in rows}
+    usages = {u.request_id: u for hold_id, _, _, u, _, _ in items if u is not None and hold_id in closed}
+    if usages:
+        args = []
+        for u in usages.values():
+            args += (u.request_id, u.account_id, u.product, u.created_at, u.outcome, u.cost_micros)
+            args.append(orjson.dumps(dict(u.record)).decode())
+        db.execute(_USAGE_UPSERT.replace("($1, $2, $3, $4, $5, $6, $7)", _values(len(usages), 7)), *args)
+    return rows
+
+
 def _close_holds(db: Executor, items: list[Closing]) -> list[Hold | Exception]:
-    """Settles and releases in one transaction: hold rows (in id order), then key rows
-    (in key order), then each account's row once."""
-    out: list[Hold | Exception] = [HoldNotOpen(item[0]) for item in items]
-    rows: list[Row] = []
-    for i in sorted(range(len(items)), key=lambda i: items[i][0]):
-        row = _close_row(db, items[i])
-        if row is not None:
-            out[i] = _hold(row)
-            rows.append(row)
+    """Settles and releases in one transaction: hold rows, then key rows (in key
+    order), then each account's row once."""
+    rows = _close_rows(db, items)
     for row in sorted(rows, key=lambda r: str(r["key_id"] or "")):
         _refund_cap(db, row)
     refunds: dict[str, int] = {}
@@ -428,7 +506,8 @@ def _close_holds(db: Executor, items: list[Closing]) -> list[Hold | Exception]:
         refunds[row["account_id"]] = refunds.get(row["account_id"], 0) + _unused(row)
     for account_id in sorted(refunds):
         _refund(db, account_id, refunds[account_id])
-    return out
+    by_id = {r["id"]: _hold(r) for r in rows}
+    return [by_id.get(item[0]) or HoldNotOpen(item[0]) for item in items]
 
 
 def _holds(db: Executor, state: HoldState | None, account_id: str | None, limit: int) -> list[Hold]:
@@ -891,6 +970,7 @@ class SqlStore:
         return await self._run(_close_hold, *item)
 
     async def _close_many(self, items: list[Closing]) -> list[Hold | Exception]:
+        # a hold is in at most one batch: its close takes it out of _hold_accounts
         return await self._run(_close_holds, items)
 
     async def place_hold(self, hold: Hold) -> None:
