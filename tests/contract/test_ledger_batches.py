@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -48,16 +48,16 @@ def _usage(hold: Hold, cost: int) -> UsageRecord:
     return UsageRecord(hold.request_id, hold.account_id, "prod", NOW, "ok", cost, {"cost": cost})
 
 
-def _count(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
-    """Wrap the batch function ``sql.<name>``; the sizes of the batches it ran."""
+def _count(monkeypatch: pytest.MonkeyPatch, store: Any, name: str) -> list[int]:
+    """Wrap the store's batch method ``name``; the sizes of the batches it ran."""
     sizes: list[int] = []
-    real: Callable[..., Any] = getattr(sql, name)
+    real: Callable[[list[Any]], Awaitable[Any]] = getattr(store, name)
 
-    def counted(db: sql.Executor, items: list[Any]) -> Any:
+    async def counted(items: list[Any]) -> Any:
         sizes.append(len(items))
-        return real(db, items)
+        return await real(items)
 
-    monkeypatch.setattr(sql, name, counted)
+    monkeypatch.setattr(store, name, counted)
     return sizes
 
 
@@ -70,8 +70,8 @@ async def _balanced(s: Any) -> None:
 async def test_a_batch_answers_each_write_as_if_it_ran_alone(
     store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    places, closes = _count(monkeypatch, "_place_holds"), _count(monkeypatch, "_close_holds")
     async with store_factory() as s:
+        places, closes = _count(monkeypatch, s, "_place_many"), _count(monkeypatch, s, "_close_many")
         await s.create_account("a", 100_000, NOW)
         await s.create_key(
             ApiKey(id="kc", account_id="a", created_at=NOW, spend_cap_micros=1_000, spend_cap_period="total"),
@@ -112,7 +112,7 @@ async def test_a_batch_answers_each_write_as_if_it_ran_alone(
             s.settle(plain[3].id, 10, None, NOW + 1),
         ]
         out = await asyncio.gather(*closes_in, return_exceptions=True)
-        assert closes == [4]  # the first alone, the released one alone (not open)
+        assert closes == [3]  # alone: the first, the capped one, the released one (not open)
         charged = [o.charged_micros if isinstance(o, Hold) else o for o in out]
         assert charged[:5] == [50, 400, 300, 0, 1_000]
         assert isinstance(out[5], HoldNotOpen)
@@ -124,6 +124,15 @@ async def test_a_batch_answers_each_write_as_if_it_ran_alone(
         a = await s.account("a")
         assert a is not None
         assert (a.balance_micros, a.open_holds_micros, a.spent_micros) == (100_000 - 1_750, 0, 1_750)
+        await _balanced(s)
+
+        # an uncapped batch with an id that exists
+        twins = [_hold("a", 1), _hold("a", 1, hold_id=plain[0].id), _hold("a", 1)]
+        out = await asyncio.gather(*(s.place_hold(h) for h in twins), return_exceptions=True)
+        assert places[-1] == 2
+        assert out[0] is None and isinstance(out[1], sql.IntegrityError) and out[2] is None
+        a = await s.account("a")
+        assert a is not None and (a.balance_micros, a.open_holds_micros) == (100_000 - 1_752, 2)
         await _balanced(s)
 
 
@@ -153,8 +162,8 @@ async def test_one_hold_closed_twice_while_its_account_is_busy_closes_once(
 async def test_a_batch_the_balance_cannot_cover_places_what_fits_in_order(
     store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    places = _count(monkeypatch, "_place_holds")
     async with store_factory() as s:
+        places = _count(monkeypatch, s, "_place_many")
         await s.create_account("a", 2_500, NOW)
         holds = [_hold("a", 1_000) for _ in range(4)]
         out = await asyncio.gather(*(s.place_hold(h) for h in holds), return_exceptions=True)
@@ -167,5 +176,5 @@ async def test_a_batch_the_balance_cannot_cover_places_what_fits_in_order(
 
 
 def test_values_lists_number_their_parameters() -> None:
-    assert sql._values(2, 2) == "($1, $2), ($3, $4)"
-    assert sql._values(1, 2, ("", "BIGINT")) == "($1, CAST($2 AS BIGINT))"
+    assert sql.values_list(2, 2) == "($1, $2), ($3, $4)"
+    assert sql.values_list(1, 2, ("", "BIGINT")) == "($1, CAST($2 AS BIGINT))"

@@ -22,12 +22,24 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import orjson
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from bourse.ports.stores import Hold, HoldNotOpen, UnknownAccount
 from bourse.retrying import retrying
-from bourse.storage.sql import IntegrityError, Row, SqlStore
+from bourse.storage.sql import (
+    HOLD_COLUMNS,
+    BatchShort,
+    Closing,
+    Executor,
+    IntegrityError,
+    Row,
+    SqlStore,
+    hold_row,
+    values_list,
+)
 
 T = TypeVar("T")
 _PARAM = re.compile(r"\$(\d+)")
@@ -168,6 +180,17 @@ class PostgresStore(SqlStore):
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._call(fn, args, False)
 
+    async def _place_many(self, holds: list[Hold]) -> list[Exception | None]:
+        if any(h.spend_period is not None for h in holds):  # key rows to lock first
+            return await super()._place_many(holds)
+        try:  # one statement: its own transaction
+            return await self._call(_place_many, (holds,), False)
+        except BatchShort:
+            return await self._place_each(holds)
+
+    async def _close_many(self, items: list[Closing]) -> list[Hold | Exception]:
+        return await self._call(_close_many, (items,), False)
+
 
 def _open_pool(pool: ConnectionPool[psycopg.Connection[Any]], dsn: str) -> None:
     """Open ``pool`` and wait for its first connections. One plain connection first, so
@@ -179,3 +202,84 @@ def _open_pool(pool: ConnectionPool[psycopg.Connection[Any]], dsn: str) -> None:
     except BaseException:
         pool.close()
         raise
+
+
+# -- a batch of one account's ledger writes as one statement (no BEGIN, no COMMIT trip) --
+
+_PLACE_MANY = (
+    "WITH ins AS (INSERT INTO holds ({cols}) SELECT column1, column2, column3, column4, 0, 'open', column5, "
+    "column6, NULL, column7, column7, column8, NULL FROM (VALUES {values}) AS v "
+    "WHERE EXISTS (SELECT 1 FROM accounts WHERE id = column2) ON CONFLICT DO NOTHING RETURNING id, account_id, "
+    "amount_micros), "
+    "debit AS (UPDATE accounts SET balance_micros = balance_micros - d.total "
+    "FROM (SELECT account_id, SUM(amount_micros) AS total FROM ins GROUP BY account_id) AS d "
+    "WHERE accounts.id = d.account_id) "
+    "SELECT id FROM ins"
+)
+
+
+def _place_many(db: Executor, holds: list[Hold]) -> list[Exception | None]:
+    """Uncapped holds of one account in one statement: the rows, then the account's
+    debit; an overdraft breaks the balance's CHECK and the statement does nothing."""
+    args: list[Any] = []
+    for h in holds:
+        args += (
+            h.id,
+            h.account_id,
+            h.request_id,
+            h.amount_micros,
+            h.owner,
+            h.product,
+            h.created_at,
+            h.key_id,
+        )
+    try:
+        rows = db.fetch(_PLACE_MANY.format(cols=HOLD_COLUMNS, values=values_list(len(holds), 8)), *args)
+    except IntegrityError:
+        raise BatchShort(holds[0].account_id) from None
+    placed = {r["id"] for r in rows}
+    out: list[Exception | None] = [None] * len(holds)
+    for i, h in enumerate(holds):
+        if h.id not in placed:
+            known = db.fetchrow("SELECT 1 AS x FROM accounts WHERE id = $1", h.account_id) is not None
+            out[i] = IntegrityError(f"hold {h.id} exists") if known else UnknownAccount(h.account_id)
+    return out
+
+
+_CLOSE_MANY = (
+    "WITH closed AS (UPDATE holds SET state = v.column2, "
+    "charged_micros = CASE WHEN v.column3 < amount_micros THEN v.column3 ELSE amount_micros END, "
+    "note = COALESCE(v.column4, note), updated_at = v.column5 FROM (VALUES {values}) AS v "
+    "WHERE holds.id = v.column1 AND holds.state IN ('open', 'reconciling') RETURNING holds.*), "
+    "refund AS (UPDATE accounts SET balance_micros = balance_micros + r.unused "
+    "FROM (SELECT account_id, SUM(amount_micros - charged_micros) AS unused FROM closed GROUP BY account_id) AS r "
+    "WHERE accounts.id = r.account_id)"
+    "{usage} SELECT * FROM closed"
+)
+_CLOSE_USAGE = (
+    ", used AS (INSERT INTO usage (request_id, account_id, product, created_at, outcome, cost_micros, record) "
+    "SELECT column2, column3, column4, column5, column6, column7, column8 FROM (VALUES {values}) AS u "
+    "WHERE u.column1 IN (SELECT id FROM closed) "
+    "ON CONFLICT (request_id) DO UPDATE SET outcome = excluded.outcome, cost_micros = excluded.cost_micros, "
+    "record = excluded.record)"
+)
+
+
+def _close_many(db: Executor, items: list[Closing]) -> list[Hold | Exception]:
+    """Settles and releases of uncapped holds in one statement: the hold rows, the
+    account's refund of what was not charged, the usage records of the holds closed."""
+    args: list[Any] = []
+    for hold_id, state, charge, _, note, now in items:
+        args += (hold_id, state, max(0, charge) if state == "settled" else 0, note, now)
+    usage = ""
+    usages = {u.request_id: (hold_id, u) for hold_id, _, _, u, _, _ in items if u is not None}
+    if usages:
+        base = len(args)
+        for hold_id, u in usages.values():
+            args += (hold_id, u.request_id, u.account_id, u.product, u.created_at, u.outcome, u.cost_micros)
+            args.append(orjson.dumps(dict(u.record)).decode())
+        usage = _CLOSE_USAGE.format(values=values_list(len(usages), 8, start=base))
+    values = values_list(len(items), 5, ("", "", "BIGINT", "TEXT", "DOUBLE PRECISION"))
+    rows = db.fetch(_CLOSE_MANY.format(values=values, usage=usage), *args)
+    by_id = {r["id"]: hold_row(r) for r in rows}
+    return [by_id.get(item[0]) or HoldNotOpen(item[0]) for item in items]

@@ -64,7 +64,7 @@ def _new_id(prefix: str) -> str:
     return prefix + os.urandom(10).hex()
 
 
-def _hold(row: Row) -> Hold:
+def hold_row(row: Row) -> Hold:
     return Hold(
         id=row["id"],
         account_id=row["account_id"],
@@ -328,19 +328,19 @@ class BatchShort(Exception):
     each of its holds is placed alone, to find which ones it can cover)."""
 
 
-def _values(rows: int, columns: int, cast: Sequence[str] = ()) -> str:
-    """``($1, $2), ($3, $4)``: the parameters of a multi-row VALUES list (``cast``, if
-    given, types each column, as ``CAST($n AS type)``)."""
+def values_list(rows: int, columns: int, cast: Sequence[str] = (), *, start: int = 0) -> str:
+    """``($1, $2), ($3, $4)``: the parameters of a multi-row VALUES list, numbered
+    after ``start`` (``cast``, if given, types each column, as ``CAST($n AS type)``)."""
     out = []
     for r in range(rows):
-        cells = [f"${r * columns + c + 1}" for c in range(columns)]
+        cells = [f"${start + r * columns + c + 1}" for c in range(columns)]
         if cast:
             cells = [f"CAST({p} AS {t})" if t else p for p, t in zip(cells, cast, strict=True)]
         out.append("(" + ", ".join(cells) + ")")
     return ", ".join(out)
 
 
-_HOLD_COLUMNS = (
+HOLD_COLUMNS = (
     "id, account_id, request_id, amount_micros, charged_micros, state, owner, product, note, created_at, "
     "updated_at, key_id, spend_period"
 )
@@ -361,9 +361,9 @@ def _insert_holds(db: Executor, holds: list[Hold]) -> set[str]:
             h.created_at,
             h.key_id,
         )
-    values = _values(len(holds), 8)
+    values = values_list(len(holds), 8)
     rows = db.fetch(
-        f"INSERT INTO holds ({_HOLD_COLUMNS}) SELECT column1, column2, column3, column4, 0, 'open', column5, "
+        f"INSERT INTO holds ({HOLD_COLUMNS}) SELECT column1, column2, column3, column4, 0, 'open', column5, "
         f"column6, NULL, column7, column7, column8, NULL FROM (VALUES {values}) AS v WHERE true "
         "ON CONFLICT DO NOTHING RETURNING id",
         *args,
@@ -467,7 +467,7 @@ def _close_hold(
             _refund(db, row["account_id"], _unused(row))
     if row is None:
         raise HoldNotOpen(hold_id)
-    return _hold(row)
+    return hold_row(row)
 
 
 def _close_rows(db: Executor, items: list[Closing]) -> list[Row]:
@@ -476,12 +476,12 @@ def _close_rows(db: Executor, items: list[Closing]) -> list[Row]:
     args: list[Any] = []
     for hold_id, state, charge, _, note, now in items:
         args += (hold_id, state, max(0, charge) if state == "settled" else 0, note, now)
-    values = _values(len(items), 5, ("", "", "BIGINT", "TEXT", "DOUBLE PRECISION"))
+    values = values_list(len(items), 5, ("", "", "BIGINT", "TEXT", "DOUBLE PRECISION"))
     rows = db.fetch(
         "UPDATE holds SET state = v.column2, "
         "charged_micros = CASE WHEN v.column3 < amount_micros THEN v.column3 ELSE amount_micros END, "
         f"note = COALESCE(v.column4, note), updated_at = v.column5 FROM (VALUES {values}) AS v "
-        f"WHERE holds.id = v.column1 AND holds.state IN ('open', 'reconciling') RETURNING {_HOLD_COLUMNS}",
+        f"WHERE holds.id = v.column1 AND holds.state IN ('open', 'reconciling') RETURNING {HOLD_COLUMNS}",
         *args,
     )
     closed = {r["id"] for r in rows}
@@ -491,22 +491,20 @@ def _close_rows(db: Executor, items: list[Closing]) -> list[Row]:
         for u in usages.values():
             args += (u.request_id, u.account_id, u.product, u.created_at, u.outcome, u.cost_micros)
             args.append(orjson.dumps(dict(u.record)).decode())
-        db.execute(_USAGE_UPSERT.replace("($1, $2, $3, $4, $5, $6, $7)", _values(len(usages), 7)), *args)
+        db.execute(_USAGE_UPSERT.replace("($1, $2, $3, $4, $5, $6, $7)", values_list(len(usages), 7)), *args)
     return rows
 
 
 def _close_holds(db: Executor, items: list[Closing]) -> list[Hold | Exception]:
-    """Settles and releases in one transaction: hold rows, then key rows (in key
-    order), then each account's row once."""
+    """Settles and releases of uncapped holds in one transaction: hold rows, then each
+    account's row once (a capped hold closes alone: its key's row comes first)."""
     rows = _close_rows(db, items)
-    for row in sorted(rows, key=lambda r: str(r["key_id"] or "")):
-        _refund_cap(db, row)
     refunds: dict[str, int] = {}
     for row in rows:
         refunds[row["account_id"]] = refunds.get(row["account_id"], 0) + _unused(row)
     for account_id in sorted(refunds):
         _refund(db, account_id, refunds[account_id])
-    by_id = {r["id"]: _hold(r) for r in rows}
+    by_id = {r["id"]: hold_row(r) for r in rows}
     return [by_id.get(item[0]) or HoldNotOpen(item[0]) for item in items]
 
 
@@ -521,7 +519,7 @@ def _holds(db: Executor, state: HoldState | None, account_id: str | None, limit:
         where.append(f"account_id = ${len(args)}")
     sql = "SELECT * FROM holds" + (" WHERE " + " AND ".join(where) if where else "")
     sql += f" ORDER BY created_at DESC LIMIT {max(1, min(limit, 1000))}"
-    return [_hold(r) for r in db.fetch(sql, *args)]
+    return [hold_row(r) for r in db.fetch(sql, *args)]
 
 
 def _reconcile_orphans(db: Executor, owner: str, now: float, all_others: bool, include_own: bool) -> int:
@@ -940,7 +938,7 @@ class SqlStore:
     _hold_writes: Coalescer[Hold, None] | None = None
     _close_writes: Coalescer[Closing, Hold] | None = None
     _hold_accounts: dict[str, str] | None = None
-    """Open holds placed here, by id: their account (the partition of their close)."""
+    """Open uncapped holds placed here, by id: their account (the partition of their close)."""
     HOLD_ACCOUNTS_MAX = 100_000
     """Open holds remembered; beyond it a close runs alone (the map is only a hint)."""
 
@@ -957,14 +955,18 @@ class SqlStore:
     async def _place_many(self, holds: list[Hold]) -> list[Exception | None]:
         try:
             return await self._run(_place_holds, holds)
-        except BatchShort:  # near the end of the balance: one by one, in order
-            out: list[Exception | None] = []
-            for hold in holds:
-                try:
-                    out.append(await self._run(_place_hold, hold))
-                except Exception as exc:
-                    out.append(exc)
-            return out
+        except BatchShort:
+            return await self._place_each(holds)
+
+    async def _place_each(self, holds: list[Hold]) -> list[Exception | None]:
+        """Near the end of the balance: one by one, in order."""
+        out: list[Exception | None] = []
+        for hold in holds:
+            try:
+                out.append(await self._run(_place_hold, hold))
+            except Exception as exc:
+                out.append(exc)
+        return out
 
     async def _close_one(self, item: Closing) -> Hold:
         return await self._run(_close_hold, *item)
@@ -978,8 +980,8 @@ class SqlStore:
             raise ValueError("a hold cannot be negative")
         holds, _, accounts = self._ledger_writers()
         await holds.submit(hold.account_id, hold)
-        if len(accounts) < self.HOLD_ACCOUNTS_MAX:
-            accounts[hold.id] = hold.account_id
+        if hold.spend_period is None and len(accounts) < self.HOLD_ACCOUNTS_MAX:
+            accounts[hold.id] = hold.account_id  # (a capped hold closes alone)
 
     async def _close(self, item: Closing) -> Hold:
         _, closes, accounts = self._ledger_writers()
@@ -1021,7 +1023,7 @@ class SqlStore:
     async def hold(self, hold_id: str) -> Hold | None:
         def get(db: Executor) -> Hold | None:
             row = db.fetchrow("SELECT * FROM holds WHERE id = $1", hold_id)
-            return None if row is None else _hold(row)
+            return None if row is None else hold_row(row)
 
         return await self._read(get)
 
