@@ -71,7 +71,7 @@ async def test_a_batch_answers_each_write_as_if_it_ran_alone(
     store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with store_factory() as s:
-        places, closes = _count(monkeypatch, s, "_place_many"), _count(monkeypatch, s, "_close_many")
+        batches = _count(monkeypatch, s, "_write_many")
         await s.create_account("a", 100_000, NOW)
         await s.create_key(
             ApiKey(id="kc", account_id="a", created_at=NOW, spend_cap_micros=1_000, spend_cap_period="total"),
@@ -85,7 +85,7 @@ async def test_a_batch_answers_each_write_as_if_it_ran_alone(
         results = await asyncio.gather(
             s.place_hold(first), *(s.place_hold(h) for h in batch), return_exceptions=True
         )
-        assert places and max(places) == len(batch)
+        assert batches == [len(batch)]
         assert results[: 1 + len(plain) + 1] == [None] * (len(plain) + 2)
         assert isinstance(results[-2], KeyBudgetExceeded) and results[-2].spent_micros == 900
         assert isinstance(results[-1], sql.IntegrityError)
@@ -112,7 +112,8 @@ async def test_a_batch_answers_each_write_as_if_it_ran_alone(
             s.settle(plain[3].id, 10, None, NOW + 1),
         ]
         out = await asyncio.gather(*closes_in, return_exceptions=True)
-        assert closes == [3]  # alone: the first, the capped one, the released one (not open)
+        # alone: the first, the capped one, the released one (not open); "zz" batched 2
+        assert batches == [len(batch), 2, 3]
         charged = [o.charged_micros if isinstance(o, Hold) else o for o in out]
         assert charged[:5] == [50, 400, 300, 0, 1_000]
         assert isinstance(out[5], HoldNotOpen)
@@ -129,7 +130,7 @@ async def test_a_batch_answers_each_write_as_if_it_ran_alone(
         # an uncapped batch with an id that exists
         twins = [_hold("a", 1), _hold("a", 1, hold_id=plain[0].id), _hold("a", 1)]
         out = await asyncio.gather(*(s.place_hold(h) for h in twins), return_exceptions=True)
-        assert places[-1] == 2
+        assert batches[-1] == 2
         assert out[0] is None and isinstance(out[1], sql.IntegrityError) and out[2] is None
         a = await s.account("a")
         assert a is not None and (a.balance_micros, a.open_holds_micros) == (100_000 - 1_752, 2)
@@ -163,15 +164,46 @@ async def test_a_batch_the_balance_cannot_cover_places_what_fits_in_order(
     store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with store_factory() as s:
-        places = _count(monkeypatch, s, "_place_many")
+        batches = _count(monkeypatch, s, "_write_many")
         await s.create_account("a", 2_500, NOW)
         holds = [_hold("a", 1_000) for _ in range(4)]
         out = await asyncio.gather(*(s.place_hold(h) for h in holds), return_exceptions=True)
-        assert places == [3]
+        assert batches == [3]
         assert out[:2] == [None, None]
         assert all(isinstance(r, InsufficientFunds) and r.balance_micros == 500 for r in out[2:])
         a = await s.account("a")
         assert a is not None and (a.balance_micros, a.open_holds_micros) == (500, 2_000)
+        await _balanced(s)
+
+
+@pytest.mark.anyio
+async def test_holds_and_closes_of_one_account_share_a_batch(
+    store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with store_factory() as s:
+        batches = _count(monkeypatch, s, "_write_many")
+        await s.create_account("a", 3_000, NOW)
+        old = [_hold("a", 1_000) for _ in range(3)]  # the whole balance
+        for h in old:
+            await s.place_hold(h)
+        new = [_hold("a", 900) for _ in range(3)]
+        # a close first (alone), then two closes and three holds in one batch: the
+        # holds (2,700) fit in what the batch's closes give back (1,900) and the 900
+        # the first close gave back, netted on the account's row once
+        out = await asyncio.gather(
+            s.settle(old[0].id, 100, _usage(old[0], 100), NOW),
+            s.settle(old[1].id, 100, _usage(old[1], 100), NOW),
+            s.release(old[2].id, None, NOW),
+            *(s.place_hold(h) for h in new),
+            return_exceptions=True,
+        )
+        assert batches == [5]
+        assert [o.charged_micros if isinstance(o, Hold) else o for o in out[:3]] == [100, 100, 0]
+        assert out[3:] == [None, None, None]
+        a = await s.account("a")
+        assert a is not None and (a.balance_micros, a.open_holds_micros, a.spent_micros) == (100, 2_700, 200)
+        u = await s.usage("a", old[1].request_id)
+        assert u is not None and u.cost_micros == 100
         await _balanced(s)
 
 

@@ -371,12 +371,10 @@ def _insert_holds(db: Executor, holds: list[Hold]) -> set[str]:
     return {r["id"] for r in rows}
 
 
-def _place_holds(db: Executor, holds: list[Hold]) -> list[Exception | None]:
-    """Holds of one account in one transaction, the account's row taken once (after
-    every key row, in key order: the order every ledger transaction locks in). The
-    uncapped ones go in one statement."""
+def _new_holds(db: Executor, holds: list[Hold]) -> list[Exception | None]:
+    """The rows of a batch's holds (the capped ones in key order, the others in one
+    statement), each hold's refusal or None; the caller debits the accounts."""
     out: list[Exception | None] = [None] * len(holds)
-    placed: list[Hold] = []
     for account_id in sorted({h.account_id for h in holds}):
         if db.fetchrow("SELECT 1 AS x FROM accounts WHERE id = $1", account_id) is None:
             for i, h in enumerate(holds):
@@ -389,20 +387,11 @@ def _place_holds(db: Executor, holds: list[Hold]) -> list[Exception | None]:
         except (KeyBudgetExceeded, UnknownAccount, IntegrityError) as exc:
             out[i] = exc
             continue
-        placed.append(holds[i])
     plain = [i for i, h in enumerate(holds) if out[i] is None and h.spend_period is None]
     inserted = _insert_holds(db, [holds[i] for i in plain]) if plain else set()
     for i in plain:
-        if holds[i].id in inserted:
-            placed.append(holds[i])
-        else:
+        if holds[i].id not in inserted:
             out[i] = IntegrityError(f"hold {holds[i].id} exists")
-    debits: dict[str, int] = {}
-    for h in placed:
-        debits[h.account_id] = debits.get(h.account_id, 0) + h.amount_micros
-    for account_id in sorted(debits):
-        if not _debit(db, account_id, debits[account_id]):
-            raise BatchShort(account_id)
     return out
 
 
@@ -495,17 +484,37 @@ def _close_rows(db: Executor, items: list[Closing]) -> list[Row]:
     return rows
 
 
-def _close_holds(db: Executor, items: list[Closing]) -> list[Hold | Exception]:
-    """Settles and releases of uncapped holds in one transaction: hold rows, then each
-    account's row once (a capped hold closes alone: its key's row comes first)."""
-    rows = _close_rows(db, items)
-    refunds: dict[str, int] = {}
-    for row in rows:
-        refunds[row["account_id"]] = refunds.get(row["account_id"], 0) + _unused(row)
-    for account_id in sorted(refunds):
-        _refund(db, account_id, refunds[account_id])
-    by_id = {r["id"]: hold_row(r) for r in rows}
-    return [by_id.get(item[0]) or HoldNotOpen(item[0]) for item in items]
+LedgerWrite = Hold | Closing
+"""A write of the ledger's group commit: a hold to place, or a close."""
+
+
+def _ledger_batch(db: Executor, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
+    """Holds and closes of one account in one transaction, in the order every ledger
+    transaction locks: the closed hold rows, the capped holds' key rows (in key
+    order), then each account's row once, for the net of its debits and refunds
+    (:class:`BatchShort` when that is more than its balance). A close gives its hold,
+    a hold None, a refused write its exception."""
+    out: list[Hold | Exception | None] = [None] * len(items)
+    delta: dict[str, int] = {}
+    closes = [(i, item) for i, item in enumerate(items) if not isinstance(item, Hold)]
+    rows = {r["id"]: r for r in _close_rows(db, [c for _, c in closes])} if closes else {}
+    for i, close in closes:
+        row = rows.get(close[0])
+        out[i] = HoldNotOpen(close[0]) if row is None else hold_row(row)
+        if row is not None:
+            delta[row["account_id"]] = delta.get(row["account_id"], 0) + _unused(row)
+    holds = [(i, item) for i, item in enumerate(items) if isinstance(item, Hold)]
+    refused = _new_holds(db, [h for _, h in holds]) if holds else []
+    for (i, hold), exc in zip(holds, refused, strict=True):
+        out[i] = exc
+        if exc is None:
+            delta[hold.account_id] = delta.get(hold.account_id, 0) - hold.amount_micros
+    for account_id in sorted(delta):
+        if delta[account_id] > 0:
+            _refund(db, account_id, delta[account_id])
+        elif delta[account_id] < 0 and not _debit(db, account_id, -delta[account_id]):
+            raise BatchShort(account_id)
+    return out
 
 
 def _holds(db: Executor, state: HoldState | None, account_id: str | None, limit: int) -> list[Hold]:
@@ -933,62 +942,60 @@ class SqlStore:
 
         return self._open(account_id, await self._read(get))
 
-    # Holds and closes of one account are group-committed (storage.batching): the
-    # account's row is taken once per batch, not once per request.
-    _hold_writes: Coalescer[Hold, None] | None = None
-    _close_writes: Coalescer[Closing, Hold] | None = None
+    # Holds and closes of one account are group-committed (storage.batching): one
+    # writer per account, its account's row taken once per batch, not once per request.
+    _writes: Coalescer[LedgerWrite, Hold | None] | None = None
     _hold_accounts: dict[str, str] | None = None
     """Open uncapped holds placed here, by id: their account (the partition of their close)."""
     HOLD_ACCOUNTS_MAX = 100_000
     """Open holds remembered; beyond it a close runs alone (the map is only a hint)."""
 
-    def _ledger_writers(self) -> tuple[Coalescer[Hold, None], Coalescer[Closing, Hold], dict[str, str]]:
-        if self._hold_writes is None or self._close_writes is None or self._hold_accounts is None:
-            self._hold_writes = Coalescer(self._place_one, self._place_many)
-            self._close_writes = Coalescer(self._close_one, self._close_many)
+    def _ledger_writer(self) -> tuple[Coalescer[LedgerWrite, Hold | None], dict[str, str]]:
+        if self._writes is None or self._hold_accounts is None:
+            self._writes = Coalescer(self._write_one, self._write_many)
             self._hold_accounts = {}
-        return self._hold_writes, self._close_writes, self._hold_accounts
+        return self._writes, self._hold_accounts
 
-    async def _place_one(self, hold: Hold) -> None:
-        await self._run(_place_hold, hold)
+    async def _write_one(self, item: LedgerWrite) -> Hold | None:
+        if isinstance(item, Hold):
+            await self._run(_place_hold, item)
+            return None
+        return await self._run(_close_hold, *item)
 
-    async def _place_many(self, holds: list[Hold]) -> list[Exception | None]:
+    async def _write_many(self, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
+        # a hold is in at most one batch, and after its placement: its close takes it
+        # out of _hold_accounts, which has it once it is placed
         try:
-            return await self._run(_place_holds, holds)
+            return await self._run(_ledger_batch, items)
         except BatchShort:
-            return await self._place_each(holds)
+            return await self._write_each(items)
 
-    async def _place_each(self, holds: list[Hold]) -> list[Exception | None]:
+    async def _write_each(self, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
         """Near the end of the balance: one by one, in order."""
-        out: list[Exception | None] = []
-        for hold in holds:
+        out: list[Hold | Exception | None] = []
+        for item in items:
             try:
-                out.append(await self._run(_place_hold, hold))
+                out.append(await self._write_one(item))
             except Exception as exc:
                 out.append(exc)
         return out
 
-    async def _close_one(self, item: Closing) -> Hold:
-        return await self._run(_close_hold, *item)
-
-    async def _close_many(self, items: list[Closing]) -> list[Hold | Exception]:
-        # a hold is in at most one batch: its close takes it out of _hold_accounts
-        return await self._run(_close_holds, items)
-
     async def place_hold(self, hold: Hold) -> None:
         if hold.amount_micros < 0:
             raise ValueError("a hold cannot be negative")
-        holds, _, accounts = self._ledger_writers()
-        await holds.submit(hold.account_id, hold)
+        writes, accounts = self._ledger_writer()
+        await writes.submit(hold.account_id, hold)
         if hold.spend_period is None and len(accounts) < self.HOLD_ACCOUNTS_MAX:
             accounts[hold.id] = hold.account_id  # (a capped hold closes alone)
 
     async def _close(self, item: Closing) -> Hold:
-        _, closes, accounts = self._ledger_writers()
+        writes, accounts = self._ledger_writer()
         account_id = accounts.pop(item[0], None)
         if account_id is None:  # placed elsewhere (or forgotten): alone
             return await self._run(_close_hold, *item)
-        return await closes.submit(account_id, item)
+        closed = await writes.submit(account_id, item)
+        assert closed is not None  # a close answers its hold
+        return closed
 
     async def settle(
         self,
