@@ -227,6 +227,9 @@ def main() -> None:
     ap.add_argument("--conns", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--setup", action="store_true", help="make bench/.work/alt-venv first")
+    ap.add_argument(
+        "--json", action="store_true", help="end with one line: ALTJSON {...} (for bench.harness)"
+    )
     o = ap.parse_args()
     WORK.mkdir(exist_ok=True)
     if o.setup or not (VENV / "bin" / "granian").exists():
@@ -255,9 +258,13 @@ def main() -> None:
         [str(VENV / "bin" / "python"), "-c", DECODE], capture_output=True, text=True, check=True
     )
     print("\n| request decoding (one chat body, best of 5) | µs |\n|---|---|")
+    decode: dict[str, float] = {}
     for line in out.stdout.splitlines():
         name, us = line[len("DECODE ") :].split("\t")
+        decode[name] = float(us)
         print(f"| {name} | {float(us):.2f} |")
+    if o.json:
+        print("ALTJSON " + json.dumps({"conns": o.conns, "stacks": results, "decode": decode}))
 
 
 if __name__ == "__main__":
