@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -106,7 +106,11 @@ def gateway(config: str, cpu: int | None = None, database: str | None = None) ->
 
 @contextlib.contextmanager
 def gateway_process(
-    config: str, cpu: int | None = None, database: str | None = None, log: Path | None = None
+    config: str,
+    cpu: int | None = None,
+    database: str | None = None,
+    log: Path | None = None,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
     """Like :func:`gateway`, also yielding the process (for its pid)."""
     port = free_port()
@@ -127,6 +131,7 @@ def gateway_process(
         ]
         if database:
             args += ["--database", database]
+        args += extra_args
         with process(
             args, f"http://127.0.0.1:{port}/healthz", env={"BOURSE_ADMIN_KEY": ADMIN_KEY}, cpu=cpu, log=log
         ) as proc:

@@ -1,7 +1,7 @@
 """bourse beside a direct call and beside its peers, in one run; rewrites bench/RESULTS.md.
 
     bash bench/run.sh            # installs what is missing, then runs this
-    .venv/bin/python -m bench.harness [--quick] [--only a,b,c,d,e,f] [--out FILE]
+    .venv/bin/python -m bench.harness [--quick] [--only a,b,c,d,e,f,g] [--out FILE]
 
 Layout on a 2-core machine: the gateway under test (bourse, LiteLLM proxy with one
 worker, Portkey's node gateway) on core 0; nginx (one worker, the echo module,
@@ -15,6 +15,7 @@ Scenarios (each against direct nginx, bourse and each peer that started):
   (d) streamed 16-chunk answers: TTFT at c=1 (added over direct), streams/s at c=32
   (e) 10,000 concurrent slow streams through bourse: peak RSS (VmHWM)
   (f) the ledger alone (bench/ledger.py): settled requests/s on SQLite and PostgreSQL
+  (g) the stack's alternatives (bench/alternatives.py): servers, upstream clients, decoders
 
 bourse runs twice in (a), (b) and (d): as configured by default (metrics and the access
 log on) and with ``[server] metrics = false`` and ``access_log = false`` (a second
@@ -645,6 +646,44 @@ def scenario_f(o: Opts) -> dict[str, Any]:
     return {"rows": rows}
 
 
+def scenario_g(o: Opts) -> dict[str, Any]:
+    """Issue 17's alternatives, bare pass-through apps (bench/alternatives.py, its own venv)."""
+    log(f"  alternatives: 6 server + client stacks, {o.seconds:.0f} s each, twice; pydantic vs msgspec")
+    p = subprocess.run(
+        [sys.executable, "-m", "bench.alternatives", "--json", "--seconds", str(o.seconds),
+         "--warmup", str(o.warmup), "--rounds", "2"],
+        capture_output=True, text=True, timeout=1200, cwd=ROOT,
+    )  # fmt: skip
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("ALTJSON ")]
+    if not lines:
+        raise RuntimeError(f"bench.alternatives failed: {p.stderr[-500:]}")
+    out: dict[str, Any] = json.loads(lines[-1][len("ALTJSON ") :])
+    return out
+
+
+def alternatives_rows(g: dict[str, Any]) -> list[str]:
+    """The lines of RESULTS.md's section (g)."""
+    if "error" in g:
+        return [f"## (g) the stack's alternatives: error: {g['error']}", ""]
+    rows = [
+        f"## (g) the stack's alternatives (bench/alternatives.py): bare pass-through apps, c={g['conns']}",
+        "",
+        "No bourse logic: read the body, POST it to nginx, return the answer. Server on the gateway core, "
+        "nginx and wrk on the other; two runs each (order reversed). Issue 17, item 1.",
+        "",
+        "| server + upstream client | req/s | server CPU µs/req | p99 ms |",
+        "|---|---|---|---|",
+    ]
+    for name, runs in g["stacks"].items():
+        rps = ", ".join(f1(r["rps"]) for r in runs)
+        cpu = ", ".join(f"{r['cpu_us']:.0f}" for r in runs)
+        p99 = ", ".join(f"{r['p99_ms']:.1f}" for r in runs)
+        rows.append(f"| {name} | {rps} | {cpu} | {p99} |")
+    rows += ["", "| request decoding (one chat body, best of 5) | µs |", "|---|---:|"]
+    rows += [f"| {name} | {us:.2f} |" for name, us in g["decode"].items()]
+    return [*rows, ""]
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -941,6 +980,8 @@ def write_results(
                         f"| {r['settle_p50_ms']:.2f} | {r['hold_p99_ms']:.2f} | {r['settle_p99_ms']:.2f} |"
                     )
         add("")
+    if res.get("g") is not None:
+        L.extend(alternatives_rows(res["g"]))
     add("## Targets (issue 7)")
     add("")
     add("| scenario | target | measured | met |")
@@ -1089,7 +1130,7 @@ def sanity_checks(stack: Stack) -> dict[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test of the harness)")
-    ap.add_argument("--only", default="a,b,c,d,e,f", help="scenarios to run, e.g. a,b")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g", help="scenarios to run, e.g. a,b")
     ap.add_argument("--out", default=str(BENCH / "RESULTS.md"))
     ap.add_argument(
         "--e-upstream",
@@ -1179,6 +1220,9 @@ def main() -> None:
         if "f" in only:
             log("(f) ledger")
             res["f"] = guarded(lambda: scenario_f(o))
+        if "g" in only:
+            log("(g) the stack's alternatives")
+            res["g"] = guarded(lambda: scenario_g(o))
     (WORK / "results.json").write_text(json.dumps(res, indent=1, default=str))
     write_results(Path(args.out), stack, res, o, started, checks)
     log(f"wrote {args.out} in {(time.time() - started) / 60:.1f} min")

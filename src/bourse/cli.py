@@ -39,6 +39,8 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
+    if args.workers != 1:
+        return _serve_workers(args, config, host, port)
     # the port first: a start that cannot listen writes nothing (no data folder, no key)
     try:
         sock = listen(host, port)
@@ -49,27 +51,76 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_on(args, config, sock)
 
 
+def _serve_workers(args: argparse.Namespace, config: Config, host: str, port: int) -> int:
+    """``--workers N``: N replicas of one cluster on one port (bourse.workers)."""
+    from contextlib import ExitStack
+
+    from bourse.settings import read_environment
+    from bourse.workers import cluster_problem, listen_workers
+
+    env = read_environment()
+    database = args.database or env.database or config.storage.database
+    problem = cluster_problem(args.workers, env.redis_url or config.cluster.redis_url, database)
+    if problem is not None:
+        print(f"bourse: {problem}", file=sys.stderr)
+        return EXIT_FAILURE
+    try:
+        socks = listen_workers(host, port, args.workers)
+    except OSError as exc:
+        print(f"bourse: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    with ExitStack() as stack:
+        for sock in socks:
+            stack.enter_context(sock)
+        return _serve_on(args, config, socks[0], socks)
+
+
 def listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv6 when the host is an IPv6 address)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     return socket.create_server((host, port), family=family, backlog=2048)
 
 
-def _serve_on(args: argparse.Namespace, config: Config, sock: socket.socket) -> int:
+def _serve_on(
+    args: argparse.Namespace, config: Config, sock: socket.socket, workers: Sequence[socket.socket] = ()
+) -> int:
     from bourse.storage.folder_lock import FolderInUse, folder_lock
     from bourse.storage.private import private_folder
 
-    # then the data folder: one serving process each, locked before anything is written there
+    # then the data folder: one serving process each (its workers share the lock),
+    # locked before anything is written there
     data_dir = private_folder(Path(args.data_dir or "./data"))
     try:
         with folder_lock(data_dir):
+            if workers:
+                return _fork_workers(args, config, workers, data_dir)
             return _serve_locked(args, config, sock, data_dir)
     except FolderInUse as exc:
         print(f"bourse: {exc}", file=sys.stderr)
         return 2
 
 
-def _serve_locked(args: argparse.Namespace, config: Config, sock: socket.socket, data_dir: Path) -> int:
+def _fork_workers(
+    args: argparse.Namespace, config: Config, socks: Sequence[socket.socket], data_dir: Path
+) -> int:
+    """The folder's first-start writes once (not raced by the workers), then the workers."""
+    from bourse.container import instance_id
+    from bourse.services.accounts import admin_key_hash
+    from bourse.settings import read_environment
+    from bourse.storage.private import SecretBox, announce_keys
+    from bourse.workers import run_workers
+
+    env = read_environment()
+    instance_id(data_dir)
+    SecretBox.for_folder(data_dir, env.secret_key)
+    _, generated = admin_key_hash(data_dir, env.admin_key)
+    announce_keys(data_dir, generated, None)
+    return run_workers(socks, lambda sock, number: _serve_locked(args, config, sock, data_dir, number))
+
+
+def _serve_locked(
+    args: argparse.Namespace, config: Config, sock: socket.socket, data_dir: Path, worker: int = 0
+) -> int:
     from bourse.container import build, unreachable_services
     from bourse.http.server import GatewayServer
     from bourse.observability.logs import configure_logging
@@ -89,7 +140,7 @@ def _serve_locked(args: argparse.Namespace, config: Config, sock: socket.socket,
             print(f"bourse: {problem}", file=sys.stderr)
         return EXIT_FAILURE
     try:
-        container = build(config, data_dir=data_dir, env=env, database=args.database)
+        container = build(config, data_dir=data_dir, env=env, database=args.database, worker=worker)
     except ValueError as exc:
         print(f"bourse: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -183,6 +234,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--database",
         help="postgresql://… to share a database between replicas (default: SQLite in the data folder)",
+    )
+    s.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes serving the port as one exchange (more than 1 needs [cluster] and PostgreSQL)",
     )
     s.set_defaults(func=_serve)
     u = sub.add_parser("sim-upstream", help="run a standalone OpenAI-compatible simulated engine")

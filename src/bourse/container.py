@@ -240,13 +240,18 @@ def _redact(url: str) -> str:
 
 
 def build(
-    config: Config, *, data_dir: str | Path, env: Environment | None = None, database: str | None = None
+    config: Config,
+    *,
+    data_dir: str | Path,
+    env: Environment | None = None,
+    database: str | None = None,
+    worker: int = 0,
 ) -> Container:
     env = env or Environment()
     data = Path(data_dir)
     database = database or env.database or config.storage.database
     redis_url = env.redis_url or config.cluster.redis_url
-    owner = instance_id(data)
+    owner = instance_id(data) + (f".w{worker}" if worker else "")  # serve --workers: one replica each
     hub = None
     if redis_url:
         from bourse.coordination.redis_hub import RedisHub

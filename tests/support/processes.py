@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -66,6 +66,7 @@ def serve_process(
     admin_key: str,
     database: str | None = None,
     start_timeout_s: float = 20.0,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``bourse serve`` on 127.0.0.1 as a child process; (base URL, process) once /healthz
     answers; SIGTERM (then SIGKILL) on exit if it still runs."""
@@ -78,6 +79,7 @@ def serve_process(
                 "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
         if database:
             args += ["--database", database]
+        args += extra_args
         log = tmp / f"{name}-{attempt}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

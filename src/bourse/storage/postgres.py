@@ -22,12 +22,25 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import orjson
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from bourse.ports.stores import Hold, HoldNotOpen, UnknownAccount
 from bourse.retrying import retrying
-from bourse.storage.sql import IntegrityError, Row, SqlStore
+from bourse.storage.sql import (
+    HOLD_COLUMNS,
+    BatchShort,
+    Closing,
+    Executor,
+    IntegrityError,
+    LedgerWrite,
+    Row,
+    SqlStore,
+    hold_row,
+    values_list,
+)
 
 T = TypeVar("T")
 _PARAM = re.compile(r"\$(\d+)")
@@ -168,6 +181,14 @@ class PostgresStore(SqlStore):
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._call(fn, args, False)
 
+    async def _write_many(self, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
+        if any(isinstance(i, Hold) and i.spend_period is not None for i in items):
+            return await super()._write_many(items)  # key rows to lock before the account's
+        try:  # one statement: its own transaction
+            return await self._call(_write_many, (items,), False)
+        except BatchShort:
+            return await self._write_each(items)
+
 
 def _open_pool(pool: ConnectionPool[psycopg.Connection[Any]], dsn: str) -> None:
     """Open ``pool`` and wait for its first connections. One plain connection first, so
@@ -179,3 +200,93 @@ def _open_pool(pool: ConnectionPool[psycopg.Connection[Any]], dsn: str) -> None:
     except BaseException:
         pool.close()
         raise
+
+
+# -- a batch of one account's ledger writes as one statement (no BEGIN, no COMMIT trip) --
+
+_NEW_HOLDS = (
+    "INSERT INTO holds ({cols}) SELECT column1, column2, column3, column4, 0, 'open', column5, column6, NULL, "
+    "column7, column7, column8, NULL FROM (VALUES {values}) AS v "
+    "WHERE EXISTS (SELECT 1 FROM accounts WHERE id = column2) ON CONFLICT DO NOTHING RETURNING *"
+)
+_CLOSED = (
+    "UPDATE holds SET state = v.column2, "
+    "charged_micros = CASE WHEN v.column3 < amount_micros THEN v.column3 ELSE amount_micros END, "
+    "note = COALESCE(v.column4, note), updated_at = v.column5 FROM (VALUES {values}) AS v "
+    "WHERE holds.id = v.column1 AND holds.state IN ('open', 'reconciling') RETURNING holds.*"
+)
+_USED = (
+    ", used AS (INSERT INTO usage (request_id, account_id, product, created_at, outcome, cost_micros, record) "
+    "SELECT column2, column3, column4, column5, column6, column7, column8 FROM (VALUES {values}) AS u "
+    "WHERE u.column1 IN (SELECT id FROM closed) "
+    "ON CONFLICT (request_id) DO UPDATE SET outcome = excluded.outcome, cost_micros = excluded.cost_micros, "
+    "record = excluded.record)"
+)
+_BATCH = (
+    "WITH ins AS ({ins}), closed AS ({closed}), "
+    "net AS (UPDATE accounts SET balance_micros = balance_micros + d.delta FROM "
+    "(SELECT account_id, SUM(delta) AS delta FROM (SELECT account_id, -amount_micros AS delta FROM ins "
+    "UNION ALL SELECT account_id, amount_micros - charged_micros FROM closed) AS x GROUP BY account_id) AS d "
+    "WHERE accounts.id = d.account_id AND d.delta <> 0){used} "
+    "SELECT *, true AS placed FROM ins UNION ALL SELECT *, false FROM closed"
+)
+_NONE = "SELECT * FROM holds WHERE false"
+
+
+def _write_many(db: Executor, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
+    """Uncapped holds and closes of one account in one statement: the new hold rows,
+    the closed ones and their usage records, then the account's row once, for the net
+    of its debits and refunds. An overdraft breaks the balance's CHECK and the
+    statement does nothing (:class:`BatchShort`)."""
+    holds = [i for i in items if isinstance(i, Hold)]
+    closes = [i for i in items if not isinstance(i, Hold)]
+    args: list[Any] = []
+    for h in holds:
+        args += (
+            h.id,
+            h.account_id,
+            h.request_id,
+            h.amount_micros,
+            h.owner,
+            h.product,
+            h.created_at,
+            h.key_id,
+        )
+    ins = _NEW_HOLDS.format(cols=HOLD_COLUMNS, values=values_list(len(holds), 8)) if holds else _NONE
+    closed, used = _close_parts(closes, args)
+    try:
+        rows = db.fetch(_BATCH.format(ins=ins, closed=closed, used=used), *args)
+    except IntegrityError:
+        raise BatchShort(holds[0].account_id if holds else "") from None
+    placed = {r["id"] for r in rows if r["placed"]}
+    done = {r["id"]: hold_row(r) for r in rows if not r["placed"]}
+    out: list[Hold | Exception | None] = []
+    for item in items:
+        if not isinstance(item, Hold):
+            out.append(done.get(item[0]) or HoldNotOpen(item[0]))
+        elif item.id in placed:
+            out.append(None)
+        else:
+            known = db.fetchrow("SELECT 1 AS x FROM accounts WHERE id = $1", item.account_id) is not None
+            out.append(IntegrityError(f"hold {item.id} exists") if known else UnknownAccount(item.account_id))
+    return out
+
+
+def _close_parts(closes: list[Closing], args: list[Any]) -> tuple[str, str]:
+    """The closing CTE and the usage one of a batch's closes, their parameters added to ``args``."""
+    if not closes:
+        return _NONE, ""
+    start = len(args)
+    for hold_id, state, charge, _, note, now in closes:
+        args += (hold_id, state, max(0, charge) if state == "settled" else 0, note, now)
+    closed = _CLOSED.format(
+        values=values_list(len(closes), 5, ("", "", "BIGINT", "TEXT", "DOUBLE PRECISION"), start=start)
+    )
+    usages = {u.request_id: (hold_id, u) for hold_id, _, _, u, _, _ in closes if u is not None}
+    if not usages:
+        return closed, ""
+    start = len(args)
+    for hold_id, u in usages.values():
+        args += (hold_id, u.request_id, u.account_id, u.product, u.created_at, u.outcome, u.cost_micros)
+        args.append(orjson.dumps(dict(u.record)).decode())
+    return closed, _USED.format(values=values_list(len(usages), 8, start=start))

@@ -40,6 +40,7 @@ from bourse.ports.stores import (
     UnknownKey,
     UsageRecord,
 )
+from bourse.storage.batching import Coalescer
 from bourse.storage.schema import migrations
 
 Row = Mapping[str, Any]
@@ -64,7 +65,7 @@ def _new_id(prefix: str) -> str:
     return prefix + os.urandom(10).hex()
 
 
-def _hold(row: Row) -> Hold:
+def hold_row(row: Row) -> Hold:
     return Hold(
         id=row["id"],
         account_id=row["account_id"],
@@ -266,11 +267,12 @@ def _count_on_cap(db: Executor, key_id: str, period: int, amount: int) -> bool:
     raise KeyBudgetExceeded(int(row["spend_cap_micros"]), spent, row["spend_cap_period"])
 
 
-def _place_hold(db: Executor, hold: Hold) -> None:
-    # The key's cap first (only a capped key's row is locked), the hold row next, the
-    # account last: the account's row lock (every request of an account takes it) is
-    # held for one statement and the commit, not two. Closing a hold takes them in the
-    # same order (hold, key, account).
+def _new_hold(db: Executor, hold: Hold) -> None:
+    """The hold's row, counted on its key's cap: the key's row first (only a capped
+    key's row is locked), the hold row next; the caller debits the account last, so
+    the account's row lock (every request of an account takes it) is held for one
+    statement and the commit. Raises without an SQL error (the transaction stays
+    usable for a batch's other holds), having undone its cap count."""
     period = hold.spend_period
     if period is not None and (
         hold.key_id is None or not _count_on_cap(db, hold.key_id, period, hold.amount_micros)
@@ -280,21 +282,155 @@ def _place_hold(db: Executor, hold: Hold) -> None:
         "INSERT INTO holds (id, account_id, request_id, amount_micros, charged_micros, state, owner, product, "
         "note, created_at, updated_at, key_id, spend_period) "
         "SELECT $1, $2, $3, $4, 0, 'open', $5, $6, NULL, $7, $7, $8, $9 "
-        "WHERE EXISTS (SELECT 1 FROM accounts WHERE id = $2)",
+        "WHERE EXISTS (SELECT 1 FROM accounts WHERE id = $2) ON CONFLICT DO NOTHING",
         hold.id, hold.account_id, hold.request_id, hold.amount_micros, hold.owner, hold.product, hold.created_at,
         hold.key_id, period,
     )  # fmt: skip
-    if n != 1:
+    if n == 1:
+        return
+    if period is not None:
+        _uncount(db, hold.key_id, period, hold.amount_micros)
+    if db.fetchrow("SELECT 1 AS x FROM accounts WHERE id = $1", hold.account_id) is None:
         raise UnknownAccount(hold.account_id)
+    raise IntegrityError(f"hold {hold.id} exists")
+
+
+def _uncount(db: Executor, key_id: Any, period: Any, amount: int) -> None:
+    """Give back ``amount`` to the key's cap (if still in ``period``)."""
+    db.execute(
+        "UPDATE api_keys SET spend_micros = CASE WHEN spend_micros > $3 THEN spend_micros - $3 ELSE 0 END "
+        "WHERE id = $1 AND spend_period = $2",
+        key_id, period, amount,
+    )  # fmt: skip
+
+
+def _debit(db: Executor, account_id: str, amount: int) -> bool:
+    """Take ``amount`` from the account's balance; False when it cannot cover it."""
     n = db.execute(
         "UPDATE accounts SET balance_micros = balance_micros - $2 WHERE id = $1 AND balance_micros >= $2",
-        hold.account_id, hold.amount_micros,
+        account_id, amount,
     )  # fmt: skip
-    if n != 1:  # the transaction rolls back, the hold row with it
+    return n == 1
+
+
+def _place_hold(db: Executor, hold: Hold) -> None:
+    _new_hold(db, hold)
+    if not _debit(
+        db, hold.account_id, hold.amount_micros
+    ):  # the transaction rolls back, the hold row with it
         row = db.fetchrow("SELECT balance_micros FROM accounts WHERE id = $1", hold.account_id)
         if row is None:
             raise UnknownAccount(hold.account_id)
         raise InsufficientFunds(int(row["balance_micros"]))
+
+
+class BatchShort(Exception):
+    """The account cannot cover a batch's holds together (the batch rolls back and
+    each of its holds is placed alone, to find which ones it can cover)."""
+
+
+def values_list(rows: int, columns: int, cast: Sequence[str] = (), *, start: int = 0) -> str:
+    """``($1, $2), ($3, $4)``: the parameters of a multi-row VALUES list, numbered
+    after ``start`` (``cast``, if given, types each column, as ``CAST($n AS type)``)."""
+    out = []
+    for r in range(rows):
+        cells = [f"${start + r * columns + c + 1}" for c in range(columns)]
+        if cast:
+            cells = [f"CAST({p} AS {t})" if t else p for p, t in zip(cells, cast, strict=True)]
+        out.append("(" + ", ".join(cells) + ")")
+    return ", ".join(out)
+
+
+HOLD_COLUMNS = (
+    "id, account_id, request_id, amount_micros, charged_micros, state, owner, product, note, created_at, "
+    "updated_at, key_id, spend_period"
+)
+
+
+def _insert_holds(db: Executor, holds: list[Hold]) -> set[str]:
+    """Insert uncapped holds of existing accounts in one statement; the ids inserted
+    (a hold whose id exists is left out)."""
+    args: list[Any] = []
+    for h in holds:
+        args += (
+            h.id,
+            h.account_id,
+            h.request_id,
+            h.amount_micros,
+            h.owner,
+            h.product,
+            h.created_at,
+            h.key_id,
+        )
+    values = values_list(len(holds), 8)
+    rows = db.fetch(
+        f"INSERT INTO holds ({HOLD_COLUMNS}) SELECT column1, column2, column3, column4, 0, 'open', column5, "
+        f"column6, NULL, column7, column7, column8, NULL FROM (VALUES {values}) AS v WHERE true "
+        "ON CONFLICT DO NOTHING RETURNING id",
+        *args,
+    )
+    return {r["id"] for r in rows}
+
+
+def _new_holds(db: Executor, holds: list[Hold]) -> list[Exception | None]:
+    """The rows of a batch's holds (the capped ones in key order, the others in one
+    statement), each hold's refusal or None; the caller debits the accounts."""
+    out: list[Exception | None] = [None] * len(holds)
+    for account_id in sorted({h.account_id for h in holds}):
+        if db.fetchrow("SELECT 1 AS x FROM accounts WHERE id = $1", account_id) is None:
+            for i, h in enumerate(holds):
+                if h.account_id == account_id:
+                    out[i] = UnknownAccount(account_id)
+    capped = [i for i, h in enumerate(holds) if out[i] is None and h.spend_period is not None]
+    for i in sorted(capped, key=lambda i: holds[i].key_id or ""):
+        try:
+            _new_hold(db, holds[i])
+        except (KeyBudgetExceeded, UnknownAccount, IntegrityError) as exc:
+            out[i] = exc
+            continue
+    plain = [i for i, h in enumerate(holds) if out[i] is None and h.spend_period is None]
+    inserted = _insert_holds(db, [holds[i] for i in plain]) if plain else set()
+    for i in plain:
+        if holds[i].id not in inserted:
+            out[i] = IntegrityError(f"hold {holds[i].id} exists")
+    return out
+
+
+Closing = tuple[str, HoldState, int, UsageRecord | None, str | None, float]
+"""One settle or release: ``(hold_id, state, charge_micros, usage, note, now)``."""
+
+
+def _close_row(db: Executor, item: Closing) -> Row | None:
+    """Close the hold's row (settled or released) and write its usage record; the row,
+    or None when the hold is not open. The caller returns the unused amount."""
+    hold_id, state, charge_micros, usage, note, now = item
+    charge = max(0, charge_micros) if state == "settled" else 0
+    row = db.fetchrow(
+        "UPDATE holds SET state = $2, "
+        "charged_micros = CASE WHEN $3 < amount_micros THEN $3 ELSE amount_micros END, "
+        "note = COALESCE($4, note), updated_at = $5 "
+        "WHERE id = $1 AND state IN ('open', 'reconciling') RETURNING *",
+        hold_id, state, charge, note, now,
+    )  # fmt: skip
+    if row is not None and usage is not None:
+        _put_usage(db, usage)
+    return row
+
+
+def _unused(row: Row) -> int:
+    return int(row["amount_micros"]) - int(row["charged_micros"])
+
+
+def _refund_cap(db: Executor, row: Row) -> None:
+    """The key's cap gets back what the hold did not charge (if still in that period)."""
+    unused = _unused(row)
+    if row["spend_period"] is not None and row["key_id"] is not None and unused:
+        _uncount(db, row["key_id"], row["spend_period"], unused)
+
+
+def _refund(db: Executor, account_id: str, unused: int) -> None:
+    # the account last: its row lock is held for one statement and the commit
+    db.execute("UPDATE accounts SET balance_micros = balance_micros + $2 WHERE id = $1", account_id, unused)
 
 
 def _close_hold(
@@ -312,38 +448,74 @@ def _close_hold(
             "RETURNING *",
             hold_id, note, now,
         )  # fmt: skip
+        if row is not None and usage is not None:
+            _put_usage(db, usage)
     else:
-        charge = max(0, charge_micros) if state == "settled" else 0
-        row = db.fetchrow(
-            "UPDATE holds SET state = $2, "
-            "charged_micros = CASE WHEN $3 < amount_micros THEN $3 ELSE amount_micros END, "
-            "note = COALESCE($4, note), updated_at = $5 "
-            "WHERE id = $1 AND state IN ('open', 'reconciling') RETURNING *",
-            hold_id, state, charge, note, now,
-        )  # fmt: skip
+        row = _close_row(db, (hold_id, state, charge_micros, usage, note, now))
         if row is not None:
-            if usage is not None:
-                _put_usage(db, usage)
-                usage = None
-            unused = int(row["amount_micros"]) - int(row["charged_micros"])
-            if row["spend_period"] is not None and row["key_id"] is not None and unused:
-                # the key's cap gets back what was not charged (if still in that period)
-                db.execute(
-                    "UPDATE api_keys SET spend_micros = CASE WHEN spend_micros > $3 THEN spend_micros - $3 ELSE 0 END "
-                    "WHERE id = $1 AND spend_period = $2",
-                    row["key_id"], row["spend_period"], unused,
-                )  # fmt: skip
-            # the account last: its row lock is held for one statement and the commit
-            db.execute(
-                "UPDATE accounts SET balance_micros = balance_micros + $2 WHERE id = $1",
-                row["account_id"],
-                unused,
-            )
+            _refund_cap(db, row)
+            _refund(db, row["account_id"], _unused(row))
     if row is None:
         raise HoldNotOpen(hold_id)
-    if usage is not None:
-        _put_usage(db, usage)
-    return _hold(row)
+    return hold_row(row)
+
+
+def _close_rows(db: Executor, items: list[Closing]) -> list[Row]:
+    """Close the holds' rows (settled or released) in one statement, then write their
+    usage records in one more; the rows closed (a hold not open is left out)."""
+    args: list[Any] = []
+    for hold_id, state, charge, _, note, now in items:
+        args += (hold_id, state, max(0, charge) if state == "settled" else 0, note, now)
+    values = values_list(len(items), 5, ("", "", "BIGINT", "TEXT", "DOUBLE PRECISION"))
+    rows = db.fetch(
+        "UPDATE holds SET state = v.column2, "
+        "charged_micros = CASE WHEN v.column3 < amount_micros THEN v.column3 ELSE amount_micros END, "
+        f"note = COALESCE(v.column4, note), updated_at = v.column5 FROM (VALUES {values}) AS v "
+        f"WHERE holds.id = v.column1 AND holds.state IN ('open', 'reconciling') RETURNING {HOLD_COLUMNS}",
+        *args,
+    )
+    closed = {r["id"] for r in rows}
+    usages = {u.request_id: u for hold_id, _, _, u, _, _ in items if u is not None and hold_id in closed}
+    if usages:
+        args = []
+        for u in usages.values():
+            args += (u.request_id, u.account_id, u.product, u.created_at, u.outcome, u.cost_micros)
+            args.append(orjson.dumps(dict(u.record)).decode())
+        db.execute(_USAGE_UPSERT.replace("($1, $2, $3, $4, $5, $6, $7)", values_list(len(usages), 7)), *args)
+    return rows
+
+
+LedgerWrite = Hold | Closing
+"""A write of the ledger's group commit: a hold to place, or a close."""
+
+
+def _ledger_batch(db: Executor, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
+    """Holds and closes of one account in one transaction, in the order every ledger
+    transaction locks: the closed hold rows, the capped holds' key rows (in key
+    order), then each account's row once, for the net of its debits and refunds
+    (:class:`BatchShort` when that is more than its balance). A close gives its hold,
+    a hold None, a refused write its exception."""
+    out: list[Hold | Exception | None] = [None] * len(items)
+    delta: dict[str, int] = {}
+    closes = [(i, item) for i, item in enumerate(items) if not isinstance(item, Hold)]
+    rows = {r["id"]: r for r in _close_rows(db, [c for _, c in closes])} if closes else {}
+    for i, close in closes:
+        row = rows.get(close[0])
+        out[i] = HoldNotOpen(close[0]) if row is None else hold_row(row)
+        if row is not None:
+            delta[row["account_id"]] = delta.get(row["account_id"], 0) + _unused(row)
+    holds = [(i, item) for i, item in enumerate(items) if isinstance(item, Hold)]
+    refused = _new_holds(db, [h for _, h in holds]) if holds else []
+    for (i, hold), exc in zip(holds, refused, strict=True):
+        out[i] = exc
+        if exc is None:
+            delta[hold.account_id] = delta.get(hold.account_id, 0) - hold.amount_micros
+    for account_id in sorted(delta):
+        if delta[account_id] > 0:
+            _refund(db, account_id, delta[account_id])
+        elif delta[account_id] < 0 and not _debit(db, account_id, -delta[account_id]):
+            raise BatchShort(account_id)
+    return out
 
 
 def _holds(db: Executor, state: HoldState | None, account_id: str | None, limit: int) -> list[Hold]:
@@ -357,7 +529,7 @@ def _holds(db: Executor, state: HoldState | None, account_id: str | None, limit:
         where.append(f"account_id = ${len(args)}")
     sql = "SELECT * FROM holds" + (" WHERE " + " AND ".join(where) if where else "")
     sql += f" ORDER BY created_at DESC LIMIT {max(1, min(limit, 1000))}"
-    return [_hold(r) for r in db.fetch(sql, *args)]
+    return [hold_row(r) for r in db.fetch(sql, *args)]
 
 
 def _reconcile_orphans(db: Executor, owner: str, now: float, all_others: bool, include_own: bool) -> int:
@@ -810,10 +982,60 @@ class SqlStore:
 
         return self._open(account_id, await self._read(get))
 
+    # Holds and closes of one account are group-committed (storage.batching): one
+    # writer per account, its account's row taken once per batch, not once per request.
+    _writes: Coalescer[LedgerWrite, Hold | None] | None = None
+    _hold_accounts: dict[str, str] | None = None
+    """Open uncapped holds placed here, by id: their account (the partition of their close)."""
+    HOLD_ACCOUNTS_MAX = 100_000
+    """Open holds remembered; beyond it a close runs alone (the map is only a hint)."""
+
+    def _ledger_writer(self) -> tuple[Coalescer[LedgerWrite, Hold | None], dict[str, str]]:
+        if self._writes is None or self._hold_accounts is None:
+            self._writes = Coalescer(self._write_one, self._write_many)
+            self._hold_accounts = {}
+        return self._writes, self._hold_accounts
+
+    async def _write_one(self, item: LedgerWrite) -> Hold | None:
+        if isinstance(item, Hold):
+            await self._run(_place_hold, item)
+            return None
+        return await self._run(_close_hold, *item)
+
+    async def _write_many(self, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
+        # a hold is in at most one batch, and after its placement: its close takes it
+        # out of _hold_accounts, which has it once it is placed
+        try:
+            return await self._run(_ledger_batch, items)
+        except BatchShort:
+            return await self._write_each(items)
+
+    async def _write_each(self, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
+        """Near the end of the balance: one by one, in order."""
+        out: list[Hold | Exception | None] = []
+        for item in items:
+            try:
+                out.append(await self._write_one(item))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
     async def place_hold(self, hold: Hold) -> None:
         if hold.amount_micros < 0:
             raise ValueError("a hold cannot be negative")
-        await self._run(_place_hold, hold)
+        writes, accounts = self._ledger_writer()
+        await writes.submit(hold.account_id, hold)
+        if hold.spend_period is None and len(accounts) < self.HOLD_ACCOUNTS_MAX:
+            accounts[hold.id] = hold.account_id  # (a capped hold closes alone)
+
+    async def _close(self, item: Closing) -> Hold:
+        writes, accounts = self._ledger_writer()
+        account_id = accounts.pop(item[0], None)
+        if account_id is None:  # placed elsewhere (or forgotten): alone
+            return await self._run(_close_hold, *item)
+        closed = await writes.submit(account_id, item)
+        assert closed is not None  # a close answers its hold
+        return closed
 
     async def settle(
         self,
@@ -825,7 +1047,7 @@ class SqlStore:
         audit: AuditEntry | None = None,
     ) -> Hold:
         if audit is None:
-            return await self._run(_close_hold, hold_id, "settled", charge_micros, usage, None, now)
+            return await self._close((hold_id, "settled", charge_micros, usage, None, now))
         return await self._run(
             _with_audit, audit, _close_hold, hold_id, "settled", charge_micros, usage, None, now
         )
@@ -834,7 +1056,7 @@ class SqlStore:
         self, hold_id: str, usage: UsageRecord | None, now: float, *, audit: AuditEntry | None = None
     ) -> Hold:
         if audit is None:
-            return await self._run(_close_hold, hold_id, "released", 0, usage, None, now)
+            return await self._close((hold_id, "released", 0, usage, None, now))
         return await self._run(_with_audit, audit, _close_hold, hold_id, "released", 0, usage, None, now)
 
     async def to_reconciling(self, hold_id: str, usage: UsageRecord | None, note: str, now: float) -> Hold:
@@ -848,7 +1070,7 @@ class SqlStore:
     async def hold(self, hold_id: str) -> Hold | None:
         def get(db: Executor) -> Hold | None:
             row = db.fetchrow("SELECT * FROM holds WHERE id = $1", hold_id)
-            return None if row is None else _hold(row)
+            return None if row is None else hold_row(row)
 
         return await self._read(get)
 

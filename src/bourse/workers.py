@@ -1,0 +1,131 @@
+"""``bourse serve --workers N``: N processes serving one port as one exchange.
+
+The serving process (the gateway) checks that the workers can share everything that
+makes an exchange one (the book and rate limits in Redis, the ledger in PostgreSQL:
+``[cluster]``), holds the data folder's lock, does the folder's first-start writes
+(instance id, keys) once, opens N listening sockets on the port with
+``SO_REUSEPORT`` (the kernel spreads connections over them), and forks one worker
+per socket. Each worker is a replica of the cluster with an instance id of its own
+(the folder's id and its number, so a restart resumes each worker's holds and jobs),
+and they share the folder's lock. Without ``[cluster]`` there would be N books, each
+believing it owns the slots: N > 1 is refused with one line.
+
+SIGTERM or SIGINT to the gateway drains every worker, then it exits 0. A worker that
+ends on its own ends the others too (the gateway's supervisor restarts the whole).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+WORKER_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def cluster_problem(workers: int, redis_url: str | None, database: str | None) -> str | None:
+    """Why ``workers`` processes cannot serve as one exchange here, or None."""
+    if workers < 1:
+        return "--workers must be 1 or more"
+    if workers == 1:
+        return None
+    if not redis_url or not (database or "").startswith(("postgresql://", "postgres://")):
+        return (
+            f"--workers {workers} needs [cluster] redis_url and a PostgreSQL database, which the workers "
+            "share (the book, the limits and the ledger); without them run one worker"
+        )
+    return None
+
+
+def listen_workers(host: str, port: int, workers: int) -> list[socket.socket]:
+    """``workers`` listening sockets on one port (``SO_REUSEPORT``; port 0: the one
+    the first socket gets)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(workers):
+            s = socket.create_server((host, port), family=family, backlog=2048, reuse_port=True)
+            socks.append(s)
+            port = s.getsockname()[1]
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+    return socks
+
+
+def run_workers(socks: Sequence[socket.socket], serve: Callable[[socket.socket, int], int]) -> int:
+    """Fork one worker per socket running ``serve(sock, number)``; forward SIGTERM and
+    SIGINT to them; wait for all. The exit status: 0, or the first failure's."""
+    pids: dict[int, int] = {}
+    for number, sock in enumerate(socks):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child; measured by the e2e tests)
+            os._exit(_child(socks, sock, number, serve))
+        pids[pid] = number
+    for sock in socks:
+        sock.close()
+    return _supervise(pids)
+
+
+def _child(
+    socks: Sequence[socket.socket],
+    sock: socket.socket,
+    number: int,
+    serve: Callable[[socket.socket, int], int],
+) -> int:  # pragma: no cover (runs in the forked worker)
+    for other in socks:
+        if other is not sock:
+            other.close()
+    os.setpgid(0, 0)  # a terminal's ^C reaches the gateway, which tells each worker once
+    _die_with_parent()
+    for sig in WORKER_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        return serve(sock, number)
+    except KeyboardInterrupt:
+        return 130
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        return 3
+
+
+def _die_with_parent() -> None:  # pragma: no cover (runs in the forked worker)
+    """SIGTERM (a drain) when the gateway dies, however it dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+def _supervise(pids: dict[int, int]) -> int:
+    live = dict(pids)
+    stopping = False
+
+    def tell(sig: int, _frame: FrameType | None = None) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    previous = {sig: signal.signal(sig, tell) for sig in WORKER_SIGNALS}
+    status = 0
+    try:
+        while live:
+            pid, raw = os.waitpid(-1, 0)
+            if live.pop(pid, None) is None:
+                continue
+            code = os.waitstatus_to_exitcode(raw)
+            if code != 0 and status == 0:
+                status = code if code > 0 else 128 - code
+            if not stopping:  # a worker ended on its own: the exchange stops whole
+                tell(signal.SIGTERM)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return status
