@@ -262,6 +262,8 @@ def build(
             if pconf.supports_tools is not None
             else all(d.engine != "llamacpp" for d in pconf.deployments),
             description=pconf.description,
+            sim_overrides=pconf.takes_sim_overrides(),
+            stall_timeout_s=pconf.stall_timeout_s,
         )
     store = build_store(database, data)
     store.secret_box = SecretBox.for_folder(data, env.secret_key)

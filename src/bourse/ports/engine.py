@@ -115,6 +115,8 @@ class Engine(Protocol):
                   load), else ``None``; a product whose engines
                   are all broken answers 503 at once
     ``aclose``    release pooled resources at shutdown              nothing
+    ``answers_    a non-streamed request's answer comes whole, its  ``False``
+    whole``       wait bounded by the engine (no stall clock)
     ============  ================================================  ===========
 
     An engine that can also count prompt tokens exactly implements :class:`TokenCounter`.
@@ -143,6 +145,14 @@ class Engine(Protocol):
     async def aclose(self) -> None:
         """Release pooled resources at shutdown."""
         return None
+
+    @property
+    def answers_whole(self) -> bool:
+        """True when a request that is not streamed (``GenerationRequest.stream`` false)
+        gets its whole answer in one wait that the engine bounds itself (the ``openai``
+        engine's unary answers): the gateway's stall clock does not time that wait. By
+        default false: chunks come one by one and every gap is timed."""
+        return False
 
 
 @runtime_checkable

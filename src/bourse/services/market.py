@@ -34,6 +34,8 @@ class Market:
         max_output_tokens: int,
         supports_tools: bool,
         description: str | None = None,
+        sim_overrides: bool,
+        stall_timeout_s: float,
     ) -> None:
         self.product = product
         self.book = book
@@ -45,6 +47,10 @@ class Market:
         self.max_output_tokens = max_output_tokens
         self.supports_tools = supports_tools
         self.description = description
+        self.sim_overrides = sim_overrides
+        """Whether a request may carry its own ``sim`` settings (else 400)."""
+        self.stall_timeout_s = stall_timeout_s
+        """A generation with no token for this long is ended (the run's stall clock)."""
 
     @staticmethod
     def now() -> float:

@@ -17,6 +17,7 @@ from tests.support.gateway import Gateway, running_gateway
 
 CONFIG = """
 [products.one]
+sim_overrides = true
 [[products.one.deployments]]
 engine = "sim"
 slots = 1
