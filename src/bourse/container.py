@@ -290,6 +290,7 @@ def build(
         HttpWebhookSender(allow_private=j.allow_private_webhooks, allow_loopback=j.allow_loopback_webhooks),
         JobLimits(
             ttl_s=j.ttl_s,
+            min_result_s=j.min_result_s,
             max_ttl_s=j.max_ttl_s,
             allow_private_webhooks=j.allow_private_webhooks,
             allow_loopback_webhooks=j.allow_loopback_webhooks,

@@ -179,6 +179,10 @@ class StorageConfig(_Strict):
 class JobsConfig(_Strict):
     ttl_s: float = Field(default=86_400.0, ge=1, le=30 * 86_400)
     """How long a finished job's result is kept (default 24 h)."""
+    min_result_s: float = Field(default=600.0, ge=1, le=30 * 86_400)
+    """A job's result stays readable at least this long after the job ends, even when
+    its ``expires_at`` came while it ran (then ``expires_at`` moves to ``finished_at +
+    min_result_s``): a charged result is never thrown away unread."""
     max_ttl_s: float = Field(default=7 * 86_400.0, ge=1, le=365 * 86_400)
     allow_private_webhooks: bool = False
     """Allow webhook targets in private, loopback and link-local ranges (intranets)."""

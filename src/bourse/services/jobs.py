@@ -6,7 +6,9 @@ stream into one completion. Its state lives in the store, so a restarted gateway
 resumes it: queued and running jobs re-enter the book in their original order (a
 running job starts again from the beginning: nothing was delivered); the old hold,
 which start-up moved to ``reconciling``, is released and a new one placed, so the
-job is charged once. When a job ends, its webhook (if any) receives one signed POST,
+job is charged once. A result stays readable at least ``min_result_s`` after its job
+ends, even when the job's TTL ran out while it ran (its ``expires_at`` moves). When a
+job ends, its webhook (if any) receives one signed POST,
 retried with capped, jittered exponential back-off (:mod:`bourse.retrying`). A
 sweeper drops results past ``expires_at``.
 """
@@ -59,6 +61,8 @@ class JobsStore(JobStore, LedgerStore, Protocol):
 @dataclass(slots=True, frozen=True)
 class JobLimits:
     ttl_s: float = 86_400.0
+    min_result_s: float = 600.0
+    """A result stays readable at least this long after its job ends."""
     max_ttl_s: float = 7 * 86_400.0
     allow_private_webhooks: bool = False
     allow_loopback_webhooks: bool = False
@@ -189,30 +193,40 @@ class JobService:
             log.exception("job %s failed in the gateway", job.id)
             err = GatewayError(500, "internal_error", f"The gateway failed while running job {job.id}.")
             await self.store.update_job(
-                job.id, status="failed", error={"error": err.envelope()}, finished_at=time.time()
+                job.id, status="failed", error={"error": err.envelope()}, **self._ended(job)
             )
         finally:
             self.active.pop(job.id, None)
         if job.webhook_url:
             await self._notify(job.id)
 
+    def _ended(self, job: Job) -> dict[str, float]:
+        """The times of a job that ends now: ``finished_at``, and ``expires_at`` moved
+        to ``finished_at + min_result_s`` when its TTL would throw the result away sooner
+        (a job whose TTL ended while it ran is charged: its result stays readable)."""
+        now = time.time()
+        times = {"finished_at": now}
+        if job.expires_at < now + self.limits.min_result_s:
+            times["expires_at"] = now + self.limits.min_result_s
+        return times
+
     async def _record(
         self, job: Job, run: Run, agg: Aggregator, fin: Finished | None, canceled: bool
     ) -> None:
-        now = time.time()
+        ended = self._ended(job)
         if fin is None:
-            await self.store.update_job(job.id, status="canceled" if canceled else "failed", finished_at=now)
+            await self.store.update_job(job.id, status="canceled" if canceled else "failed", **ended)
             return
         doc = agg.build(run.request_id, run.product, run.created, fin.usage)
         doc[run.market.policy.receipt_name] = fin.receipt
         if canceled:
-            await self.store.update_job(job.id, status="canceled", result=doc, finished_at=now)
+            await self.store.update_job(job.id, status="canceled", result=doc, **ended)
         elif fin.error is None:
-            await self.store.update_job(job.id, status="succeeded", result=doc, finished_at=now)
+            await self.store.update_job(job.id, status="succeeded", result=doc, **ended)
         else:
             err = {"error": fin.error.envelope(), "status": fin.error.status, "usage": fin.usage,
                    run.market.policy.receipt_name: fin.receipt}  # fmt: skip
-            await self.store.update_job(job.id, status="failed", error=err, finished_at=now)
+            await self.store.update_job(job.id, status="failed", error=err, **ended)
 
     # -- read and cancel -------------------------------------------------------------
 

@@ -404,6 +404,7 @@ _JOB_FIELDS = frozenset(
         "error",
         "webhook_state",
         "bid",
+        "expires_at",
     }
 )
 
