@@ -22,8 +22,9 @@ from starlette.routing import Route
 from bourse.domain.errors import GatewayError, internal_error
 from bourse.http import account, admin, completions, jobs, market
 from bourse.http.deps import Services
-from bourse.http.edge import HotRouter
+from bourse.http.edge import HotRouter, store_unavailable
 from bourse.http.responses import JSON, error_response
+from bourse.ports.stores import StoreUnavailable
 from bourse.services.ids import new_request_id
 
 log = logging.getLogger("bourse.http")
@@ -68,6 +69,11 @@ def create_app(services: Services) -> HotRouter:
             err = GatewayError(exc.status_code, "invalid_request", str(exc.detail))
         return error_response(err, _rid(request))
 
+    async def on_store_unavailable(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StoreUnavailable)
+        rid = _rid(request)
+        return error_response(store_unavailable(exc, rid), rid)
+
     async def on_crash(request: Request, exc: Exception) -> Response:
         rid = _rid(request)
         log.error("internal error on request %s", rid, exc_info=exc)
@@ -84,6 +90,7 @@ def create_app(services: Services) -> HotRouter:
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         GatewayError: on_gateway_error,
         HTTPException: on_http_error,
+        StoreUnavailable: on_store_unavailable,
         Exception: on_crash,
     }
     hot = completions.hot_routes(services)

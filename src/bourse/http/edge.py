@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from bourse.domain.errors import GatewayError, internal_error, invalid_request
+from bourse.domain.errors import GatewayError, internal_error, invalid_request, no_capacity
 from bourse.http.responses import error_response
+from bourse.ports.stores import StoreUnavailable
 from bourse.services.ids import new_request_id
 from bourse.wire.requests import check_size
 
@@ -82,6 +83,8 @@ async def serve(route: HotRoute, scope: Scope, receive: Receive, send: Send) -> 
         response = error_response(exc, rid)
     except ClientGone:
         response = _SILENT
+    except StoreUnavailable as exc:
+        response = error_response(store_unavailable(exc, rid), rid)
     except Exception as exc:
         log.error("internal error on request %s", rid, exc_info=exc)
         response = error_response(internal_error(rid), rid)
@@ -94,6 +97,12 @@ async def serve(route: HotRoute, scope: Scope, receive: Receive, send: Send) -> 
             raise
         log.error("internal error on request %s", rid, exc_info=exc)
         await error_response(internal_error(rid), rid)(scope, receive, send)
+
+
+def store_unavailable(exc: StoreUnavailable, rid: str) -> GatewayError:
+    """The 503 of a request whose database transaction could not run (logged, no trace)."""
+    log.warning("request %s: the database is unavailable: %s", rid, exc)
+    return no_capacity("The ledger's database is unavailable right now; retry shortly.", retry_after_s=2)
 
 
 async def read_body(receive: Receive, declared: bytes | None, limit: int) -> bytes:

@@ -34,9 +34,10 @@ from bourse.ports.stores import (
     Job,
     JobStore,
     LedgerStore,
+    StoreUnavailable,
 )
 from bourse.ports.webhooks import WebhookSender
-from bourse.retrying import backoff_s
+from bourse.retrying import backoff_s, retrying
 from bourse.services.auth import Principal
 from bourse.services.completion import CompletionService, Finished, Phase, Run
 from bourse.services.ids import new_request_id
@@ -47,6 +48,8 @@ from bourse.wire.requests import validate
 log = logging.getLogger("bourse.jobs")
 
 ENDPOINTS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+JOB_WRITE_ATTEMPTS = 8
+"""Attempts of a job state write while the database is unavailable (about 10 s in all)."""
 WEBHOOK_BACKOFF_CAP = 64
 """The jittered share of the wait between two webhook attempts is at most this many ``webhook_backoff_s``."""
 
@@ -171,9 +174,7 @@ class JobService:
         canceled = False
 
         def admitted(r: Run) -> None:
-            act.admit_task = self._spawn(
-                self.store.update_job(job.id, status="running", started_at=time.time())
-            )
+            act.admit_task = self._spawn(self._update(job.id, status="running", started_at=time.time()))
 
         try:
             try:
@@ -192,13 +193,21 @@ class JobService:
         except Exception:
             log.exception("job %s failed in the gateway", job.id)
             err = GatewayError(500, "internal_error", f"The gateway failed while running job {job.id}.")
-            await self.store.update_job(
-                job.id, status="failed", error={"error": err.envelope()}, **self._ended(job)
-            )
+            await self._update(job.id, status="failed", error={"error": err.envelope()}, **self._ended(job))
         finally:
             self.active.pop(job.id, None)
         if job.webhook_url:
             await self._notify(job.id)
+
+    async def _update(self, job_id: str, **fields: Any) -> None:
+        """Write a running job's state, retried while the database is unavailable (a
+        state lost here would strand the job as queued or running)."""
+        async for attempt in retrying(
+            attempts=JOB_WRITE_ATTEMPTS, base_s=0.05, max_s=2.0, retry_on=StoreUnavailable,
+            what=f"updating job {job_id}", logger=log,
+        ):  # fmt: skip
+            with attempt:
+                await self.store.update_job(job_id, **fields)
 
     def _ended(self, job: Job) -> dict[str, float]:
         """The times of a job that ends now: ``finished_at``, and ``expires_at`` moved
@@ -215,18 +224,18 @@ class JobService:
     ) -> None:
         ended = self._ended(job)
         if fin is None:
-            await self.store.update_job(job.id, status="canceled" if canceled else "failed", **ended)
+            await self._update(job.id, status="canceled" if canceled else "failed", **ended)
             return
         doc = agg.build(run.request_id, run.product, run.created, fin.usage)
         doc[run.market.policy.receipt_name] = fin.receipt
         if canceled:
-            await self.store.update_job(job.id, status="canceled", result=doc, **ended)
+            await self._update(job.id, status="canceled", result=doc, **ended)
         elif fin.error is None:
-            await self.store.update_job(job.id, status="succeeded", result=doc, **ended)
+            await self._update(job.id, status="succeeded", result=doc, **ended)
         else:
             err = {"error": fin.error.envelope(), "status": fin.error.status, "usage": fin.usage,
                    run.market.policy.receipt_name: fin.receipt}  # fmt: skip
-            await self.store.update_job(job.id, status="failed", error=err, **ended)
+            await self._update(job.id, status="failed", error=err, **ended)
 
     # -- read and cancel -------------------------------------------------------------
 
@@ -338,12 +347,12 @@ class JobService:
             req = validate(kind, body)
             run = await self.completions.open(kind, body, req, principal, request_id=job.request_id)
         except GatewayError as exc:
-            await self.store.update_job(job.id, status="failed", error={"error": exc.envelope(), "status": exc.status},
+            await self._update(job.id, status="failed", error={"error": exc.envelope(), "status": exc.status},
                                         finished_at=time.time(), hold_id=None)  # fmt: skip
             if job.webhook_url:
                 self._spawn(self._notify(job.id))
             return
-        await self.store.update_job(job.id, status="queued", hold_id=run.hold_id, started_at=None)
+        await self._update(job.id, status="queued", hold_id=run.hold_id, started_at=None)
         self._start(job, run)
 
     async def _sweep(self) -> None:

@@ -4,7 +4,8 @@ psycopg (3) connections, one per worker thread of a small pool: every transactio
 is one function run on a worker (one hop off the event loop), its statements on
 that thread's connection. Holds are owned by gateway instances with leases
 (``instances``), so a replica's orphaned holds are found by the others once its
-lease lapses. A broken connection is replaced and the transaction retried once.
+lease lapses. A broken connection is replaced and the transaction retried once; a
+connection failure that remains is :class:`~bourse.ports.stores.StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import dict_row
 
+from bourse.ports.stores import StoreUnavailable
 from bourse.storage.sql import IntegrityError, Row, SqlStore
 
 T = TypeVar("T")
@@ -118,9 +120,15 @@ class PostgresStore(SqlStore):
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._pool is None:
             raise RuntimeError("the PostgreSQL store is not open")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._tx, fn, args, True)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self._tx, fn, args, True)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         if self._pool is None:
             raise RuntimeError("the PostgreSQL store is not open")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self._tx, fn, args, False)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self._tx, fn, args, False)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
