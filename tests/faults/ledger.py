@@ -25,13 +25,13 @@ TOTALS = (
     "COALESCE((SELECT SUM(cost_micros) FROM usage), 0), "
     "COALESCE((SELECT MIN(balance_micros) FROM accounts), 0)"
 )
-HOLDS = "SELECT id, state FROM holds"
+HOLDS = "SELECT id, state, request_id FROM holds"
 UNRECORDED = (
     "SELECT h.id FROM holds h LEFT JOIN usage u ON u.request_id = h.request_id "
     "WHERE h.state = 'settled' AND h.charged_micros > 0 AND (u.request_id IS NULL OR u.cost_micros <> h.charged_micros)"
 )
 JOB_HOLDS = "SELECT hold_id FROM jobs WHERE status IN ('queued', 'running') AND hold_id IS NOT NULL"
-UNFINISHED_JOBS = "SELECT COUNT(*) FROM jobs WHERE status IN ('queued', 'running')"
+UNFINISHED_JOBS = "SELECT id, status, request_id FROM jobs WHERE status IN ('queued', 'running')"
 
 
 @dataclass
@@ -45,11 +45,18 @@ class Books:
     lowest_balance: int
     states: dict[str, set[str]] = field(default_factory=dict)
     """hold state -> hold ids"""
+    requests: dict[str, str] = field(default_factory=dict)
+    """hold id -> its request id"""
     unrecorded: list[str] = field(default_factory=list)
     """Settled holds with a charge and no usage record of that cost."""
     job_holds: set[str] = field(default_factory=set)
     """The holds of jobs still queued or running."""
-    unfinished_jobs: int = 0
+    unfinished: list[tuple[str, str, str]] = field(default_factory=list)
+    """(job id, status, request id) of the jobs still queued or running."""
+
+    @property
+    def unfinished_jobs(self) -> int:
+        return len(self.unfinished)
 
     def ids(self, state: str) -> set[str]:
         return self.states.get(state, set())
@@ -69,14 +76,15 @@ def _books(cur: Any) -> Books:
     credits, balances, holds, revenue, usage_cost, lowest = (int(v) for v in cur.fetchone())
     books = Books(credits, balances, holds, revenue, usage_cost, lowest)
     cur.execute(HOLDS)
-    for hold_id, state in cur.fetchall():
+    for hold_id, state, request_id in cur.fetchall():
         books.states.setdefault(str(state), set()).add(str(hold_id))
+        books.requests[str(hold_id)] = str(request_id)
     cur.execute(UNRECORDED)
     books.unrecorded = [str(r[0]) for r in cur.fetchall()]
     cur.execute(JOB_HOLDS)
     books.job_holds = {str(r[0]) for r in cur.fetchall()}
     cur.execute(UNFINISHED_JOBS)
-    books.unfinished_jobs = int(cur.fetchone()[0])
+    books.unfinished = [(str(a), str(b), str(c)) for a, b, c in cur.fetchall()]
     return books
 
 

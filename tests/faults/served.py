@@ -48,10 +48,9 @@ class Served:
         while True:
             books = self.books()
             if (not books.ids("open") and books.unfinished_jobs == 0) or time.monotonic() > deadline:
-                assert not books.ids("open"), f"{len(books.ids('open'))} holds still open after {within_s} s"
-                assert books.unfinished_jobs == 0, (
-                    f"{books.unfinished_jobs} jobs unfinished after {within_s} s"
-                )
+                still = sorted((h, books.requests[h]) for h in books.ids("open"))
+                assert not still, f"{len(still)} holds still open after {within_s} s: {still[:5]}"
+                assert not books.unfinished, f"jobs unfinished after {within_s} s: {books.unfinished[:5]}"
                 return books
             time.sleep(0.1)
 

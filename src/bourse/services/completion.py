@@ -588,7 +588,13 @@ class Run:
         m, order, fut = self.market, self.order, self._fut
         assert order is not None and fut is not None
         self.phase = Phase.QUEUED
-        adm = await m.wait(order, fut, self._deadline)
+        try:
+            adm = await m.wait(order, fut, self._deadline)
+        except asyncio.CancelledError:
+            # the book withdrew the order itself (or gave back the slot it had just
+            # given): the abandonment must not withdraw it a second time
+            self._fut = None
+            raise
         self.admission = self.cleared = adm
         self.phase = Phase.ADMITTED
         if self.queued_ms is None:
