@@ -6,7 +6,7 @@ credits, balances, holds by state, revenue, the usage records' costs, the charge
 without their usage record, and the holds of jobs not yet finished.
 :meth:`Books.assert_balanced` is the money invariant: credits = balances + holds +
 revenue, to the micro-USD, no balance below 0, and (at rest) every charge has its
-usage record and the usage records add up to the revenue.
+usage record, no request is charged twice, and the usage records add up to the revenue.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ UNRECORDED = (
     "SELECT h.id FROM holds h LEFT JOIN usage u ON u.request_id = h.request_id "
     "WHERE h.state = 'settled' AND h.charged_micros > 0 AND (u.request_id IS NULL OR u.cost_micros <> h.charged_micros)"
 )
+CHARGED_TWICE = (
+    "SELECT request_id FROM holds WHERE state = 'settled' AND charged_micros > 0 "
+    "GROUP BY request_id HAVING COUNT(*) > 1"
+)
 JOB_HOLDS = "SELECT hold_id FROM jobs WHERE status IN ('queued', 'running') AND hold_id IS NOT NULL"
 UNFINISHED_JOBS = "SELECT id, status, request_id FROM jobs WHERE status IN ('queued', 'running')"
 
@@ -49,6 +53,8 @@ class Books:
     """hold id -> its request id"""
     unrecorded: list[str] = field(default_factory=list)
     """Settled holds with a charge and no usage record of that cost."""
+    charged_twice: list[str] = field(default_factory=list)
+    """Requests charged by more than one hold (a job run again after it was charged)."""
     job_holds: set[str] = field(default_factory=set)
     """The holds of jobs still queued or running."""
     unfinished: list[tuple[str, str, str]] = field(default_factory=list)
@@ -68,6 +74,7 @@ class Books:
         assert self.lowest_balance >= 0, self
         if at_rest:
             assert self.unrecorded == [], self.unrecorded[:10]
+            assert self.charged_twice == [], self.charged_twice[:10]
             assert self.usage_cost == self.revenue, (self.usage_cost, self.revenue)
 
 
@@ -81,6 +88,8 @@ def _books(cur: Any) -> Books:
         books.requests[str(hold_id)] = str(request_id)
     cur.execute(UNRECORDED)
     books.unrecorded = [str(r[0]) for r in cur.fetchall()]
+    cur.execute(CHARGED_TWICE)
+    books.charged_twice = [str(r[0]) for r in cur.fetchall()]
     cur.execute(JOB_HOLDS)
     books.job_holds = {str(r[0]) for r in cur.fetchall()}
     cur.execute(UNFINISHED_JOBS)

@@ -6,7 +6,9 @@ stream into one completion. Its state lives in the store, so a restarted gateway
 resumes it: queued and running jobs re-enter the book in their original order (a
 running job starts again from the beginning: nothing was delivered); the old hold,
 which start-up moved to ``reconciling``, is released and a new one placed, so the
-job is charged once. A result stays readable at least ``min_result_s`` after its job
+job is charged once. A job whose earlier run was already charged (the gateway
+stopped between the settlement and storing the result) is not run again: it fails
+with an error saying so. A result stays readable at least ``min_result_s`` after its job
 ends, even when the job's TTL ran out while it ran (its ``expires_at`` moves). When a
 job ends, its webhook (if any) receives one signed POST,
 retried with capped, jittered exponential back-off (:mod:`bourse.retrying`). A
@@ -52,6 +54,18 @@ JOB_WRITE_ATTEMPTS = 8
 """Attempts of a job state write while the database is unavailable (about 10 s in all)."""
 WEBHOOK_BACKOFF_CAP = 64
 """The jittered share of the wait between two webhook attempts is at most this many ``webhook_backoff_s``."""
+
+
+def _result_lost(job: Job, charged_micros: int) -> GatewayError:
+    """A job whose run was charged but whose result the gateway never stored (it stopped
+    between the two): it is not run again, so it is not charged twice."""
+    return GatewayError(
+        500,
+        "internal_error",
+        f"The gateway stopped after job {job.id} was generated and charged ({charged_micros} micro-USD; "
+        f"its receipt is at GET /v1/usage/{job.request_id}) and before its result was stored: the result "
+        "is lost. The job is not run again, so it is not charged twice; ask the operator for a refund.",
+    )
 
 
 class JobsStore(JobStore, LedgerStore, Protocol):
@@ -339,7 +353,10 @@ class JobService:
             try:  # nothing was delivered: the old attempt's hold goes back
                 await self.store.release(job.hold_id, None, time.time())
             except HoldNotOpen:
-                pass
+                charged = await self._charged(job.hold_id)
+                if charged:  # it ran to its charge; only its result was never stored
+                    await self._fail_resumed(job, _result_lost(job, charged))
+                    return
         kind = ENDPOINTS[job.endpoint]
         principal = Principal(ApiKey(id=job.key_id, account_id=job.account_id), KeyLimits())
         body = dict(job.body)
@@ -347,13 +364,21 @@ class JobService:
             req = validate(kind, body)
             run = await self.completions.open(kind, body, req, principal, request_id=job.request_id)
         except GatewayError as exc:
-            await self._update(job.id, status="failed", error={"error": exc.envelope(), "status": exc.status},
-                                        finished_at=time.time(), hold_id=None)  # fmt: skip
-            if job.webhook_url:
-                self._spawn(self._notify(job.id))
+            await self._fail_resumed(job, exc)
             return
         await self._update(job.id, status="queued", hold_id=run.hold_id, started_at=None)
         self._start(job, run)
+
+    async def _charged(self, hold_id: str) -> int:
+        """What the hold of a job's earlier run charged (0: released or reconciled)."""
+        hold = await self.store.hold(hold_id)
+        return hold.charged_micros if hold is not None and hold.state == "settled" else 0
+
+    async def _fail_resumed(self, job: Job, exc: GatewayError) -> None:
+        error = {"error": exc.envelope(), "status": exc.status}
+        await self._update(job.id, status="failed", error=error, hold_id=None, **self._ended(job))
+        if job.webhook_url:
+            self._spawn(self._notify(job.id))
 
     async def _sweep(self) -> None:
         while True:
