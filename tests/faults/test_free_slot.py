@@ -270,7 +270,7 @@ async def test_a_slow_reader_is_not_a_stall(gw: InProcessGateway) -> None:
     """The clock times the engine only: a consumer that holds a chunk longer than the
     stall timeout (a slow client, a full socket) does not end the generation."""
     ask = gw.container.completions
-    body = {"model": "open", "messages": USER, "max_tokens": 4, "stream": True, "sim": {"output_tokens": 4}}
+    body = {"model": "open", "messages": USER, "max_tokens": 4, "stream": True, "sim": {"output_tokens": 2}}
     principal = await ask.auth.user(f"Bearer {gw.api_key}")
     run = await ask.open("chat", body, validate("chat", body), principal, request_id=new_request_id("chat"))
     events = run.events()

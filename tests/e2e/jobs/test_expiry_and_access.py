@@ -25,6 +25,7 @@ floor = 1.0
 
 [jobs]
 sweep_interval_s = 0.2
+min_result_s = 1
 """
 FINAL = ("succeeded", "failed", "canceled", "expired")
 
