@@ -249,13 +249,14 @@ async def test_a_requeue_then_success_counts_in_x_market(gw: InProcessGateway) -
     assert _the_usage_chunk(res)["usage"]["x_market"]["requeues"] == 1
 
 
-async def test_an_engine_refusal_is_an_in_band_400(gw: InProcessGateway) -> None:
+async def test_a_bad_sim_object_is_a_400_before_the_stream(gw: InProcessGateway) -> None:
+    """The body's ``sim`` object is checked at the edge (``bourse.wire.sim``), so the
+    engine never gets to refuse it: an HTTP 400 naming the knob, no stream."""
     res = await gw.sse({"model": "default", "sim": {"no_such_setting": 1}})
-    assert res.status == 200
-    assert _data_kinds(res) == ["error", "DONE"], res.kinds()
-    err = res.chunks[-1]["error"]
+    assert res.status == 400 and res.frames == [], res.kinds()
+    err = res.body_json["error"]
     assert (err["code"], err["type"]) == ("invalid_request", "invalid_request_error"), err
-    assert "no_such_setting" in err["message"]
+    assert err["param"] == "sim.no_such_setting" and "no_such_setting" in err["message"], err
 
 
 # -- chunk contents ----------------------------------------------------------------------------

@@ -600,6 +600,7 @@ _JOB_FIELDS = frozenset(
         "webhook_state",
         "bid",
         "owner",
+        "expires_at",
     }
 )
 
