@@ -52,11 +52,14 @@ log_level = "warning"
 book_timeout_s = 600
 [products.deep]
 max_waiting = 50000
+sim_overrides = true
+stall_timeout_s = 86400
 [[products.deep.deployments]]
 name = "cheap"
 engine = "sim"
 slots = 1
 floor = 0.01
+ttft_ms = 600000
 [[products.deep.deployments]]
 name = "dear"
 engine = "sim"
@@ -71,8 +74,7 @@ async def park(host: str, port: int, key: str, n: int) -> list[asyncio.StreamWri
     for i in range(n):
         body = (
             '{"model":"deep","stream":true,"max_tokens":4,"max_price":%.4f,'
-            '"sim":{"ttft_ms":600000},"messages":[{"role":"user","content":"wait"}]}'
-            % (0.01 + (i % 400) / 10000)
+            '"messages":[{"role":"user","content":"wait"}]}' % (0.01 + (i % 400) / 10000)
         ).encode()
         req = (
             f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {key}\r\n"
@@ -98,7 +100,7 @@ async def latency(base: str, key: str, runs: int) -> list[float]:
                     "model": "deep",
                     "max_tokens": 4,
                     "max_price": 2.0,
-                    "sim": {"output_tokens": 4, "ttft_ms": 0},
+                    "sim": {"output_tokens": 4},
                     "messages": [{"role": "user", "content": "now"}],
                 },
             )

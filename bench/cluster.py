@@ -140,6 +140,7 @@ CONFIG = """
 log_level = "warning"
 {cluster}
 [products.fast]
+sim_overrides = true
 [[products.fast.deployments]]
 engine = "sim"
 slots = 64

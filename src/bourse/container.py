@@ -313,6 +313,8 @@ def build(
             description=pconf.description,
             breakers=[d.breaker for d in deployments],
             observer=observer,
+            sim_overrides=pconf.takes_sim_overrides(),
+            stall_timeout_s=pconf.stall_timeout_s,
         )
     store.secret_box = SecretBox.for_folder(data, env.secret_key)
     if not store.single_node and not env.secret_key:
@@ -340,6 +342,7 @@ def build(
         HttpWebhookSender(allow_private=j.allow_private_webhooks, allow_loopback=j.allow_loopback_webhooks),
         JobLimits(
             ttl_s=j.ttl_s,
+            min_result_s=j.min_result_s,
             max_ttl_s=j.max_ttl_s,
             allow_private_webhooks=j.allow_private_webhooks,
             allow_loopback_webhooks=j.allow_loopback_webhooks,

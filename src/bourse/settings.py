@@ -136,6 +136,18 @@ class ProductConfig(_Strict):
     max_waiting: int = Field(default=100_000, ge=1, le=10_000_000)
     supports_tools: bool | None = None
     """Whether the product takes ``tools``; default: yes, unless it runs on llamacpp."""
+    sim_overrides: bool | None = None
+    """Whether a request may set the ``sim`` engine's knobs for itself (the body's ``sim``
+    object, held to the bounds of :mod:`bourse.wire.sim`); refused with a 400 when off.
+    Default: on only for a product that charges nothing by itself, i.e. every one of its
+    deployments has ``floor = 0``; off as soon as one deployment has a floor above 0
+    (an order admitted there pays at least that floor, SPEC 10). See
+    :meth:`takes_sim_overrides`."""
+    stall_timeout_s: float = Field(default=120.0, gt=0, le=86_400)
+    """The longest an admitted generation may go without a token, on any engine: before
+    its first token and between two. Then it is ended (an error, or a requeue when
+    nothing was produced yet) and its slot given back. Detected between this and 1.25
+    times this."""
     policy_overrides: dict[str, Any] = Field(default_factory=dict)
     """The policy knobs the product sets itself (SPEC 12; their names and words are
     :mod:`bourse.domain.policy`'s): written beside ``policy`` in the file, collected
@@ -167,6 +179,12 @@ class ProductConfig(_Strict):
 
     def knobs(self) -> dict[str, Any]:
         return dict(self.policy_overrides)
+
+    def takes_sim_overrides(self) -> bool:
+        """``sim_overrides`` as set, else whether every deployment's floor is 0."""
+        if self.sim_overrides is not None:
+            return self.sim_overrides
+        return all(d.floor == 0 for d in self.deployments)
 
 
 class ServerConfig(_Strict):
@@ -230,6 +248,10 @@ class StorageConfig(_Strict):
 class JobsConfig(_Strict):
     ttl_s: float = Field(default=86_400.0, ge=1, le=30 * 86_400)
     """How long a finished job's result is kept (default 24 h)."""
+    min_result_s: float = Field(default=600.0, ge=1, le=30 * 86_400)
+    """A job's result stays readable at least this long after the job ends, even when
+    its ``expires_at`` came while it ran (then ``expires_at`` moves to ``finished_at +
+    min_result_s``): a charged result is never thrown away unread."""
     max_ttl_s: float = Field(default=7 * 86_400.0, ge=1, le=365 * 86_400)
     allow_private_webhooks: bool = False
     """Allow webhook targets in private, loopback and link-local ranges (intranets)."""

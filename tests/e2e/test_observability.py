@@ -51,12 +51,14 @@ tracing = {tracing}
 otlp_endpoint = "{otlp}"
 
 [products.fast]
+sim_overrides = true
 [[products.fast.deployments]]
 engine = "sim"
 slots = 4
 floor = 1.0
 
 [products.slow]
+sim_overrides = true
 [[products.slow.deployments]]
 engine = "sim"
 slots = 1

@@ -71,6 +71,7 @@ def setup(dead_port: int) -> Iterator[tuple[Gateway, Recorder]]:
     with serve_app_in_thread(rec) as up:
         config = f"""
 [products.remote]
+sim_overrides = true
 [[products.remote.deployments]]
 engine = "openai"
 name = "remote-main"
@@ -79,6 +80,7 @@ model = "{INTERNAL_MODEL}"
 api_key_env = "UPSTREAM_KEY"
 
 [products.streamed]
+sim_overrides = true
 [[products.streamed.deployments]]
 engine = "openai"
 name = "streamed-main"
@@ -87,6 +89,7 @@ model = "{INTERNAL_MODEL}"
 always_stream = true
 
 [products.fallback]
+sim_overrides = true
 [[products.fallback.deployments]]
 engine = "openai"
 name = "fallback-dead"

@@ -52,6 +52,7 @@ drain_timeout_s = {drain_timeout_s}
 quiet_interval_s = 0.5
 
 [products.slow]
+sim_overrides = true
 {policy}
 [[products.slow.deployments]]
 engine = "sim"

@@ -413,12 +413,25 @@ async def test_a_requeue_then_success_counts_in_x_market(gw: InProcessGateway) -
 @pytest.mark.parametrize("sheet", SHEETS, ids=IDS)
 async def test_an_engine_refusal_is_an_in_band_400(gw: InProcessGateway, sheet: Sheet) -> None:
     """A refusal keeps its own code (not the sheet's engine-failure code) in the sheet's
-    error frame; nothing was generated, so no usage precedes it unless always sent."""
-    res = await gw.sse({"model": sheet.product, "sim": {"no_such_setting": 1}})
+    error frame; nothing was generated, so no usage precedes it unless always sent. The
+    sim refuses a prompt longer than its context, here set to 16 tokens for this request
+    (the prompt is 46 as the sim counts; the gateway's own bound, bytes / 8, lets it in)."""
+    long = [{"role": "user", "content": "word " * 40}]
+    res = await gw.sse({"model": sheet.product, "messages": long, "sim": {"context_length": 16}})
     assert res.status == 200
     assert _data_kinds(res) == _failure_kinds(sheet, 0, sheet.usage_always), res.kinds()
-    err = _assert_error_frame(sheet, res, "invalid_request", "invalid_request_error")
-    assert "no_such_setting" in err["message"]
+    err = _assert_error_frame(sheet, res, "context_length_exceeded", "invalid_request_error")
+    assert "context" in err["message"]
+
+
+async def test_a_bad_sim_object_is_a_400_before_the_stream(gw: InProcessGateway) -> None:
+    """The body's ``sim`` object is checked at the edge (``bourse.wire.sim``), so the
+    engine never gets to refuse it: an HTTP 400 naming the knob, no stream."""
+    res = await gw.sse({"model": "default", "sim": {"no_such_setting": 1}})
+    assert res.status == 400 and res.frames == [], res.kinds()
+    err = res.body_json["error"]
+    assert (err["code"], err["type"]) == ("invalid_request", "invalid_request_error"), err
+    assert err["param"] == "sim.no_such_setting" and "no_such_setting" in err["message"], err
 
 
 # -- chunk contents ----------------------------------------------------------------------------

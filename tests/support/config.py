@@ -3,7 +3,8 @@
 :class:`Product` and :class:`Dep` describe products, their policy knobs and their
 deployments (with sim settings); :func:`config_toml` renders them, with optional
 ``[server]`` and ``[cluster]`` tables, as the config file text that
-:func:`bourse.settings.parse_config` reads. How a deployment reaches its engine is
+:func:`bourse.settings.parse_config` reads; every product takes per-request ``sim``
+settings (``sim_overrides = true``) unless its knobs say otherwise. How a deployment reaches its engine is
 given by ``engine_keys`` (default: the in-process ``sim`` engine with the
 deployment's sim settings).
 """
@@ -77,7 +78,7 @@ def config_toml(
     if cluster:
         _table(lines, "[cluster]", cluster)
     for p in products:
-        _table(lines, f'[products."{p.name}"]', p.knobs)
+        _table(lines, f'[products."{p.name}"]', {"sim_overrides": True, **p.knobs})
         for d in p.deps:
             keys: dict[str, Any] = {"name": d.name, "slots": d.slots, "floor": d.floor}
             keys.update(engine_keys(d))

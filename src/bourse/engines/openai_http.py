@@ -288,6 +288,11 @@ class OpenAIHTTPEngine(Engine):
         self._headers = headers
         self._session: aiohttp.ClientSession | None = None
 
+    @property
+    def answers_whole(self) -> bool:
+        """A non-streamed request is one unary upstream call, bounded by the answer timeout."""
+        return self._unary
+
     def _open_session(self) -> aiohttp.ClientSession:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(

@@ -10,7 +10,6 @@ missing usage so that every failure path of the gateway can be driven exactly.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections.abc import AsyncGenerator, Mapping
@@ -35,6 +34,7 @@ from bourse.ports.engine import (
     UsageEvent,
 )
 from bourse.wire.chunks import stream_chunk
+from bourse.wire.sim import parse_sim
 
 __all__ = ["REASONING_TOKENS", "SimEngine", "SimSettings"]
 
@@ -47,7 +47,8 @@ _COOPERATE_EVERY = 64
 
 @dataclass(slots=True, frozen=True)
 class SimSettings:
-    """How a sim deployment behaves. Every field can be overridden per request."""
+    """How a sim deployment behaves. Every field can be overridden per request (within
+    the bounds of :data:`bourse.wire.sim.SIM_KNOBS`, where the product allows it)."""
 
     ttft_ms: float = 0
     """Delay before the first chunk (and before a ``fail_before_output`` failure)."""
@@ -77,61 +78,14 @@ class SimSettings:
 
     @classmethod
     def from_mapping(cls, mapping: object) -> SimSettings:
-        """Settings from a config or request mapping; ``ValueError`` names the bad key."""
-        return cls().merged(mapping)
+        """A deployment's settings from its config mapping (the operator's own: not held
+        to the per-request bounds); ``ValueError`` names the bad key."""
+        return replace(cls(), **parse_sim(mapping, bounded=False))
 
     def merged(self, overrides: object) -> SimSettings:
-        """These settings with ``overrides`` (a mapping, e.g. the body's ``sim``) applied."""
-        return replace(self, **_parse(overrides))
-
-
-# key -> (kind, minimum); kinds: number, int, int?, bool
-_FIELD_RULES: dict[str, tuple[str, float]] = {
-    "ttft_ms": ("number", 0),
-    "tokens_per_s": ("number", 0),
-    "max_output_tokens": ("int", 1),
-    "fail_before_output": ("int", -1),
-    "fail_after_tokens": ("int?", 0),
-    "stall_after_tokens": ("int?", 0),
-    "stall_s": ("number", 0),
-    "omit_usage": ("bool", 0),
-    "tool_call": ("bool", 0),
-    "reasoning": ("bool", 0),
-    "output_tokens": ("int?", 1),
-    "context_length": ("int", 1),
-}
-
-
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _parse(overrides: object) -> dict[str, Any]:
-    if not isinstance(overrides, Mapping):
-        raise ValueError(f"sim: expected an object, got {type(overrides).__name__}")
-    parsed: dict[str, Any] = {}
-    for key, value in overrides.items():
-        rule = _FIELD_RULES.get(key) if isinstance(key, str) else None
-        if rule is None:
-            known = ", ".join(_FIELD_RULES)
-            raise ValueError(f"sim.{key}: expected one of the settings ({known}), got an unknown key")
-        kind, minimum = rule
-        is_int = isinstance(value, int) and not isinstance(value, bool)
-        if kind == "bool":
-            if not isinstance(value, bool):
-                raise ValueError(f"sim.{key}: expected true or false, got {_show(value)}")
-        elif kind == "number":
-            if not (is_int or isinstance(value, float)) or not math.isfinite(value) or value < minimum:
-                raise ValueError(f"sim.{key}: expected a number >= {minimum:g}, got {_show(value)}")
-            value = float(value)
-        elif value is None and kind == "int?":
-            pass
-        elif not is_int or value < minimum:
-            nullable = " or null" if kind == "int?" else ""
-            raise ValueError(f"sim.{key}: expected an integer >= {minimum:g}{nullable}, got {_show(value)}")
-        parsed[key] = value
-    return parsed
+        """These settings with a request's ``sim`` object applied, each knob held to its
+        per-request bound (:mod:`bourse.wire.sim`); ``ValueError`` names the bad key."""
+        return replace(self, **parse_sim(overrides, bounded=True))
 
 
 def _int_or_none(value: object) -> int | None:

@@ -35,8 +35,9 @@ from bourse.http import (
 )
 from bourse.http.cors import with_cors
 from bourse.http.deps import Services
-from bourse.http.edge import HotRouter, Templates
+from bourse.http.edge import HotRouter, Templates, store_unavailable
 from bourse.http.responses import JSON, error_response
+from bourse.ports.stores import StoreUnavailable
 from bourse.services.ids import new_request_id
 
 log = logging.getLogger("bourse.http")
@@ -96,6 +97,11 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
             err = GatewayError(exc.status_code, "invalid_request", str(exc.detail))
         return error_response(err, _rid(request))
 
+    async def on_store_unavailable(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StoreUnavailable)
+        rid = _rid(request)
+        return error_response(store_unavailable(exc, rid), rid)
+
     async def on_crash(request: Request, exc: Exception) -> Response:
         rid = _rid(request)
         log.error("internal error on request %s", rid, exc_info=exc)
@@ -112,6 +118,7 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         GatewayError: on_gateway_error,
         HTTPException: on_http_error,
+        StoreUnavailable: on_store_unavailable,
         Exception: on_crash,
     }
     hot = {**completions.hot_routes(services), **responses_api.hot_routes(services)}

@@ -32,10 +32,11 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bourse.domain.errors import GatewayError, internal_error, invalid_request
+from bourse.domain.errors import GatewayError, internal_error, invalid_request, no_capacity
 from bourse.http.relay import RunResponse
 from bourse.http.responses import error_response
 from bourse.ports.observer import NULL_OBSERVER, Caller, Observer
+from bourse.ports.stores import StoreUnavailable
 from bourse.services.ids import new_request_id
 from bourse.wire.requests import check_size
 
@@ -149,6 +150,11 @@ async def serve(route: HotRoute, scope: Scope, receive: Receive, send: Send) -> 
     except ClientGone:
         response = _SILENT
         observer.refused(caller, 499, "client_gone")
+    except StoreUnavailable as exc:
+        rid = caller.request_id
+        unavailable = store_unavailable(exc, rid)
+        response = error_response(unavailable, rid)
+        observer.refused(caller, unavailable.status, unavailable.code)
     except Exception as exc:
         rid = caller.request_id
         log.error("internal error on request %s", rid, exc_info=exc)
@@ -168,6 +174,12 @@ async def serve(route: HotRoute, scope: Scope, receive: Receive, send: Send) -> 
         rid = caller.request_id
         log.error("internal error on request %s", rid, exc_info=exc)
         await error_response(internal_error(rid), rid)(scope, receive, send)
+
+
+def store_unavailable(exc: StoreUnavailable, rid: str) -> GatewayError:
+    """The 503 of a request whose database transaction could not run (logged, no trace)."""
+    log.warning("request %s: the database is unavailable: %s", rid, exc)
+    return no_capacity("The ledger's database is unavailable right now; retry shortly.", retry_after_s=2)
 
 
 async def read_body(receive: Receive, declared: bytes | str | None, limit: int) -> bytes:

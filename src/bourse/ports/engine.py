@@ -82,7 +82,7 @@ class EngineFailure(Exception):
     the gateway reports when it gives up (400 for an engine's refusal such as a
     context-length error, 502 otherwise); ``code`` the OpenAI error code; ``kind`` a
     word for the operator's metrics (``connect``, ``timeout``, ``status``, ``refused``,
-    ``stream``, ``malformed``, else ``other``).
+    ``stream``, ``malformed``, ``stall`` (the run's stall clock), else ``other``).
     """
 
     def __init__(
@@ -122,6 +122,8 @@ class Engine(Protocol):
                   load), else ``None``; a product whose engines
                   are all broken answers 503 at once
     ``aclose``    release pooled resources at shutdown              nothing
+    ``answers_    a non-streamed request's answer comes whole, its  ``False``
+    whole``       wait bounded by the engine (no stall clock)
     ============  ================================================  ===========
 
     An engine that can also count prompt tokens exactly implements :class:`TokenCounter`.
@@ -150,6 +152,14 @@ class Engine(Protocol):
     async def aclose(self) -> None:
         """Release pooled resources at shutdown."""
         return None
+
+    @property
+    def answers_whole(self) -> bool:
+        """True when a request that is not streamed (``GenerationRequest.stream`` false)
+        gets its whole answer in one wait that the engine bounds itself (the ``openai``
+        engine's unary answers): the gateway's stall clock does not time that wait. By
+        default false: chunks come one by one and every gap is timed."""
+        return False
 
 
 @runtime_checkable

@@ -179,6 +179,13 @@ class HoldNotOpen(Exception):
     """The hold is already settled or released (or does not exist)."""
 
 
+class StoreUnavailable(Exception):
+    """The database could not run a transaction (its connections keep breaking, the
+    server is gone) after the adapter's own retries; the transaction did not commit
+    (in the rare break during COMMIT, its outcome is unknown and a retry meets the
+    ledger's own guards). The edge answers 503 with ``retry-after``, never 500."""
+
+
 class LedgerStore(Protocol):
     async def create_account(
         self, account_id: str, credit_micros: int, now: float, *, audit: AuditEntry | None = None

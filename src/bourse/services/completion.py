@@ -346,6 +346,12 @@ class CompletionService:
     ) -> Ask:
         """Check the request against its product (no I/O): the bid, the timeout, tools, the output budget."""
         market = self.market(req.model)
+        if req.sim is not None and not market.sim_overrides:
+            raise invalid_request(
+                f"sim: the product '{req.model}' does not take per-request simulator settings "
+                "(its operator has sim_overrides off).",
+                param="sim",
+            )
         bid = _header_number(max_price_header, "X-Max-Price") if req.max_price is None else req.max_price
         if bid is None:
             bid = market.default_bid
@@ -418,6 +424,63 @@ async def _close_quietly(it: AsyncIterator[EngineEvent]) -> None:
             await aclose()
         except Exception:  # the engine is being cancelled; its error is moot
             pass
+
+
+STALL_TICKS = 4
+"""The stall clock looks every ``stall_timeout_s / STALL_TICKS`` seconds, so a stall is
+ended between ``stall_timeout_s`` and ``(1 + 1 / STALL_TICKS) * stall_timeout_s`` after
+the engine was asked for a chunk it never gave."""
+
+
+class StallClock:
+    """One engine attempt's stall clock: a generation that gives no chunk for the
+    product's ``stall_timeout_s`` is ended, whatever the engine.
+
+    One timer handle per attempt, rescheduled each tick, never per chunk. The run marks
+    in :attr:`pull` whether it waits on the engine: 0 while its consumer holds the last
+    chunk (a slow client is not the engine's stall), 1 and up while the engine is asked;
+    each chunk sets it back to 0. Each tick that finds the run waiting counts one more;
+    past ``STALL_TICKS`` whole ticks the clock cancels the task iterating the engine (as
+    :func:`asyncio.timeout` does) and :meth:`caused` tells the run that this cancellation
+    was the clock's, which the run turns into an :class:`EngineFailure`. ``stall_s``
+    None: no clock (an engine that bounds a whole answer's wait itself)."""
+
+    __slots__ = ("_cancelling", "_fired", "_handle", "_loop", "_task", "_tick", "pull", "stall_s")
+
+    def __init__(self, stall_s: float | None) -> None:
+        self.pull = 0
+        self.stall_s = stall_s
+        self._fired = False
+        self._handle: asyncio.TimerHandle | None = None
+        if stall_s is None:
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._tick = stall_s / STALL_TICKS
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(self._tick, self._check)
+
+    def _check(self) -> None:
+        if self.pull:
+            self.pull += 1
+            if self.pull > STALL_TICKS + 1:  # waited STALL_TICKS whole ticks at least
+                self._fired = True
+                self._handle = None
+                self._task.cancel()
+                return
+        self._handle = self._loop.call_later(self._tick, self._check)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def caused(self) -> bool:
+        """Whether the cancellation being handled is the clock's alone (then it is
+        taken back, as :func:`asyncio.timeout` does); another one is the consumer's."""
+        return self._fired and self._task.uncancel() <= self._cancelling
 
 
 class Run:
@@ -602,9 +665,11 @@ class Run:
         try:
             yield Queued(self.bid)
             while True:
-                it = await self._attempt(on_admit)
+                it, clock = await self._attempt(on_admit)
                 try:
+                    clock.pull = 1
                     async for ev in it:
+                        clock.pull = 0
                         if type(ev) is ChunkEvent:
                             chunk = ev.chunk
                             chunk["id"] = rid
@@ -618,12 +683,16 @@ class Run:
                             yield ev
                         else:
                             self._usage_event = cast(UsageEvent, ev)
-                except EngineFailure as failure:
-                    end = await self._failed(failure)
+                        clock.pull = 1
+                except (EngineFailure, asyncio.CancelledError) as exc:
+                    clock.stop()
+                    end = await self._failed(await self._failure(exc, clock, it))
                     yield end
                     if type(end) is Finished:
                         return
                     continue
+                finally:
+                    clock.stop()
                 self._engine_iter = None
                 yield await self._settled("disconnected" if self.client_left else "completed", None)
                 return
@@ -649,8 +718,10 @@ class Run:
             await self._abandon()
             raise exc
 
-    async def _attempt(self, on_admit: Callable[[Run], None] | None) -> AsyncIterator[EngineEvent]:
-        """Wait for a slot (408 at the deadline) and start the engine on it."""
+    async def _attempt(
+        self, on_admit: Callable[[Run], None] | None
+    ) -> tuple[AsyncIterator[EngineEvent], StallClock]:
+        """Wait for a slot (408 at the deadline), start the engine on it and its stall clock."""
         if self._stop is None and self.service.draining:
             self._stop = draining()
         if self._stop is not None:
@@ -664,6 +735,10 @@ class Run:
             adm = await m.wait(order, fut, self._deadline)
         except BaseException as exc:
             wait.end(type(exc).__name__)
+            if isinstance(exc, asyncio.CancelledError):
+                # the book withdrew the order itself (or gave back the slot it had just
+                # given): the abandonment must not withdraw it a second time
+                self._fut = None
             raise
         wait.end()
         self.admission = self.cleared = adm
@@ -677,14 +752,34 @@ class Run:
         span.set("bourse.deployment", adm.deployment)
         span.set("bourse.attempt", order.requeues)
         traceparent = span.traceparent or (None if self.caller is None else self.caller.traceparent)
-        it = m.engines[adm.deployment].generate(
+        engine = m.engines[adm.deployment]
+        it = engine.generate(
             GenerationRequest(
                 self.request_id, self.kind, self.body, attempt=order.requeues, stream=self.engine_stream,
                 traceparent=traceparent,
             )
         )  # fmt: skip
         self._engine_iter = it
-        return it
+        whole = not self.engine_stream and engine.answers_whole
+        return it, StallClock(None if whole else m.stall_timeout_s)
+
+    async def _failure(
+        self, exc: EngineFailure | asyncio.CancelledError, clock: StallClock, it: AsyncIterator[EngineEvent]
+    ) -> EngineFailure:
+        """The engine's failure, or the stall the clock ended; any other cancellation
+        goes on (the consumer's: the run is abandoned)."""
+        if isinstance(exc, EngineFailure):
+            return exc
+        if not clock.caused():
+            raise exc
+        await _close_quietly(it)
+        assert clock.stall_s is not None
+        return EngineFailure(
+            f"The engine produced no token for {clock.stall_s:g} s (the stall timeout of "
+            f"'{self.product}'); the generation was ended.",
+            transient=True,  # a retry when nothing was produced yet; final after output
+            kind="stall",
+        )
 
     def _first_output(self) -> None:
         self.phase = Phase.STREAMING

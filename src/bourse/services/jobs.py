@@ -6,12 +6,16 @@ stream into one completion. Its state lives in the store, so a restarted gateway
 resumes it: queued and running jobs re-enter the book in their original order (a
 running job starts again from the beginning: nothing was delivered); the old hold,
 which start-up moved to ``reconciling``, is released and a new one placed, so the
-job is charged once. A draining gateway (SIGTERM) hands back the jobs it has not
+job is charged once. A job whose earlier run was already charged (the gateway
+stopped between the settlement and storing the result) is not run again: it fails
+with an error saying so. A draining gateway (SIGTERM) hands back the jobs it has not
 finished: each is stopped, its hold released without a usage record, and it is stored
-queued with no owner, for the next gateway to claim and run from the start. When a job ends, its webhook (if any) receives one signed POST,
-retried with capped, jittered exponential back-off (:mod:`bourse.retrying`). A job
-that ended reads ``expired``, without its result, from ``expires_at`` on; the
-sweeper frees the stored results later.
+queued with no owner, for the next gateway to claim and run from the start. When a
+job ends, its webhook (if any) receives one signed POST, retried with capped, jittered
+exponential back-off (:mod:`bourse.retrying`). A job that ended reads ``expired``,
+without its result, from ``expires_at`` on; a result stays readable at least
+``min_result_s`` after its job ends, even when the job's TTL ran out while it ran (its
+``expires_at`` moves). The sweeper frees the stored results later.
 """
 
 from __future__ import annotations
@@ -38,9 +42,10 @@ from bourse.ports.stores import (
     JobStore,
     KeyStore,
     LedgerStore,
+    StoreUnavailable,
 )
 from bourse.ports.webhooks import WebhookSender
-from bourse.retrying import backoff_s
+from bourse.retrying import backoff_s, retrying
 from bourse.services.auth import Principal
 from bourse.services.completion import CompletionService, Finished, HandedBack, Phase, Run
 from bourse.services.ids import new_request_id
@@ -51,10 +56,24 @@ from bourse.wire.requests import validate
 log = logging.getLogger("bourse.jobs")
 
 ENDPOINTS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+JOB_WRITE_ATTEMPTS = 8
+"""Attempts of a job state write while the database is unavailable (about 10 s in all)."""
 WEBHOOK_BACKOFF_CAP = 64
+"""The jittered share of the wait between two webhook attempts is at most this many ``webhook_backoff_s``."""
 _ENDED = FINAL_JOB_STATES - {"expired"}
 """The states whose result is kept until ``expires_at``."""
-"""The jittered share of the wait between two webhook attempts is at most this many ``webhook_backoff_s``."""
+
+
+def _result_lost(job: Job, charged_micros: int) -> GatewayError:
+    """A job whose run was charged but whose result the gateway never stored (it stopped
+    between the two): it is not run again, so it is not charged twice."""
+    return GatewayError(
+        500,
+        "internal_error",
+        f"The gateway stopped after job {job.id} was generated and charged ({charged_micros} micro-USD; "
+        f"its receipt is at GET /v1/usage/{job.request_id}) and before its result was stored: the result "
+        "is lost. The job is not run again, so it is not charged twice; ask the operator for a refund.",
+    )
 
 
 class JobsStore(JobStore, LedgerStore, KeyStore, Protocol):
@@ -67,6 +86,8 @@ class JobsStore(JobStore, LedgerStore, KeyStore, Protocol):
 @dataclass(slots=True, frozen=True)
 class JobLimits:
     ttl_s: float = 86_400.0
+    min_result_s: float = 600.0
+    """A result stays readable at least this long after its job ends."""
     max_ttl_s: float = 7 * 86_400.0
     allow_private_webhooks: bool = False
     allow_loopback_webhooks: bool = False
@@ -181,9 +202,7 @@ class JobService:
         canceled = False
 
         def admitted(r: Run) -> None:
-            act.admit_task = self._spawn(
-                self.store.update_job(job.id, status="running", started_at=time.time())
-            )
+            act.admit_task = self._spawn(self._update(job.id, status="running", started_at=time.time()))
 
         try:
             try:
@@ -209,9 +228,7 @@ class JobService:
         except Exception:
             log.exception("job %s failed in the gateway", job.id)
             err = GatewayError(500, "internal_error", f"The gateway failed while running job {job.id}.")
-            await self.store.update_job(
-                job.id, status="failed", error={"error": err.envelope()}, finished_at=time.time()
-            )
+            await self._update(job.id, status="failed", error={"error": err.envelope()}, **self._ended(job))
         finally:
             self.active.pop(job.id, None)
         if job.webhook_url:
@@ -222,29 +239,49 @@ class JobService:
         released without a usage record, for the next gateway to run from the start."""
         try:
             await self.completions.give_back(run)
-            await self.store.update_job(job.id, status="queued", hold_id=None, started_at=None, owner=None)
+            await self._update(job.id, status="queued", hold_id=None, started_at=None, owner=None)
         except Exception:  # still this gateway's: its next start (or a replica, its lease lapsed) resumes it
             log.exception("job %s could not be handed back", job.id)
             return
         log.info("job %s handed back: the gateway is draining", job.id)
 
+    async def _update(self, job_id: str, **fields: Any) -> None:
+        """Write a running job's state, retried while the database is unavailable (a
+        state lost here would strand the job as queued or running)."""
+        async for attempt in retrying(
+            attempts=JOB_WRITE_ATTEMPTS, base_s=0.05, max_s=2.0, retry_on=StoreUnavailable,
+            what=f"updating job {job_id}", logger=log,
+        ):  # fmt: skip
+            with attempt:
+                await self.store.update_job(job_id, **fields)
+
+    def _ended(self, job: Job) -> dict[str, float]:
+        """The times of a job that ends now: ``finished_at``, and ``expires_at`` moved
+        to ``finished_at + min_result_s`` when its TTL would throw the result away sooner
+        (a job whose TTL ended while it ran is charged: its result stays readable)."""
+        now = time.time()
+        times = {"finished_at": now}
+        if job.expires_at < now + self.limits.min_result_s:
+            times["expires_at"] = now + self.limits.min_result_s
+        return times
+
     async def _record(
         self, job: Job, run: Run, agg: Aggregator, fin: Finished | None, canceled: bool
     ) -> None:
-        now = time.time()
+        ended = self._ended(job)
         if fin is None:
-            await self.store.update_job(job.id, status="canceled" if canceled else "failed", finished_at=now)
+            await self._update(job.id, status="canceled" if canceled else "failed", **ended)
             return
         doc = agg.build(run.request_id, run.product, run.created, fin.usage)
         doc[run.market.policy.receipt_name] = fin.receipt
         if canceled:
-            await self.store.update_job(job.id, status="canceled", result=doc, finished_at=now)
+            await self._update(job.id, status="canceled", result=doc, **ended)
         elif fin.error is None:
-            await self.store.update_job(job.id, status="succeeded", result=doc, finished_at=now)
+            await self._update(job.id, status="succeeded", result=doc, **ended)
         else:
             err = {"error": fin.error.envelope(), "status": fin.error.status, "usage": fin.usage,
                    run.market.policy.receipt_name: fin.receipt}  # fmt: skip
-            await self.store.update_job(job.id, status="failed", error=err, finished_at=now)
+            await self._update(job.id, status="failed", error=err, **ended)
 
     # -- read and cancel -------------------------------------------------------------
 
@@ -350,7 +387,10 @@ class JobService:
             try:  # nothing was delivered: the old attempt's hold goes back
                 await self.store.release(job.hold_id, None, time.time())
             except HoldNotOpen:
-                pass
+                charged = await self._charged(job.hold_id)
+                if charged:  # it ran to its charge; only its result was never stored
+                    await self._fail_resumed(job, _result_lost(job, charged))
+                    return
         kind = ENDPOINTS[job.endpoint]
         # the key's own record, so that its spend cap counts the new hold
         key = await self.store.key(job.key_id) or ApiKey(id=job.key_id, account_id=job.account_id)
@@ -364,17 +404,23 @@ class JobService:
             )
         except GatewayError as exc:
             if exc.code == "draining":  # stopping meanwhile: left, unowned, for the next gateway
-                await self.store.update_job(
-                    job.id, status="queued", hold_id=None, started_at=None, owner=None
-                )
+                await self._update(job.id, status="queued", hold_id=None, started_at=None, owner=None)
                 return
-            await self.store.update_job(job.id, status="failed", error={"error": exc.envelope(), "status": exc.status},
-                                        finished_at=time.time(), hold_id=None)  # fmt: skip
-            if job.webhook_url:
-                self._spawn(self._notify(job.id))
+            await self._fail_resumed(job, exc)
             return
-        await self.store.update_job(job.id, status="queued", hold_id=run.hold_id, started_at=None)
+        await self._update(job.id, status="queued", hold_id=run.hold_id, started_at=None)
         self._start(job, run)
+
+    async def _charged(self, hold_id: str) -> int:
+        """What the hold of a job's earlier run charged (0: released or reconciled)."""
+        hold = await self.store.hold(hold_id)
+        return hold.charged_micros if hold is not None and hold.state == "settled" else 0
+
+    async def _fail_resumed(self, job: Job, exc: GatewayError) -> None:
+        error = {"error": exc.envelope(), "status": exc.status}
+        await self._update(job.id, status="failed", error=error, hold_id=None, **self._ended(job))
+        if job.webhook_url:
+            self._spawn(self._notify(job.id))
 
     async def _sweep(self) -> None:
         while True:

@@ -37,6 +37,8 @@ class Market:
         context_length: int,
         max_output_tokens: int,
         supports_tools: bool,
+        sim_overrides: bool,
+        stall_timeout_s: float,
         description: str | None = None,
         breakers: Iterable[CircuitBreaker] = (),
         observer: Observer = NULL_OBSERVER,
@@ -54,6 +56,10 @@ class Market:
         self._breakers = tuple(breakers)
         """This replica's breaker of each deployment (the ones the book reads)."""
         self.observer = observer
+        self.sim_overrides = sim_overrides
+        """Whether a request may carry its own ``sim`` settings (else 400)."""
+        self.stall_timeout_s = stall_timeout_s
+        """A generation with no token for this long is ended (the run's stall clock)."""
 
     @staticmethod
     def now() -> float:

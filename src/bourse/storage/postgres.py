@@ -11,7 +11,9 @@ start-up) and closes the extra ones after ten idle minutes.
 A connection the server dropped (a restart, a failover) is discarded by the pool,
 which opens a new one in the background; the transaction that found it broken is
 retried with :func:`bourse.retrying.retrying` after the pool has checked its idle
-connections (so the retry does not pick up another dead one).
+connections (so the retry does not pick up another dead one). A connection failure
+that remains after those retries (or a pool with no connection to give) is
+:class:`~bourse.ports.stores.StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from bourse.ports.stores import Hold, HoldNotOpen, UnknownAccount
+from bourse.ports.stores import Hold, HoldNotOpen, StoreUnavailable, UnknownAccount
 from bourse.retrying import retrying
 from bourse.storage.sql import (
     HOLD_COLUMNS,
@@ -176,10 +178,17 @@ class PostgresStore(SqlStore):
         raise AssertionError("unreachable: retrying re-raises the last failure")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self._call(fn, args, True)
+        return await self._unavailable_as_such(fn, args, True)
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self._call(fn, args, False)
+        return await self._unavailable_as_such(fn, args, False)
+
+    async def _unavailable_as_such(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool) -> T:
+        """A transaction whose connection failure outlasted the retries is :class:`StoreUnavailable`."""
+        try:
+            return await self._call(fn, args, write)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
 
     async def _write_many(self, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
         if any(isinstance(i, Hold) and i.spend_period is not None for i in items):

@@ -772,6 +772,7 @@ _JOB_FIELDS = frozenset(
         "webhook_state",
         "bid",
         "owner",
+        "expires_at",
     }
 )
 

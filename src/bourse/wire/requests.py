@@ -8,7 +8,8 @@ field: ``messages.0.role: Input should be ...``.
 Every number a client sends is bounded here so that the ledger's arithmetic stays
 inside int64 (:data:`MAX_PRICE`, :data:`INT64_MAX`), and every id or cursor a route
 takes goes through :func:`check_id` (no NUL, which PostgreSQL refuses in text, nor any
-other control character; at most :data:`MAX_ID_CHARS`). Each failure is a 400.
+other control character; at most :data:`MAX_ID_CHARS`). The body's ``sim`` object is
+held to the bounds of :mod:`bourse.wire.sim`. Each failure is a 400.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import MAX_PRICE_USD
+from bourse.wire.sim import SimKnobError, parse_sim
 
 Kind = Literal["chat", "completion"]
 
@@ -160,6 +162,11 @@ def validate(kind: Kind, body: dict[str, Any]) -> ChatCompletionRequest | Comple
         err = exc.errors(include_url=False)[0]
         where = _loc(err["loc"]) or "body"
         raise invalid_request(f"{where}: {err['msg']}", param=where) from None
+    if req.sim is not None:
+        try:
+            parse_sim(req.sim, bounded=True)
+        except SimKnobError as exc:
+            raise invalid_request(str(exc), param=exc.param) from None
     if req.n is not None and req.n != 1:
         raise invalid_request("n: only n=1 is supported; send one request per choice.", param="n")
     if isinstance(req, CompletionRequest):

@@ -64,6 +64,7 @@ redis_url = "redis://127.0.0.1:{port}/0"
 lease_s = 1.0
 
 [products.p]
+sim_overrides = true
 [[products.p.deployments]]
 engine = "sim"
 slots = 2

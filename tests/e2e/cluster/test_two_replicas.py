@@ -142,6 +142,7 @@ key_prefix = "{prefix}"
 lease_s = {LEASE_S}
 
 [products.shared]
+sim_overrides = true
 [[products.shared.deployments]]
 engine = "openai"
 base_url = "{upstream}/v1"

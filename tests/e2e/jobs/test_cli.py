@@ -21,6 +21,7 @@ from tests.support.waiting import wait_until
 
 CONFIG = """
 [products.one]
+sim_overrides = true
 [[products.one.deployments]]
 engine = "sim"
 slots = 1

@@ -17,6 +17,7 @@ from tests.support.gateway import Gateway, running_gateway
 
 CONFIG = """
 [products.one]
+sim_overrides = true
 [[products.one.deployments]]
 engine = "sim"
 slots = 1
@@ -24,6 +25,7 @@ floor = 1.0
 
 [jobs]
 sweep_interval_s = 0.2
+min_result_s = 1
 """
 FINAL = ("succeeded", "failed", "canceled", "expired")
 

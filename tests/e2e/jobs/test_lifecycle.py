@@ -30,6 +30,7 @@ FLOOR = 0.5
 
 CONFIG = f"""
 [products.one]
+sim_overrides = true
 [[products.one.deployments]]
 engine = "sim"
 name = "one"

@@ -33,6 +33,7 @@ CONFIG = """
 log_level = "warning"
 
 [products.slow]
+sim_overrides = true
 [[products.slow.deployments]]
 engine = "sim"
 slots = 1

@@ -18,6 +18,7 @@ from tests.support.gateway import Gateway, running_gateway
 
 CONFIG = """
 [products.one]
+sim_overrides = true
 max_output_tokens = 512
 [[products.one.deployments]]
 engine = "sim"
@@ -25,6 +26,7 @@ slots = 2
 floor = 1.0
 
 [products.other]
+sim_overrides = true
 [[products.other.deployments]]
 engine = "sim"
 slots = 2

@@ -29,6 +29,7 @@ from tests.support.servers import serve_app_in_thread
 
 CONFIG = """
 [products.one]
+sim_overrides = true
 [[products.one.deployments]]
 engine = "sim"
 slots = 2

@@ -29,6 +29,7 @@ floor = 0.02
 n_ctx = 512
 n_threads = 2
 [products.sim]
+sim_overrides = true
 [[products.sim.deployments]]
 engine = "sim"
 slots = 2

@@ -22,8 +22,8 @@ QUEUED_BID = re.compile(r"^queued bid=(\d+(?:\.\d+)?)$")
 QUEUED_LEVEL = re.compile(r"^queued level=(\d+(?:\.\d+)?) position=(\d+)$")
 REQUEUED = "requeued (transient backend failure), waiting"
 
-HOLD_FOREVER = {"ttft_ms": 60_000, "output_tokens": 2}
-"""sim settings of a request that keeps its slot until its client leaves."""
+HOLD_FOREVER = {"ttft_ms": 30_000, "output_tokens": 2}
+"""sim settings of a request that keeps its slot until its client leaves (within 30 s, the bound of a request's ttft_ms)."""
 
 
 # -- views -----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ BID = 0.9
 
 CONFIG = f"""
 [products.priced]
+sim_overrides = true
 max_output_tokens = 512
 [[products.priced.deployments]]
 engine = "sim"

@@ -18,6 +18,7 @@ from tests.support.gateway import running_gateway
 PRICE = 1.0
 CONFIG = f"""
 [products.crowd]
+sim_overrides = true
 max_output_tokens = 512
 [[products.crowd.deployments]]
 engine = "sim"

@@ -26,6 +26,7 @@ from tests.support.gateway import Gateway, running_gateway
 # 1.0 USD per 1M tokens: one micro-USD per token
 CONFIG = """
 [products.unit]
+sim_overrides = true
 max_output_tokens = 512
 [[products.unit.deployments]]
 engine = "sim"
@@ -33,6 +34,7 @@ slots = 8
 floor = 1.0
 
 [products.other]
+sim_overrides = true
 [[products.other.deployments]]
 engine = "sim"
 slots = 8

@@ -18,6 +18,7 @@ from tests.support.gateway import Gateway, running_gateway
 
 CONFIG = """
 [products.idem]
+sim_overrides = true
 [[products.idem.deployments]]
 engine = "sim"
 slots = 8

@@ -27,6 +27,7 @@ PRICE = 1.0
 CONFIG = f"""
 [products.capped]
 max_output_tokens = 512
+sim_overrides = true
 [[products.capped.deployments]]
 engine = "sim"
 slots = 200

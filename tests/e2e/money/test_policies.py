@@ -34,12 +34,12 @@ def _config() -> str:
     out = []
     for preset in PRESETS:
         out.append(
-            f'[products.p-{preset}]\npolicy = "{preset}"\nmax_output_tokens = 512\n'
+            f'[products.p-{preset}]\npolicy = "{preset}"\nmax_output_tokens = 512\nsim_overrides = true\n'
             f'[[products.p-{preset}.deployments]]\nengine = "sim"\nslots = 8\nfloor = 1.0\n'
             f"breaker_threshold = 1000\n"
         )
     out.append(
-        '[products.p-single]\n[[products.p-single.deployments]]\nengine = "sim"\nslots = 1\nfloor = 1.0\n'
+        '[products.p-single]\nsim_overrides = true\n[[products.p-single.deployments]]\nengine = "sim"\nslots = 1\nfloor = 1.0\n'
     )
     return "\n".join(out)
 

@@ -32,12 +32,14 @@ def _config() -> str:
     out = ["[server]\nquiet_interval_s = 0.2\n"]
     for name, policy in POLICIES.items():
         out.append(
-            f'[products.{name}]\npolicy = "{policy}"\nmax_output_tokens = 512\n'
+            f'[products.{name}]\npolicy = "{policy}"\nmax_output_tokens = 512\nsim_overrides = true\n'
             f'[[products.{name}.deployments]]\nengine = "sim"\nslots = 6\nfloor = 0.37\n'
             "breaker_threshold = 1000\ncooldown_s = 0\n"
         )
     # one slot, taken for the whole test by a blocker: every order here waits
-    out.append('[products.busy]\n[[products.busy.deployments]]\nengine = "sim"\nslots = 1\nfloor = 0.37\n')
+    out.append(
+        '[products.busy]\nsim_overrides = true\n[[products.busy.deployments]]\nengine = "sim"\nslots = 1\nfloor = 0.37\n'
+    )
     return "\n".join(out)
 
 

@@ -262,10 +262,10 @@ async def test_per_request_sim_object_overrides_the_deployment() -> None:
 @pytest.mark.parametrize(
     ("sim", "starts"),
     [
-        ({"ttft_ms": "fast"}, "sim.ttft_ms: expected a number >= 0, got 'fast'"),
+        ({"ttft_ms": "fast"}, "sim.ttft_ms: expected a number from 0 to 30000, got 'fast'"),
         ({"bogus": 1}, "sim.bogus: expected one of the settings"),
         ({"omit_usage": 1}, "sim.omit_usage: expected true or false, got 1"),
-        ({"fail_before_output": -2}, "sim.fail_before_output: expected an integer >= -1, got -2"),
+        ({"fail_before_output": -2}, "sim.fail_before_output: expected an integer from -1 to 100, got -2"),
         ([1], "sim: expected an object, got list"),
     ],
 )

@@ -46,6 +46,7 @@ async def exchange(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Ex
         "plain": product(),
         "fragile": {
             "max_output_tokens": 64,
+            "sim_overrides": True,
             "deployments": [
                 {"engine": "sim", "slots": 1, "floor": 10.0, "breaker_threshold": 1, "cooldown_s": 0}
             ],

@@ -36,6 +36,7 @@ def product(policy: str = "default", *, slots: int = 1, **knobs: Any) -> dict[st
     return {
         "policy": policy,
         "max_output_tokens": 64,
+        "sim_overrides": True,
         **knobs,
         "deployments": [
             {"engine": "sim", "slots": slots, "floor": FLOOR, "breaker_threshold": 1000, "cooldown_s": 0}

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.anyio
 PHASES: dict[str, tuple[dict[str, Any], Phase]] = {
     # phase: (the sim's behaviour, the phase the run is in when it is stopped)
     "queued": ({}, Phase.QUEUED),
-    "admitted": ({"ttft_ms": 60_000}, Phase.ADMITTED),
-    "streaming": ({"stall_after_tokens": 3, "stall_s": 60}, Phase.STREAMING),
+    "admitted": ({"ttft_ms": 30_000}, Phase.ADMITTED),
+    "streaming": ({"stall_after_tokens": 3, "stall_s": 30}, Phase.STREAMING),
 }
 MODELS = [*PRESETS, "no-charge-on-disconnect"]
 

@@ -17,7 +17,7 @@ from tests.unit.services.exchange import MICROS_PER_TOKEN, PRESETS, Exchange, ru
 
 pytestmark = pytest.mark.anyio
 
-STALL = {"stall_after_tokens": 3, "stall_s": 60}
+STALL = {"stall_after_tokens": 3, "stall_s": 30}
 """The engine stops after 3 tokens and waits: the client leaves mid-stream."""
 
 

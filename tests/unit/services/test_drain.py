@@ -98,7 +98,7 @@ async def test_a_drain_ends_waiting_orders_and_lets_running_ones_finish(exchange
 async def test_at_the_deadline_a_running_run_ends_with_the_error_settled_by_its_policy(
     exchange: Exchange,
 ) -> None:
-    run = await exchange.open("charges-errors", sim={"stall_after_tokens": 3, "stall_s": 60}, max_tokens=10)
+    run = await exchange.open("charges-errors", sim={"stall_after_tokens": 3, "stall_s": 30}, max_tokens=10)
     seen: list[RunEvent] = []
     task = asyncio.create_task(consume(run, seen))
     await until(lambda: run.tokens == 3)
@@ -128,7 +128,7 @@ async def test_a_run_stopped_before_it_is_read_gives_back_its_slot(exchange: Exc
 async def test_a_draining_gateway_hands_back_its_jobs(exchange: Exchange) -> None:
     jobs = exchange.container.jobs
     body = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10,
-            "sim": {"stall_after_tokens": 2, "stall_s": 60}}  # fmt: skip
+            "sim": {"stall_after_tokens": 2, "stall_s": 30}}  # fmt: skip
     running_job = await jobs.submit(exchange.principal, "/v1/chat/completions", body)
     waiting_job = await jobs.submit(exchange.principal, "/v1/chat/completions", body)
     await until(lambda: any(a.run.tokens == 2 for a in jobs.active.values()))
@@ -212,7 +212,7 @@ async def test_an_accepted_job_waits_out_open_breakers(exchange: Exchange) -> No
 
 async def test_hurry_ends_the_wait_for_running_generations(exchange: Exchange) -> None:
     """A second signal: the drain stops waiting and ends what still runs now."""
-    run = await exchange.open("default", sim={"stall_after_tokens": 2, "stall_s": 60}, max_tokens=10)
+    run = await exchange.open("default", sim={"stall_after_tokens": 2, "stall_s": 30}, max_tokens=10)
     seen: list[RunEvent] = []
     task = asyncio.create_task(consume(run, seen))
     await until(lambda: run.tokens == 2)
