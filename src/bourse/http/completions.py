@@ -7,6 +7,7 @@ the scope, the body straight from ``receive``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,13 @@ def _read_head(scope: Scope) -> _Head:
         elif name == b"x-book-timeout":
             head.book_timeout = value.decode("latin-1")
     return head
+
+
+def _client_probe(scope: Scope) -> Callable[[], bool] | None:
+    """The server's check that the client is still connected (see ``http/connections.py``)."""
+    ext = scope.get("extensions") or {}
+    probe = ext.get("bourse.client_present", {}).get("probe")
+    return probe if callable(probe) else None
 
 
 def _keeper(store: ServiceStore, account: str, key: str | None) -> OnDone | None:
@@ -115,6 +123,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
                 timeout_header=head.book_timeout,
                 t0=t0,
                 engine_stream=req.stream,  # one answer: the engine may ask its upstream for one
+                present=_client_probe(scope),
             )
         except BaseException:
             await idempotency.forget(services, account, idem)

@@ -33,6 +33,7 @@ from bourse.domain.charging import Outcome, RecordedOutcome
 from bourse.domain.errors import GatewayError, invalid_request, model_not_found
 from bourse.domain.policy import Policy
 from bourse.domain.ratelimit import retry_after_header
+from bourse.ports.book import ClientGone
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
 from bourse.ports.limits import KeyLimits, LimiterUnavailable, RateLimiter
 from bourse.services.auth import Authenticator, Principal
@@ -156,12 +157,15 @@ class CompletionService:
         timeout_header: str | None = None,
         t0: float | None = None,
         engine_stream: bool = True,
+        present: Callable[[], bool] | None = None,
     ) -> Run:
         """validate -> (authenticated) -> rate-limit -> quote -> hold -> book.
 
         ``engine_stream`` False: the engine may produce the answer at once (a relayed
         non-streamed request); jobs keep the stream, so that their progress and a
-        cancel's charge count the tokens as they come."""
+        cancel's charge count the tokens as they come. ``present`` asks whether the
+        client is still connected: a slot that comes to an order whose client left is
+        given to the next order, and no engine starts for it."""
         t0 = time.perf_counter() if t0 is None else t0
         ask = self.prepare(kind, body, req, max_price_header=max_price_header, timeout_header=timeout_header)
         self.auth.check_product(principal, ask.market.product)
@@ -179,6 +183,7 @@ class CompletionService:
         run = Run(
             self, ask, request_id, t0, prompt, quote, principal.account_id, hold_id, grant, engine_stream
         )
+        run.present = present
         try:
             await run.submit()
         except BaseException:  # the order never entered the book
@@ -387,6 +392,7 @@ class Run:
         "max_output_tokens",
         "order",
         "phase",
+        "present",
         "prompt",
         "queued_ms",
         "quote",
@@ -431,6 +437,8 @@ class Run:
         """The hold placed for this run (closed by its settlement)."""
         self.grant = grant
         self.engine_stream = engine_stream
+        self.present: Callable[[], bool] | None = None
+        """Asks whether the client is still connected (the relay's; None for a job)."""
         self.created_at = time.time()
         self.created = int(self.created_at)
         # -- state (written by the run only) --
@@ -466,11 +474,22 @@ class Run:
         """The client disconnected: an abandonment from now on is ``disconnected``."""
         self.client_left = True
 
+    def _still_there(self) -> bool:
+        """Whether the client is still connected, as far as can be told now (asked at
+        admission: the relay may not have seen a disconnect the socket already has)."""
+        if self.client_left:
+            return False
+        if self.present is not None and not self.present():
+            self.client_left = True
+            return False
+        return True
+
     async def submit(self) -> None:
         """Rest the order in the book (may admit at once); 503 if the book is full."""
         m = self.market
         self.order = order = m.new_order(self.request_id, self.bid)
-        self._deadline = order.arrived_at + self.timeout_s
+        order.present = self._still_there
+        self._deadline = order.arrived_at + self.timeout_s  # a requeue or re-entry keeps it
         self._fut = await m.submit(order)
         self.phase = Phase.QUEUED
 
@@ -516,18 +535,29 @@ class Run:
                 self._engine_iter = None
                 yield await self._settled("disconnected" if self.client_left else "completed", None)
                 return
-        except GatewayError as exc:
-            yield await self._settled("timeout" if exc.status == 408 else "error", exc)
+        except (GatewayError, ClientGone) as exc:
+            yield await self._stopped(exc)
         except (asyncio.CancelledError, GeneratorExit):
             await self._abandon()
             raise
+
+    async def _stopped(self, exc: GatewayError | ClientGone) -> Finished:
+        """The run ends before an engine ran on its slot: an error (408 at the book's
+        deadline), or a slot that came after the client left (nothing started)."""
+        if isinstance(exc, ClientGone):
+            self.client_left = True
+            return await self._settled("disconnected", None)
+        return await self._settled("timeout" if exc.status == 408 else "error", exc)
 
     async def _attempt(self, on_admit: Callable[[Run], None] | None) -> AsyncIterator[EngineEvent]:
         """Wait for a slot (408 at the deadline) and start the engine on it."""
         m, order, fut = self.market, self.order, self._fut
         assert order is not None and fut is not None
         self.phase = Phase.QUEUED
-        adm = await m.wait(order, fut, self._deadline)
+        adm = await m.wait(order, fut, self._deadline)  # ClientGone: the book saw the client had left
+        if not self._still_there():  # left since: give the slot to the next order, start nothing
+            m.release(adm)
+            raise ClientGone(order.id)
         self.admission = self.cleared = adm
         self.phase = Phase.ADMITTED
         if self.queued_ms is None:
