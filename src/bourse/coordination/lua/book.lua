@@ -122,17 +122,23 @@ local function drop(oid)
   return h, o
 end
 
-local function give_back(oid, off)
-  -- an admission not taken up in time: the slot is free again, the admission is
-  -- undone, and the order waits again with its arrival, parked (its replica stalls)
+local function undo_offer(oid, off)
+  -- an offer not taken up: its slot is free again and it was no admission
   local entry, rec = string.match(off, '^(.*)#(.*)$')
   local h = redis.call('HGET', held, oid)
   if h then free_slot(split(h)[1]) end
   redis.call('HDEL', held, oid)
   redis.call('HDEL', offer, oid)
-  redis.call('HSET', orders, oid, entry)
   redis.call('HINCRBY', stats, 'admitted', -1)
   redis.call('LREM', recent, 1, rec)
+  return entry
+end
+
+local function give_back(oid, off)
+  -- an admission not taken up in time: undone, and the order waits again with its
+  -- arrival, parked (its replica stalls)
+  local entry = undo_offer(oid, off)
+  redis.call('HSET', orders, oid, entry)
   local f = split(entry)
   redis.call('HSET', stall, f[4], now)
   park_order(oid, f[1], '-' .. f[2], f[4])

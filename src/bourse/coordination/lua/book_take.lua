@@ -11,6 +11,8 @@ if h and split(h)[5] == attempt then
     redis.call('ZADD', lease, now + lease_ms, oid)
     reply = {'taken', h}
   else
+    local off = redis.call('HGET', offer, oid)
+    if off then undo_offer(oid, off) end   -- no admission: the client had left
     drop(oid)
     reply = {'declined'}
   end
