@@ -67,14 +67,14 @@ class Replicas:
             def hold(*args: Any, book: Any = book) -> None:
                 held.append((book, args))
 
-            book.on_admitted = hold  # type: ignore[method-assign]
+            book.on_admitted = hold  # type: ignore[method-assign,assignment]
         self._held[hub.replica] = held
         return held
 
     async def resume(self, hub: RedisHub) -> None:
         """Run ``hub`` again: its heartbeat restarts and the held admissions are delivered."""
         for book in hub._books.values():
-            del book.on_admitted  # type: ignore[attr-defined]
+            del book.on_admitted
         for book, args in self._held.pop(hub.replica, []):
             book.on_admitted(*args)
         hub._tasks.append(asyncio.create_task(hub._heartbeat(), name="bourse-redis-heartbeat"))

@@ -1045,7 +1045,7 @@ async def test_redis_an_admission_not_taken_up_goes_to_the_next_order(redis_book
     await replicas.resume(stopped.hub)  # its late word on the old offer finds a back in its place
 
     async def a_first() -> bool:
-        return (await stopped.standing(a))[1] == 0
+        return bool((await stopped.standing(a))[1] == 0)
 
     await eventually(a_first, within=WAIT_S, what="a back at the head of the book")
     running.release(adm_b)
@@ -1081,7 +1081,7 @@ async def test_redis_order_of_a_silent_replica_keeps_its_place(redis_books: Book
 
     async def a_parked() -> bool:
         view = await other.view()
-        return view.parked == 1
+        return bool(view.parked == 1)
 
     await eventually(a_parked, within=WAIT_S, what="the silent replica's order parked")
     view = await other.view()

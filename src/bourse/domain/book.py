@@ -78,6 +78,17 @@ class Admission:
     """The product's level at the moment of the clear."""
 
 
+def expected_wait_s(ahead: int, admissions: int, span_s: float) -> float | None:
+    """The expected wait of an order with ``ahead`` orders ahead of it, from the
+    recent pace (``admissions`` over the last ``span_s`` seconds): the time for
+    ``ahead + 1`` admissions. None when the pace is unknown (fewer than two recent
+    admissions). Orders that arrive later with a higher bid make the real wait
+    longer; the market bench measures how far off it is."""
+    if admissions < 2 or span_s <= 0:
+        return None
+    return (ahead + 1) * span_s / admissions
+
+
 class BookFull(Exception):
     """The book holds its maximum number of waiting orders."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -74,7 +74,7 @@ async def test_the_slot_goes_back_only_after_the_engine_stopped(
     real = engine.generate
 
     async def slow_to_stop(request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
-        gen = real(request)
+        gen = cast(AsyncGenerator[EngineEvent, None], real(request))
         try:
             async for ev in gen:
                 yield ev
