@@ -1,7 +1,7 @@
 """bourse beside a direct call and beside its peers, in one run; rewrites bench/RESULTS.md.
 
     bash bench/run.sh            # installs what is missing, then runs this
-    .venv/bin/python -m bench.harness [--quick] [--only a,b,c,d,e,f] [--out FILE]
+    .venv/bin/python -m bench.harness [--quick] [--only a,b,c,d,e,f,g] [--out FILE]
 
 Layout on a 2-core machine: the gateway under test (bourse, LiteLLM proxy with one
 worker, Portkey's node gateway) on core 0; nginx (one worker, the echo module,
@@ -15,6 +15,7 @@ Scenarios (each against direct nginx, bourse and each peer that started):
   (d) streamed 16-chunk answers: TTFT at c=1 (added over direct), streams/s at c=32
   (e) 10,000 concurrent slow streams through bourse: peak RSS (VmHWM)
   (f) the ledger alone (bench/ledger.py): settled requests/s on SQLite and PostgreSQL
+  (g) the market under overload (bench/market.py): both books, one replica stopped
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from bench import market
 from bench.common import free_port, gateway_process, pinned, process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -866,6 +868,9 @@ def write_results(
                         f"| {r['settle_p50_ms']:.2f} | {r['hold_p99_ms']:.2f} | {r['settle_p99_ms']:.2f} |"
                     )
         add("")
+    g = res.get("g")
+    if g is not None:
+        L.extend(market.section_lines(g) if "rows" in g else [market.HEADING, "", f"error: {g['error']}", ""])
     add("## Targets (issue 7)")
     add("")
     add("| scenario | target | measured | met |")
@@ -981,7 +986,7 @@ def raise_nofile() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test of the harness)")
-    ap.add_argument("--only", default="a,b,c,d,e,f", help="scenarios to run, e.g. a,b")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g", help="scenarios to run, e.g. a,b")
     ap.add_argument("--out", default=str(BENCH / "RESULTS.md"))
     ap.add_argument(
         "--e-upstream",
@@ -1079,6 +1084,9 @@ def main() -> None:
         if "f" in only:
             log("(f) ledger")
             res["f"] = guarded(lambda: scenario_f(o))
+        if "g" in only:
+            log("(g) the market under overload")
+            res["g"] = guarded(lambda: market.scenario(quick=args.quick))
     (WORK / "results.json").write_text(json.dumps(res, indent=1, default=str))
     write_results(Path(args.out), stack, res, o, started, checks)
     log(f"wrote {args.out} in {(time.time() - started) / 60:.1f} min")
