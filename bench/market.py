@@ -35,8 +35,10 @@ What is measured (every time on the one wall clock of this machine):
   max(floor, best other bid in the book)) reconstructed at its start (a price that
   is the floor, the bid, or a bid in the book within ``TOL_S`` is consistent);
 - **position**: each ``: queued … position=p`` frame against the bounds
-  reconstructed from the orders ahead (certainly / possibly in the book over the
-  ``TOL_S`` before the frame), and Spearman's rho of ``p`` against the wait left;
+  reconstructed from the orders ahead (certainly in the book over all of, or
+  possibly at some instant of, the ``POS_TOL_S`` before the client read the frame:
+  the gateway wrote it within that), and Spearman's rho of ``p`` against the wait
+  left;
 - **wait estimate**: each frame's ``wait_s`` against the wait that followed, for
   orders that started: median absolute error, share within a factor of 2, rho;
 - **slot freed → engine start**: for each generation that ended while an eligible
@@ -79,6 +81,8 @@ TIMEOUT_S = (3.0, 10.0)
 CANCEL_SHARE = 0.1
 CANCEL_AFTER_S = (0.5, 4.0)
 TOL_S = 0.1
+POS_TOL_S = 0.5
+"""A ``: queued`` frame was computed at most this long before the client read it."""
 REVIVE_S = 0.2
 PAUSE_S = 4.5
 LEASE_S = 1.0
@@ -223,6 +227,9 @@ class Order:
     arr_lo: float = 0.0
     arr_hi: float = 0.0
     leave: float = 0.0
+    """When it left the book (best estimate); certainly in [leave_lo, leave_hi]."""
+    leave_lo: float = 0.0
+    leave_hi: float = 0.0
 
 
 def plan(seconds: float, load: float, replicas: int, rng: random.Random) -> list[tuple[float, Order]]:
@@ -235,8 +242,8 @@ def plan(seconds: float, load: float, replicas: int, rng: random.Random) -> list
         if t >= seconds:
             return out
         cancel = rng.uniform(*CANCEL_AFTER_S) if rng.random() < CANCEL_SHARE else None
-        out.append((t, Order(n, n % replicas, rng.choice(BIDS), n % 2 == 0, round(rng.uniform(*TIMEOUT_S), 2),
-                             rng.randint(*TOKENS), cancel)))  # fmt: skip
+        out.append((t, Order(n, n % replicas, rng.choice(BIDS), rng.random() < 0.5,
+                             round(rng.uniform(*TIMEOUT_S), 2), rng.randint(*TOKENS), cancel)))  # fmt: skip
         n += 1
 
 
@@ -375,7 +382,23 @@ def attach(orders: list[Order], records: list[list[Any]], stop: Stop | None) -> 
     for o in orders:
         o.leave = o.start if o.start is not None else o.ended
         _arrival(o, stop)
+        _leaving(o)
     return spans
+
+
+def _leaving(o: Order) -> None:
+    """When the book let the order go: admitted up to ``TOL_S`` before its engine
+    started; a 408 at its deadline (the client reads it later); a cancelled order up
+    to ``POS_TOL_S`` after its client left (the gateway sees the disconnect later)."""
+    if o.start is not None:
+        o.leave_lo, o.leave_hi = o.start - TOL_S, o.start
+    elif o.outcome == "timeout":
+        o.leave = min(o.ended, o.arrival + o.timeout)
+        o.leave_lo, o.leave_hi = o.leave - TOL_S, o.ended
+    elif o.outcome == "cancel":
+        o.leave_lo, o.leave_hi = o.ended, o.ended + POS_TOL_S
+    else:
+        o.leave_lo, o.leave_hi = o.ended - POS_TOL_S, o.ended
 
 
 def _arrival(o: Order, stop: Stop | None) -> None:
@@ -406,14 +429,31 @@ def _stopped(o: Order, t: float, stop: Stop | None) -> bool:
 
 def eligible(o: Order, t: float, stop: Stop | None) -> bool:
     """Certainly in the book at ``t`` and admissible (its replica not stopped)."""
-    return o.arr_hi <= t < o.leave and not _stopped(o, t, stop)
+    return o.arr_hi <= t < o.leave_lo and not _stopped(o, t, stop)
 
 
 def possibly(o: Order, t: float, stop: Stop | None) -> bool:
     """Possibly in the book at ``t`` and admissible: a stopped replica's order counts
     until its lease has lapsed (the book cannot tell a stop sooner)."""
     silent = stop is not None and o.replica == stop.replica and stop.at + LEASE_S + 0.2 <= t < stop.until
-    return o.arr_lo <= t < o.leave and not silent
+    return o.arr_lo <= t < o.leave_hi and not silent
+
+
+def _throughout(z: Order, a: float, b: float, stop: Stop | None) -> bool:
+    """Certainly in the book, admissible, over all of [a, b]."""
+    if not (z.arr_hi <= a and b < z.leave_lo):
+        return False
+    return stop is None or z.replica != stop.replica or b < stop.at or a >= stop.until + REVIVE_S
+
+
+def _sometime(z: Order, a: float, b: float, stop: Stop | None) -> bool:
+    """Possibly in the book at some instant of [a, b] (a stopped replica's order counts
+    until its lease has lapsed)."""
+    if not (z.arr_lo <= b and a < z.leave_hi):
+        return False
+    if stop is None or z.replica != stop.replica:
+        return True
+    return a < stop.at + LEASE_S + 0.2 or b >= stop.until
 
 
 def certainly_waiting(o: Order, t: float, stop: Stop | None) -> bool:
@@ -450,7 +490,7 @@ def _events(
     for s, e in spans:
         events += [(s, 1), (e, 0)]
     for o in orders:
-        events += [(o.arr_hi, 2), (o.leave, 2)]
+        events += [(o.arr_hi, 2), (o.leave_lo, 2)]
     if stop is not None:
         events += [(stop.at, 2), (stop.until + REVIVE_S, 2)]
     return sorted(events)
@@ -550,10 +590,13 @@ def frames(orders: list[Order], stop: Stop | None) -> dict[str, Any]:
     for y in orders:
         for t, p, w in y.frames:
             total += 1
-            lo = sum(1 for z in orders if z is not y and ahead_of(z, y, surely=True)
-                     and eligible(z, t - TOL_S, stop) and eligible(z, t, stop))  # fmt: skip
-            hi = sum(1 for z in orders if z is not y and ahead_of(z, y, surely=False)
-                     and (possibly(z, t - TOL_S, stop) or possibly(z, t, stop)))  # fmt: skip
+            a = t - POS_TOL_S
+            lo = sum(
+                1 for z in orders if z is not y and ahead_of(z, y, surely=True) and _throughout(z, a, t, stop)
+            )
+            hi = sum(
+                1 for z in orders if z is not y and ahead_of(z, y, surely=False) and _sometime(z, a, t, stop)
+            )
             inside += lo <= p <= hi
             if y.start is None or y.start < t:
                 continue
