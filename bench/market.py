@@ -1,19 +1,21 @@
 """The market under overload (issue 16): Poisson arrivals at 5x and 19x the capacity,
 ten bid levels, half streamed, with book timeouts and cancels, on the in-process
-book (one gateway) and on the Redis book (two replicas), and on Redis with one
-replica stopped (SIGSTOP) for 4.5 s; writes its table into bench/RESULTS.md.
+book (one gateway) and on the Redis book (two replicas), 20 s each, and on Redis
+with one replica stopped (SIGSTOP) for 4.5 s in a 60 s run; writes its section of
+bench/RESULTS.md (the rest of the file is kept). About 4 minutes in all.
 
-    .venv/bin/python -m bench.market [--quick] [--seconds 20] [--out bench/RESULTS.md]
+    .venv/bin/python -m bench.market [--quick] [--seconds 20] [--runs 1,5] [--out bench/RESULTS.md]
 
 Also run by ``bash bench/run.sh`` (scenario g of bench/harness.py).
 
 Setup: one upstream process (bourse's sim app, wrapped to record when each
-generation starts and ends, by request id), ``bourse serve`` gateways whose one
+generation starts and ends, by the order number in its prompt), ``bourse serve`` gateways whose one
 product has 4 slots on that upstream (floor 0.1), an asyncio client in this
 process. A request asks for 20-60 tokens at 20 tokens/s (2 s on average), so the
 capacity is 2 requests/s. Each order bids one of ten levels (0.1 ... 1.0), has a
 book timeout of 3-10 s, and one in ten gives up (disconnects) after 0.5-4 s if it
-has not started. Replicas take requests alternately; each has its own SQLite ledger
+has not started (an unary one may be running: then it is cut). Replicas take
+requests alternately; each has its own SQLite ledger
 (the book is what is measured). Everything runs on one 2-core machine, shared.
 
 What is measured (every time on the one wall clock of this machine):
@@ -67,6 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 from bench.common import free_port, gateway_process, pct, process
@@ -252,7 +255,7 @@ def plan(seconds: float, load: float, replicas: int, rng: random.Random) -> list
         n += 1
 
 
-async def place(http: httpx.AsyncClient, base: str, key: str, o: Order) -> None:
+async def place(http: aiohttp.ClientSession, base: str, key: str, o: Order) -> None:
     body = {"model": "p", "messages": [{"role": "user", "content": f"order {o.n}"}], "stream": o.stream,
             "max_price": o.bid, "timeout": o.timeout, "max_tokens": o.tokens,
             "sim": {"output_tokens": o.tokens, "tokens_per_s": TOKENS_PER_S}}  # fmt: skip
@@ -270,24 +273,25 @@ async def place(http: httpx.AsyncClient, base: str, key: str, o: Order) -> None:
         o.outcome, o.ended = "cancel", time.time()
 
 
-async def _exchange(http: httpx.AsyncClient, base: str, key: str, body: dict[str, Any], o: Order) -> None:
+async def _exchange(http: aiohttp.ClientSession, base: str, key: str, body: dict[str, Any], o: Order) -> None:
     try:
-        async with http.stream("POST", base + "/chat/completions", json=body,
-                               headers={"authorization": f"Bearer {key}"}) as r:  # fmt: skip
-            o.status = r.status_code
+        async with http.post(base + "/chat/completions", json=body,
+                             headers={"authorization": f"Bearer {key}"}) as r:  # fmt: skip
+            o.status = r.status
             o.rid = r.headers.get("x-request-id", "")
-            if o.stream and r.status_code == 200:
+            if o.stream and r.status == 200:
                 await _read_stream(r, o)
             else:
-                _read_unary(json.loads(await r.aread()), o)
-    except httpx.HTTPError as exc:
+                _read_unary(json.loads(await r.read()), o)
+    except (aiohttp.ClientError, TimeoutError) as exc:
         o.outcome, o.code = "error", type(exc).__name__
     o.ended = time.time()
 
 
-async def _read_stream(r: httpx.Response, o: Order) -> None:
-    async for line in r.aiter_lines():
+async def _read_stream(r: aiohttp.ClientResponse, o: Order) -> None:
+    async for raw in r.content:
         now = time.time()
+        line = raw.decode().rstrip("\r\n")
         if line.startswith(": queued bid="):
             o.queued_at = now
         elif line.startswith(": queued level="):
@@ -337,8 +341,9 @@ async def drive(
 ) -> tuple[Stop | None, list[float]]:
     """Send every order at its time; ``pause``: (pid, replica, offset) to stop one
     replica. Also how late this client's own event loop ran (every 50 ms)."""
-    limits = httpx.Limits(max_connections=4000, max_keepalive_connections=1000)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0), limits=limits) as http:
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=60.0)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         t0 = time.time() + 0.5
         tasks = []
         stop: Stop | None = None
