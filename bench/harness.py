@@ -1,7 +1,7 @@
 """bourse beside a direct call and beside its peers, in one run; rewrites bench/RESULTS.md.
 
     bash bench/run.sh            # installs what is missing, then runs this
-    .venv/bin/python -m bench.harness [--quick] [--only a,b,c,d,e,f,g] [--out FILE]
+    .venv/bin/python -m bench.harness [--quick] [--only a,b,c,d,e,f,g,h] [--out FILE]
 
 Layout on a 2-core machine: the gateway under test (bourse, LiteLLM proxy with one
 worker, Portkey's node gateway) on core 0; nginx (one worker, the echo module,
@@ -16,6 +16,7 @@ Scenarios (each against direct nginx, bourse and each peer that started):
   (e) 10,000 concurrent slow streams through bourse: peak RSS (VmHWM)
   (f) the ledger alone (bench/ledger.py): settled requests/s on SQLite and PostgreSQL
   (g) the stack's alternatives (bench/alternatives.py): servers, upstream clients, decoders
+  (h) the market under overload (bench/market.py): both books, one replica stopped
 
 bourse runs twice in (a), (b) and (d): as configured by default (metrics and the access
 log on) and with ``[server] metrics = false`` and ``access_log = false`` (a second
@@ -42,6 +43,7 @@ from typing import Any
 
 import httpx
 
+from bench import market
 from bench.common import free_port, gateway_process, pinned, process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -982,6 +984,9 @@ def write_results(
         add("")
     if res.get("g") is not None:
         L.extend(alternatives_rows(res["g"]))
+    h = res.get("h")
+    if h is not None:
+        L.extend(market.section_lines(h) if "rows" in h else [market.HEADING, "", f"error: {h['error']}", ""])
     add("## Targets (issue 7)")
     add("")
     add("| scenario | target | measured | met |")
@@ -1130,7 +1135,7 @@ def sanity_checks(stack: Stack) -> dict[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test of the harness)")
-    ap.add_argument("--only", default="a,b,c,d,e,f,g", help="scenarios to run, e.g. a,b")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h", help="scenarios to run, e.g. a,b")
     ap.add_argument("--out", default=str(BENCH / "RESULTS.md"))
     ap.add_argument(
         "--e-upstream",
@@ -1223,6 +1228,9 @@ def main() -> None:
         if "g" in only:
             log("(g) the stack's alternatives")
             res["g"] = guarded(lambda: scenario_g(o))
+        if "h" in only:
+            log("(h) the market under overload")
+            res["h"] = guarded(lambda: market.scenario(quick=args.quick))
     (WORK / "results.json").write_text(json.dumps(res, indent=1, default=str))
     write_results(Path(args.out), stack, res, o, started, checks)
     log(f"wrote {args.out} in {(time.time() - started) / 60:.1f} min")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark harness, one command, from a clean checkout:
 #
-#     bash bench/run.sh                 # full run (~12 min), rewrites bench/RESULTS.md
+#     bash bench/run.sh                 # full run (~16 min), rewrites bench/RESULTS.md
 #     bash bench/run.sh --quick         # smoke test (~3 min), same tables, short runs
 #     bash bench/run.sh --only a,b      # some scenarios; --out FILE to write elsewhere
 #

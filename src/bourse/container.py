@@ -256,8 +256,14 @@ def build(
     if redis_url:
         from bourse.coordination.redis_hub import RedisHub
 
+        cl = config.cluster
         hub = RedisHub(
-            redis_url, prefix=config.cluster.key_prefix, lease_s=config.cluster.lease_s, replica=owner
+            redis_url,
+            prefix=cl.key_prefix,
+            lease_s=cl.lease_s,
+            replica=owner,
+            take_up_s=cl.take_up_s,
+            park_s=cl.park_s,
         )
         if not (database and database.startswith(("postgresql://", "postgres://"))):
             log.warning(

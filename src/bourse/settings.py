@@ -280,7 +280,13 @@ class ClusterConfig(_Strict):
     key_prefix: str = Field(default="bourse", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     """Prefix of every Redis key and channel (several exchanges can share one Redis)."""
     lease_s: float = Field(default=3.0, ge=0.5, le=300)
-    """A replica that stops renewing (crash, kill -9) loses its slots and waiting orders after this."""
+    """A replica that stops renewing (crash, kill -9) loses its slots after this; its waiting
+    orders are parked (kept in place, admitted to nobody) until it speaks again."""
+    take_up_s: float = Field(default=0.5, ge=0.05, le=30)
+    """An admission its replica has not taken up within this (stopped, stalled) goes back:
+    the slot to the next order, the order to its place."""
+    park_s: float = Field(default=30.0, ge=1, le=3600)
+    """The parked orders of a replica silent this long past its lease are dropped."""
 
     @field_validator("redis_url")
     @classmethod

@@ -3,6 +3,9 @@
 Each :meth:`Replicas.hub` is one replica (its own connection pool, admission
 channel and heartbeat). :meth:`Replicas.crash` stops a hub the way ``kill -9``
 would: no graceful book close, no removal from ``{prefix}:replicas``.
+:meth:`Replicas.pause` stops it the way ``SIGSTOP`` would: no heartbeat, and the
+admission messages it receives are held until :meth:`Replicas.resume` hands them
+over (as a stopped process reads its socket once it runs again).
 :meth:`Replicas.aclose` closes the live hubs and deletes every key of the prefix.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -23,10 +27,11 @@ class Replicas:
         self.prefix = "t" + os.urandom(6).hex()
         self.hubs: list[RedisHub] = []
         self.crashed: list[RedisHub] = []
+        self._held: dict[str, list[tuple[Any, tuple[Any, ...]]]] = {}
         self.admin = aioredis.from_url(url, decode_responses=True)
 
-    async def hub(self, *, lease_s: float = 3.0) -> RedisHub:
-        hub = RedisHub(self.url, prefix=self.prefix, lease_s=lease_s)
+    async def hub(self, *, lease_s: float = 3.0, **kw: Any) -> RedisHub:
+        hub = RedisHub(self.url, prefix=self.prefix, lease_s=lease_s, **kw)
         self.hubs.append(hub)
         await hub.start()
         return hub
@@ -48,6 +53,31 @@ class Replicas:
         [listener] = [t for t in hub._tasks if t.get_name() == "bourse-redis-admissions"]
         listener.cancel()
         await asyncio.gather(listener, return_exceptions=True)
+
+    async def pause(self, hub: RedisHub) -> list[tuple[Any, tuple[Any, ...]]]:
+        """Stop ``hub``'s heartbeat and hold back the admissions its channel delivers;
+        the held messages (book, arguments) are returned, filled while it is paused."""
+        [beat] = [t for t in hub._tasks if t.get_name() == "bourse-redis-heartbeat"]
+        beat.cancel()
+        await asyncio.gather(beat, return_exceptions=True)
+        hub._tasks.remove(beat)
+        held: list[tuple[Any, tuple[Any, ...]]] = []
+        for book in hub._books.values():
+
+            def hold(*args: Any, book: Any = book) -> None:
+                held.append((book, args))
+
+            book.on_admitted = hold  # type: ignore[method-assign,assignment]
+        self._held[hub.replica] = held
+        return held
+
+    async def resume(self, hub: RedisHub) -> None:
+        """Run ``hub`` again: its heartbeat restarts and the held admissions are delivered."""
+        for book in hub._books.values():
+            del book.on_admitted
+        for book, args in self._held.pop(hub.replica, []):
+            book.on_admitted(*args)
+        hub._tasks.append(asyncio.create_task(hub._heartbeat(), name="bourse-redis-heartbeat"))
 
     async def subscribers(self, hub: RedisHub) -> int:
         counts = await self.admin.pubsub_numsub(hub.channel_prefix + hub.replica)

@@ -18,11 +18,12 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bourse.coordination.book_local import LocalBook
 from bourse.coordination.book_redis import RedisBook
 from bourse.domain.book import Admission, BookFull, Deployment, Order, ProductBook
-from bourse.ports.book import BookView, DeploymentView
+from bourse.ports.book import BookUnavailable, BookView, ClientGone, DeploymentView
 from tests.contract.cluster import Replicas, eventually
 
 PRODUCT = "prod"
@@ -41,14 +42,16 @@ class Books:
         self.replicas = Replicas(url) if url is not None else None
         self.local: list[LocalBook] = []
 
-    async def __call__(self, deps: Iterable[Dep], *, max_waiting: int = 10_000, lease_s: float = 3.0) -> Any:
+    async def __call__(
+        self, deps: Iterable[Dep], *, max_waiting: int = 10_000, lease_s: float = 3.0, **hub_kw: Any
+    ) -> Any:
         deployments = [Deployment(name, floor, slots) for name, floor, slots in deps]
         book: Any
         if self.replicas is None:
             book = LocalBook(ProductBook(PRODUCT, deployments, max_waiting=max_waiting))
             self.local.append(book)
         else:
-            hub = await self.replicas.hub(lease_s=lease_s)
+            hub = await self.replicas.hub(lease_s=lease_s, **hub_kw)
             book = RedisBook(hub, PRODUCT, deployments, max_waiting=max_waiting)
         await book.start()
         return book
@@ -972,3 +975,216 @@ async def test_view_fields(make_book: Books) -> None:
         book.release(adm)
     view = await settled(book, waiting=0, busy_total=0)
     assert (view.level, view.best_bid, view.bids) == (1.0, None, [])
+
+
+# -- 11. the market under stress: a stopped replica, a departed client, a place kept ---------------
+
+
+@pytest.mark.anyio
+async def test_a_slot_never_goes_to_an_order_whose_client_left(make_book: Books) -> None:
+    """The client is asked when a slot comes to its order: one that has left (the event
+    loop has not seen the disconnect yet) is not admitted, and the slot goes to the
+    next order at once."""
+    book = await make_book([("d", 1.0, 1)])
+    _, f = await submit(book, "holder", 9.0)
+    holder = now_admitted(f)
+    gone = book.new_order("gone", 5.0)
+    asked: list[str] = []
+
+    def present() -> bool:
+        asked.append(gone.id)
+        return False
+
+    gone.present = present
+    fg = await book.submit(gone)
+    b, fb = await submit(book, "b", 3.0)
+    assert not fg.done() and not fb.done()
+    book.release(holder)
+    adm = await admitted(book, b, fb)
+    assert asked, "the client of the best order was not asked at its admission"
+    assert (adm.deployment, adm.price) == ("d", 1.0)  # nobody else waits: the floor
+    loop = asyncio.get_running_loop()
+    with pytest.raises(ClientGone):
+        await book.wait(gone, fg, loop.time() + WAIT_S)
+    await quiet(book)
+    view = await settled(book, waiting=0, busy_total=1)
+    assert view.admitted_total == 2  # the holder and b: the departed client's order was never admitted
+    assert [c.bid for c in view.recent] == [3.0, 9.0]
+    book.release(adm)
+    await settled(book, waiting=0, busy_total=0)
+
+
+@pytest.mark.anyio
+@pytest.mark.redis
+async def test_redis_an_admission_not_taken_up_goes_to_the_next_order(redis_books: Books) -> None:
+    """A replica stopped (SIGSTOP) when a slot comes to its order does not keep the
+    slot for its lease: past the take-up deadline the admission goes back, the slot to
+    the next order, and the stopped replica's order keeps its place for its return."""
+    take_up_s = 0.3
+    deps = [("d", 1.0, 1)]
+    stopped = await redis_books(deps, take_up_s=take_up_s)  # lease 3 s
+    running = await redis_books(deps, take_up_s=take_up_s)
+    replicas = redis_books.replicas
+    assert replicas is not None
+    _, f = await submit(running, "holder", 9.0)
+    holder = now_admitted(f)
+    a, fa = await submit(stopped, "a", 5.0)
+    b, fb = await submit(running, "b", 3.0)
+    held = await replicas.pause(stopped.hub)
+    released_at = time.monotonic()
+    running.release(holder)
+    adm_b = await admitted(running, b, fb)
+    waited = time.monotonic() - released_at
+    assert held, "the slot was not offered to the stopped replica's order first"
+    assert waited < 2.0, f"the slot idled {waited:.2f} s (take-up deadline {take_up_s} s, lease 3 s)"
+    assert (adm_b.deployment, adm_b.price) == ("d", 1.0)  # a waits parked: nobody left to set the price
+    view = await running.view()
+    assert (view.waiting, view.parked, view.admitted_total) == (0, 1, 2)  # the returned offer is no admission
+    c, fc = await submit(running, "c", 4.0)  # arrives while a's replica is stopped
+
+    await replicas.resume(stopped.hub)  # its late word on the old offer finds a back in its place
+
+    async def a_first() -> bool:
+        return bool((await stopped.standing(a))[1] == 0)
+
+    await eventually(a_first, within=WAIT_S, what="a back at the head of the book")
+    running.release(adm_b)
+    adm_a = await admitted(stopped, a, fa)
+    assert (adm_a.deployment, adm_a.price) == ("d", 4.0)  # second price: c's bid
+    assert not fc.done()
+    stopped.release(adm_a)
+    running.release(await admitted(running, c, fc))
+    view = await settled(running, waiting=0, busy_total=0)
+    assert (view.parked, view.admitted_total) == (0, 4)
+
+
+@pytest.mark.anyio
+@pytest.mark.redis
+async def test_redis_order_of_a_silent_replica_keeps_its_place(redis_books: Books) -> None:
+    """A replica silent past its lease (stopped): its waiting order is admitted to
+    nobody meanwhile but keeps its arrival; at the replica's first word it is back in
+    its place (ahead of an equal bid that arrived later), its arrival, deadline and
+    position at entry unchanged."""
+    lease_s = 1.0
+    deps = [("d", 1.0, 1)]
+    silent = await redis_books(deps, lease_s=lease_s)
+    other = await redis_books(deps, lease_s=lease_s)
+    replicas = redis_books.replicas
+    assert replicas is not None
+    _, f = await submit(other, "holder", 9.0)
+    holder = now_admitted(f)
+    a, fa = await submit(silent, "a", 3.0)
+    x, fx = await submit(other, "x", 5.0)  # arrives after a and outbids it
+    assert (a.position_at_entry, x.position_at_entry) == (0, 0)
+    seq, arrived = a.seq, a.arrived_at
+    await replicas.pause(silent.hub)
+
+    async def a_parked() -> bool:
+        view = await other.view()
+        return bool(view.parked == 1)
+
+    await eventually(a_parked, within=WAIT_S, what="the silent replica's order parked")
+    view = await other.view()
+    assert (view.waiting, view.bids) == (1, [5.0])
+    b, fb = await submit(other, "b", 3.0)  # the same bid as a, later
+
+    ranks: list[int] = []
+
+    async def first_word() -> None:
+        if not ranks:
+            ranks.append((await silent.standing(a))[1])
+
+    silent.hub.on_beat(first_word)
+    await replicas.resume(silent.hub)
+    await silent.hub.beat()  # its first word after the pause
+    assert ranks == [1], "the order was not back in its place at its replica's first word"
+    assert (a.seq, a.arrived_at, a.position_at_entry) == (seq, arrived, 0)
+    assert (await other.view()).parked == 0
+
+    sequence = []
+    other.release(holder)
+    pending = {"a": (a, fa), "b": (b, fb), "x": (x, fx)}
+    where = {"a": silent, "b": other, "x": other}
+    for _ in range(3):
+        adm = await next_admission(pending)
+        sequence.append(adm.order.id)
+        where[adm.order.id].release(adm)
+    assert sequence == ["x", "a", "b"]
+    assert a.position_at_entry == 0
+    await settled(other, waiting=0, busy_total=0)
+
+
+@pytest.mark.anyio
+@pytest.mark.redis
+async def test_redis_forgetting_the_book_loses_no_order_and_no_slot(redis_books: Books) -> None:
+    """Redis restarts empty: at their next heartbeat the replicas rest their waiting
+    orders again with their arrival (position at entry unchanged) and count their
+    running slots again, so a new order neither passes them nor takes a slot in use."""
+    deps = [("d", 1.0, 1)]
+    r1 = await redis_books(deps)
+    r2 = await redis_books(deps)
+    replicas = redis_books.replicas
+    assert replicas is not None
+    _, f = await submit(r1, "running", 9.0)
+    running = now_admitted(f)
+    a, fa = await submit(r1, "a", 3.0)
+    x, fx = await submit(r2, "x", 5.0)
+    seqs = (a.seq, x.seq)
+    assert (a.position_at_entry, x.position_at_entry) == (0, 0)
+
+    await replicas.admin.delete(*await replicas.keys())  # a restart without persistence
+    await r1.hub.beat()
+    await r2.hub.beat()
+    await quiet(r1)
+    view = await r2.view()
+    assert (busy(view), view.bids) == ({"d": 1}, [5.0, 3.0]), view
+    assert (a.seq, x.seq) == seqs
+    assert (a.position_at_entry, x.position_at_entry) == (0, 0)
+
+    b, fb = await submit(r2, "b", 3.0)  # after the restart, the same bid as a
+    assert not fb.done(), "a new order took the slot a running request holds"
+    assert b.seq > a.seq
+    assert [(await bk.standing(o))[1] for bk, o in ((r2, x), (r1, a), (r2, b))] == [0, 1, 2]
+    r1.release(running)
+    pending = {"a": (a, fa), "b": (b, fb), "x": (x, fx)}
+    where = {"a": r1, "b": r2, "x": r2}
+    sequence = []
+    for _ in range(3):
+        adm = await next_admission(pending)
+        sequence.append(adm.order.id)
+        where[adm.order.id].release(adm)
+    assert sequence == ["x", "a", "b"]
+    await settled(r2, waiting=0, busy_total=0)
+
+
+@pytest.mark.anyio
+@pytest.mark.redis
+async def test_redis_unreachable_for_a_lease_fails_the_waiting_orders(
+    redis_books: Books, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No order waits on a book that may have forgotten it: once Redis has not answered
+    for a lease, the orders waiting here fail with BookUnavailable (a 503 with
+    retry-after), and the book forgets them once Redis answers again."""
+    lease_s = 1.0
+    book = await redis_books([("d", 1.0, 1)], lease_s=lease_s)
+    _, f = await submit(book, "holder", 9.0)
+    holder = now_admitted(f)
+    o, fo = await submit(book, "waiter", 3.0)
+    real_call = book.hub.call
+
+    async def down(name: str, keys: list[str], args: list[Any]) -> Any:
+        raise RedisConnectionError("Error 111 connecting to Redis (test)")
+
+    monkeypatch.setattr(book.hub, "call", down)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    with pytest.raises(BookUnavailable):
+        await book.wait(o, fo, t0 + lease_s + 4.0)
+    assert loop.time() - t0 < lease_s + 3.0
+    monkeypatch.setattr(book.hub, "call", real_call)
+    await book.hub.beat()
+    await quiet(book)
+    view = await settled(book, waiting=0, busy_total=1)
+    assert view.bids == []
+    book.release(holder)
+    await settled(book, waiting=0, busy_total=0)

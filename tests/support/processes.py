@@ -1,10 +1,12 @@
 """Real ``bourse serve`` processes for tests: free ports, a clean environment, a
-context manager that starts one, waits for /healthz and stops it, and the lines a
-child process writes, collected as they come."""
+context manager that starts one, waits for /healthz and stops it, the lines a
+child process writes, collected as they come, and a ``redis-server`` of a test's
+own (one it may kill; the suite's shared Redis is never touched)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -109,3 +111,33 @@ def serve_process(
                     proc.kill()
                     proc.wait(timeout=10)
     raise AssertionError(f"bourse serve did not start: {last}")
+
+
+REDIS_SERVER = shutil.which("redis-server")
+"""The ``redis-server`` binary, None when it is not installed (Debian: redis-server)."""
+
+
+@contextmanager
+def redis_server(port: int, folder: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A ``redis-server`` child on 127.0.0.1:``port`` without persistence, once it
+    answers PING; killed on exit if it still runs."""
+    assert REDIS_SERVER is not None, "redis-server is not installed"
+    proc = subprocess.Popen(
+        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(folder)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while (
+            subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip()
+            != b"PONG"
+        ):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            assert proc.poll() is None, "redis-server exited"
+            time.sleep(0.05)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -11,7 +11,7 @@ import time
 from collections import deque
 
 from bourse.domain.book import Admission, BookFull, Order, ProductBook
-from bourse.ports.book import BookView, Clear, DeploymentView
+from bourse.ports.book import BookView, Clear, ClientGone, DeploymentView, Pace
 
 
 class LocalBook:
@@ -68,7 +68,7 @@ class LocalBook:
         self._futures.pop(order, None)
         if self.book.remove(order):
             self._dispatch()
-        elif fut.done() and not fut.cancelled():
+        elif fut.done() and not fut.cancelled() and fut.exception() is None:
             self.release(fut.result())
 
     def release(self, admission: Admission) -> None:
@@ -99,9 +99,12 @@ class LocalBook:
             again = False
             for adm in self.book.dispatch(now):
                 fut = self._futures.pop(adm.order, None)
-                if fut is None or fut.done():
-                    # the waiter is gone (cancelled at this instant): the slot goes back
+                if fut is None or fut.done() or not adm.order.still_wanted():
+                    # the waiter is gone (cancelled at this instant, or its client left
+                    # unseen by the loop yet): the slot goes back, to the next order
                     self.book.release(adm.deployment)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(ClientGone(adm.order.id))
                     again = True
                     continue
                 fut.set_result(adm)
@@ -129,6 +132,11 @@ class LocalBook:
 
     def position(self, order: Order) -> int:
         return self.book.position(order)
+
+    def pace(self) -> Pace:
+        if not self.recent:
+            return Pace(0, 0.0)
+        return Pace(len(self.recent), max(0.0, time.time() - self.recent[0].at))
 
     async def standing(self, order: Order | None) -> tuple[float, int]:
         return self.level(), -1 if order is None else self.book.position(order)

@@ -3,8 +3,18 @@
 Admission runs in Lua (``lua/book_*.lua``; the key layout in ``lua/book.lua``), so
 across replicas no slot is given twice and no better order is passed over. This
 replica keeps only what its own clients wait on: the future of each of its waiting
-orders and the admissions it holds. An admission reaches the waiter through the
-hub's channel (or, if that message was lost, through the next heartbeat).
+orders and the admissions it holds.
+
+An admission reaches its replica as an *offer* on the hub's channel; the replica
+takes it up (``TAKE``, after checking that the client is still there) before the
+take-up deadline (``[cluster] take_up_s``), or the admission goes back: the slot to
+the next order, the order to its place, parked until its replica speaks again (a
+stopped or stalled replica holds nobody's slot). A replica's heartbeat renews its
+leases, takes up an offer whose message was lost, and rests again (with their
+arrival) the orders and slots Redis forgot (a Redis restart). If Redis stays
+unreachable for a lease, the orders waiting here fail with ``BookUnavailable``
+(the client gets a 503 with ``retry-after``) rather than wait on a book that may
+have forgotten them.
 
 Circuit breakers stay per replica; when one opens it publishes "cooling until" for
 its deployment, which every replica's clears respect.
@@ -22,11 +32,14 @@ from redis.exceptions import RedisError
 
 from bourse.coordination.redis_hub import RedisHub
 from bourse.domain.book import Admission, BookFull, Deployment, Order
-from bourse.ports.book import BookUnavailable, BookView, Clear, DeploymentView
+from bourse.ports.book import BookUnavailable, BookView, Clear, ClientGone, DeploymentView, Pace
 
 log = logging.getLogger("bourse.coordination")
 
-BOOK_KEYS = ("book", "orders", "held", "lease", "busy", "cool", "stats", "recent", "seq")
+BOOK_KEYS = (
+    "book", "orders", "held", "lease", "busy", "cool", "stats", "recent", "seq", "offer", "park", "parkn",
+    "stall",
+)  # fmt: skip
 """The keys of one product's book, in the scripts' ``KEYS`` order (see ``lua/book.lua``)."""
 
 VIEW_BIDS = 10_000
@@ -53,14 +66,25 @@ class RedisBook:
             hub.lease_ms,
             hub.channel_prefix,
             product,
+            hub.replica,
+            int(hub.take_up_s * 1000),
+            int(hub.park_s * 1000),
         ]
         self._breakers = {d.name: d.breaker for d in deployments}
         self._waiting: dict[str, tuple[Order, asyncio.Future[Admission]]] = {}
         self._held: dict[str, Admission] = {}
         self._pos: dict[str, int] = {}
         self._resting: set[str] = set()
-        """Waiting orders whose submit Redis has answered (only these are renewed and checked)."""
+        """Waiting orders whose submit Redis has answered (only these are renewed)."""
+        self._taking: set[str] = set()
+        """Offers being taken up (a TAKE in flight)."""
+        self._orphans: set[str] = set()
+        """Orders this replica gave up on while Redis was unreachable: taken out once it answers."""
         self._level = self.min_floor
+        self._pace = Pace(0, 0.0)
+        self._answered_at: float | None = None
+        """Loop time Redis last answered this book (None before the first call)."""
+        self._sweep: asyncio.TimerHandle | None = None
 
     @staticmethod
     def now() -> float:
@@ -68,9 +92,19 @@ class RedisBook:
 
     async def _call(self, script: str, *args: Any) -> Any:
         try:
-            return await self.hub.call(script, self._keys, [*self._head, *args])
+            offers, reply = await self.hub.call(script, self._keys, [*self._head, *args])
         except (RedisError, OSError) as exc:
             raise BookUnavailable(f"the shared book of '{self.product}' is unreachable ({exc})") from exc
+        self._answered_at = self.now()
+        if offers and self._sweep is None:
+            # someone must look again once the offers' take-up deadline has passed
+            loop = asyncio.get_running_loop()
+            self._sweep = loop.call_later(self.hub.take_up_s + 0.02, self._on_sweep)
+        return reply
+
+    def _on_sweep(self) -> None:
+        self._sweep = None
+        self.hub.spawn(self._call("STANDING", ""))
 
     # -- orders ---------------------------------------------------------------------
 
@@ -85,6 +119,7 @@ class RedisBook:
 
     async def _submit(self, order: Order, fut: asyncio.Future[Admission], cool_until_ms: int = 0) -> None:
         oid = order.id
+        entering = order.seq == 0  # not a requeue: its position at entry is taken here, once
         self._waiting[oid] = (order, fut)  # before the call: the admission may be published first
         try:
             res = await self._call(
@@ -107,7 +142,7 @@ class RedisBook:
         if oid in self._waiting and not res[3]:
             self._resting.add(oid)
         order.seq = int(res[1])
-        if order.requeues == 0:
+        if entering:
             order.position_at_entry = int(res[2])
         self._level = float(res[5])
         if res[3]:
@@ -116,14 +151,44 @@ class RedisBook:
             self._pos[oid] = int(res[4])
 
     def on_admitted(self, order_id: str, deployment: str, price: str, level: str, attempt: int) -> None:
-        """The channel says ``order_id`` got a slot."""
-        self._grant(order_id, deployment, float(price), float(level), attempt)
+        """The channel offers ``order_id`` a slot: take it up (or decline it if the client left)."""
+        entry = self._waiting.get(order_id)
+        if entry is None:
+            if order_id not in self._held:  # nobody waits for it any more: the slot goes on at once
+                self.hub.spawn(self._take(order_id, attempt, accept=False))
+            return
+        order = entry[0]
+        if order.requeues != attempt or order_id in self._taking:
+            return  # a late word about an earlier attempt, or already being taken up
+        self._taking.add(order_id)
+        self.hub.spawn(self._take(order_id, attempt, accept=order.still_wanted()))
+
+    async def _take(self, oid: str, attempt: int, *, accept: bool) -> None:
+        try:
+            res = await self._call("TAKE", oid, attempt, "1" if accept else "0")
+        except BookUnavailable:
+            return  # not taken: the offer goes back, or the next heartbeat takes it up
+        finally:
+            self._taking.discard(oid)
+        if res[0] == "taken":
+            self._admitted(oid, res[1])
+        elif res[0] == "declined":
+            self._drop_waiter(oid, ClientGone(oid))
+        # 'back': it waits in its place again (its offer expired first); 'gone': withdrawn
+
+    def _drop_waiter(self, oid: str, exc: BaseException) -> None:
+        entry = self._waiting.pop(oid, None)
+        self._pos.pop(oid, None)
+        self._resting.discard(oid)
+        if entry is not None and not entry[1].done():
+            entry[1].set_exception(exc)
 
     def _admitted(self, oid: str, held: str) -> None:
         dep, price, level, attempt = _held_terms(held)
         self._grant(oid, dep, price, level, attempt)
 
     def _grant(self, oid: str, dep: str, price: float, level: float, attempt: int) -> None:
+        """Redis gave ``oid`` the slot (taken up): hand it to the waiter, or give it back."""
         entry = self._waiting.get(oid)
         if entry is not None and entry[0].requeues != attempt:
             return  # a late word about an earlier attempt of a requeued order
@@ -136,13 +201,14 @@ class RedisBook:
                 self.hub.spawn(self._release(oid))
             return
         order, fut = entry
+        if fut.done() or not order.still_wanted():
+            self.hub.spawn(self._release(oid))
+            if not fut.done():
+                fut.set_exception(ClientGone(oid))
+            return
         adm = Admission(order, dep, price, level)
         self._held[oid] = adm
         self._level = level
-        if fut.done():
-            self._held.pop(oid, None)
-            self.hub.spawn(self._release(oid))
-            return
         br = self._breakers.get(dep)
         if br is not None:
             br.on_admit(self.now())
@@ -155,35 +221,42 @@ class RedisBook:
             async with asyncio.timeout_at(deadline):
                 return await asyncio.shield(fut)
         except TimeoutError:
-            oid = order.id
-            if fut.done() and not fut.cancelled():
-                return fut.result()
-            self._resting.discard(oid)
-            # the order stays registered until Redis answers: an admission message
-            # arriving meanwhile resolves ``fut`` instead of being given back
-            try:
-                res = await self._call("REMOVE", oid)
-            finally:
-                self._waiting.pop(oid, None)
-                self._pos.pop(oid, None)
-            if fut.done() and not fut.cancelled():
-                return fut.result()
-            if res[0] == "held":  # admitted at the deadline
-                dep, price, level, _attempt = _held_terms(res[1])
-                adm = Admission(order, dep, price, level)
-                self._held[order.id] = adm
-                return adm
-            raise
+            return await self._at_deadline(order, fut)
         except asyncio.CancelledError:
             self.withdraw(order, fut)
             raise
+
+    async def _at_deadline(self, order: Order, fut: asyncio.Future[Admission]) -> Admission:
+        """The deadline passed: take the order out, unless it was admitted meanwhile."""
+        oid = order.id
+        if fut.done() and not fut.cancelled():
+            return fut.result()
+        self._resting.discard(oid)
+        # the order stays registered until Redis answers: an admission arriving
+        # meanwhile resolves ``fut`` instead of being given back
+        try:
+            res = await self._call("REMOVE", oid)
+        except BookUnavailable:
+            self._orphans.add(oid)
+            raise TimeoutError from None
+        finally:
+            self._waiting.pop(oid, None)
+            self._pos.pop(oid, None)
+        if fut.done() and not fut.cancelled():
+            return fut.result()
+        if res[0] == "held":  # admitted at the deadline (an offer is taken up by the REMOVE)
+            dep, price, level, _attempt = _held_terms(res[1])
+            adm = Admission(order, dep, price, level)
+            self._held[oid] = adm
+            return adm
+        raise TimeoutError
 
     def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None:
         oid = order.id
         self._pos.pop(oid, None)
         self._resting.discard(oid)
         if self._waiting.pop(oid, None) is not None:
-            if fut.done() and not fut.cancelled():
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.release(fut.result())
             else:
                 self.hub.spawn(self._withdraw(oid))
@@ -191,7 +264,11 @@ class RedisBook:
             self.release(self._held[oid])
 
     async def _withdraw(self, oid: str) -> None:
-        res = await self._call("REMOVE", oid)
+        try:
+            res = await self._call("REMOVE", oid)
+        except BookUnavailable:
+            self._orphans.add(oid)
+            return
         if res[0] == "held":
             await self._release(oid)
 
@@ -204,7 +281,10 @@ class RedisBook:
         self.hub.spawn(self._release(oid))
 
     async def _release(self, oid: str) -> None:
-        await self._call("RELEASE", oid)
+        try:
+            await self._call("RELEASE", oid)
+        except BookUnavailable:
+            self._orphans.add(oid)  # given back once Redis answers again
 
     async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
         dep = admission.deployment
@@ -249,10 +329,14 @@ class RedisBook:
     def position(self, order: Order) -> int:
         return self._pos.get(order.id, -1)
 
+    def pace(self) -> Pace:
+        return self._pace
+
     async def standing(self, order: Order | None) -> tuple[float, int]:
         member = "" if order is None or order.id not in self._waiting else f"{order.seq:016d}:{order.id}"
         res = await self._call("STANDING", member)
         self._level = level = float(res[0])
+        self._pace = Pace(int(res[2]), float(res[3]) / 1000.0)
         pos = int(res[1])
         if order is not None and pos >= 0:
             self._pos[order.id] = pos
@@ -264,7 +348,7 @@ class RedisBook:
 
     async def view(self) -> BookView:
         res = await self._call("VIEW", VIEW_BIDS)
-        level, waiting, admitted, busy, cool, bids, recent, now_ms = res
+        level, waiting, admitted, busy, cool, bids, recent, now_ms, parked = res
         self._level = float(level)
         deps = []
         for d, b, c in zip(self.deployments, busy, cool, strict=True):
@@ -272,14 +356,13 @@ class RedisBook:
             deps.append(
                 DeploymentView(d.name, d.floor, d.slots, int(b), not cooling, "open" if cooling else "closed")
             )
+        skew = time.time() - float(now_ms) / 1000.0
         clears = []
         for r in recent:
             at, price, bid, dep = r.split("|", 3)
-            clears.append(
-                Clear(
-                    float(at) / 1000.0 + (time.time() - float(now_ms) / 1000.0), float(price), float(bid), dep
-                )
-            )
+            clears.append(Clear(float(at) / 1000.0 + skew, float(price), float(bid), dep))
+        if clears:
+            self._pace = Pace(len(clears), max(0.0, time.time() - clears[-1].at))
         return BookView(
             level=float(level),
             waiting=int(waiting),
@@ -288,15 +371,25 @@ class RedisBook:
             deployments=deps,
             bids=[float(b) for b in bids],
             recent=clears,
+            parked=int(parked),
         )
 
     # -- lifecycle ------------------------------------------------------------------
 
     async def heartbeat(self) -> None:
-        """Renew the leases of this replica's orders and slots; pick up lost admissions."""
-        waiting = list(self._resting)
+        """Renew this replica's leases; take up lost offers; rest again what Redis forgot.
+
+        Never raises for an unreachable Redis: after a lease without an answer, the
+        orders waiting here fail with :class:`BookUnavailable` (their clients get a 503)."""
+        waiting = [oid for oid in self._resting if oid in self._waiting]
         held = list(self._held)
-        res = await self._call("HEARTBEAT", *waiting, *held)
+        args = [_waiting_terms(self._waiting[oid][0]) for oid in waiting]
+        args += [_slot_terms(self._held[oid]) for oid in held]
+        try:
+            res = await self._call("HEARTBEAT", *args)
+        except BookUnavailable as exc:
+            self._unreachable(exc)
+            return
         self._level = float(res[0])
         for oid, st in zip(waiting, res[2 : 2 + len(waiting)], strict=True):
             if oid not in self._resting or oid not in self._waiting:
@@ -305,24 +398,36 @@ class RedisBook:
                 self._pos[oid] = int(st[1:])
             elif st[0] == "h":
                 self._admitted(oid, st[1:])
-            else:  # our lease lapsed (this process stalled): rest it again, same arrival
-                order, fut = self._waiting[oid]
-                self._resting.discard(oid)
-                log.warning("cluster: order %s fell out of the book; resubmitting it", oid)
-                self.hub.spawn(self._submit(order, fut))
-        for oid, st in zip(held, res[2 + len(waiting) :], strict=True):
-            if st == "g" and oid in self._held:
-                log.warning("cluster: the slot lease of %s lapsed while it ran", oid)
+        for oid in list(self._orphans):
+            self._orphans.discard(oid)
+            await self._release(oid)
+
+    def _unreachable(self, exc: BookUnavailable) -> None:
+        since = self._answered_at
+        if since is None or self.now() - since < self.hub.lease_s or not self._waiting:
+            return
+        log.warning(
+            "cluster: the book of %s has not answered for %.1f s; failing %d waiting orders",
+            self.product,
+            self.now() - since,
+            len(self._waiting),
+        )
+        for oid in list(self._waiting):
+            self._orphans.add(oid)
+            self._drop_waiter(oid, BookUnavailable(str(exc)))
 
     async def start(self) -> None:
         self.hub.register(self)
 
     async def aclose(self) -> None:
         """Give back what this replica holds (a graceful stop; a crash relies on the leases)."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for oid in list(self._waiting):
             await self._call("REMOVE", oid)
         for oid in list(self._held):
-            await self._release(oid)
+            await self._call("RELEASE", oid)
         self._waiting.clear()
         self._resting.clear()
         self._held.clear()
@@ -332,3 +437,14 @@ def _held_terms(held: str) -> tuple[str, float, float, int]:
     """(deployment, price, level, attempt) of a ``held`` entry (see the scripts' key layout)."""
     dep, _replica, price, level, attempt = held.split("|", 4)
     return dep, float(price), float(level), int(attempt)
+
+
+def _waiting_terms(order: Order) -> str:
+    """A waiting order as the heartbeat script reads it (to rest it again if forgotten)."""
+    return f"w|{order.id}|{order.seq}|{float(order.bid)!r}|{order.avoid or ''}|{order.requeues}"
+
+
+def _slot_terms(adm: Admission) -> str:
+    """A slot in use as the heartbeat script reads it (to count it again if forgotten)."""
+    o = adm.order
+    return f"h|{o.id}|{adm.deployment}|{float(adm.price)!r}|{float(adm.level)!r}|{o.requeues}"

@@ -7,8 +7,12 @@ channel and the heartbeat.
 - A heartbeat every ``lease_s / 3`` renews this replica's entry in
   ``{prefix}:replicas`` and the leases of every order it waits on or holds, and
   reconciles its books (an admission whose message was lost is picked up there).
-  A replica that stops beating (kill -9) loses its slots and waiting orders once
-  the lease lapses; the next clear by any replica gives them back.
+  A replica that stops beating (kill -9) loses its slots once the lease lapses and
+  its waiting orders are parked (kept in place, admitted to nobody); the next clear
+  by any replica gives the slots back. Each step of a heartbeat runs on its own, so
+  an unreachable Redis delays none of the others.
+- Calls retry a connection that fails (a pooled connection Redis closed when it
+  restarted fails once, then reconnects), so no dead connection outlives a restart.
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from bourse.retrying import retrying
 
 log = logging.getLogger("bourse.coordination")
 
-BOOK_SCRIPTS = ("SUBMIT", "REMOVE", "RELEASE", "COOL", "HEARTBEAT", "STANDING", "VIEW")
+BOOK_SCRIPTS = ("SUBMIT", "TAKE", "REMOVE", "RELEASE", "COOL", "HEARTBEAT", "STANDING", "VIEW")
 """The book's scripts: ``lua/book.lua`` (what they share) followed by ``lua/book_{name}.lua``."""
 RATE_SCRIPTS = ("RATE_ACQUIRE", "RATE_FINISH")
 """The rate limiter's scripts: ``lua/{name}.lua``, each on its own."""
@@ -60,14 +67,29 @@ class ReplicaBook(Protocol):
 class RedisHub:
     """One per process: shared by the books and the rate limiter."""
 
-    def __init__(self, url: str, *, prefix: str = "bourse", lease_s: float = 3.0, replica: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "bourse",
+        lease_s: float = 3.0,
+        replica: str | None = None,
+        take_up_s: float = 0.5,
+        park_s: float = 30.0,
+    ):
         self.url = url
         self.prefix = prefix
         self.lease_s = lease_s
         self.lease_ms = int(lease_s * 1000)
+        self.take_up_s = take_up_s
+        """An admission offered to this replica goes back if not taken up within this."""
+        self.park_s = park_s
+        """The parked orders of a replica silent this long past its lease are dropped."""
         self.replica = replica or "r" + os.urandom(6).hex()
         self.channel_prefix = f"{prefix}:admit:"
-        # calls: bounded, so a half-dead connection cannot stall a request forever
+        # calls: bounded, so a half-dead connection cannot stall a request forever; a
+        # connection Redis closed (a restart) is retried on a new one, not returned
+        # to the caller as a failure (a timeout is not retried: the call may have run)
         self.redis: aioredis.Redis = aioredis.from_url(
             url,
             decode_responses=True,
@@ -75,6 +97,8 @@ class RedisHub:
             max_connections=512,
             socket_timeout=5,
             socket_connect_timeout=5,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), 3),
+            retry_on_error=[RedisConnectionError],
         )
         # the admission channel waits for messages without a read timeout; named, so
         # an operator (or a test) can tell it apart in CLIENT LIST
@@ -92,6 +116,7 @@ class RedisHub:
         self._subscribed = asyncio.Event()
         self.script: dict[str, AsyncScript] = {}
         self.heartbeats = 0
+        self._beat_failing = False
         self._beat_hooks: list[Callable[[], Awaitable[None]]] = []
 
     def on_beat(self, hook: Callable[[], Awaitable[None]]) -> None:
@@ -171,17 +196,33 @@ class RedisHub:
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
+            await self.beat()
+
+    async def beat(self) -> None:
+        """One heartbeat: the replica's entry, each book, each hook, each on its own
+        (Redis unreachable fails them all, but a failure of one skips no other)."""
+        steps: list[Callable[[], Awaitable[None]]] = [self.beat_replica]
+        steps += [book.heartbeat for book in list(self._books.values())]
+        steps += self._beat_hooks
+        failed = 0
+        for step in steps:
             try:
-                await self.beat_replica()
-                for book in list(self._books.values()):
-                    await book.heartbeat()
-                for hook in self._beat_hooks:
-                    await hook()
-                self.heartbeats += 1
+                await step()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("cluster: heartbeat failed")
+            except Exception as exc:
+                failed += 1
+                if not self._beat_failing:
+                    log.warning(
+                        "cluster: heartbeat failed (%s); retrying every %.1f s", exc, self.lease_s / 3
+                    )
+        if failed:
+            self._beat_failing = True
+            return
+        if self._beat_failing:
+            log.info("cluster: heartbeat back")
+        self._beat_failing = False
+        self.heartbeats += 1
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run a fire-and-forget Redis call (a release) and log its failure."""

@@ -20,7 +20,7 @@ and no slot stays idle while an eligible order waits.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedKeyList
@@ -41,10 +41,17 @@ class Order:
     avoid: str | None = None
     """A deployment this order just failed on; used only when nothing else is free."""
     position_at_entry: int = 0
+    """Orders ahead of it when it first entered the book (a requeue or a re-entry keeps it)."""
     requeues: int = 0
+    present: Callable[[], bool] | None = None
+    """Asks whether its client is still connected (None: nobody to ask, e.g. a job)."""
 
     def rank(self) -> tuple[float, int]:
         return (-self.bid, self.seq)
+
+    def still_wanted(self) -> bool:
+        """False once its client is known to have left (asked when a slot comes to it)."""
+        return self.present is None or self.present()
 
 
 @dataclass(slots=True)
@@ -69,6 +76,17 @@ class Admission:
     price: float
     level: float
     """The product's level at the moment of the clear."""
+
+
+def expected_wait_s(ahead: int, admissions: int, span_s: float) -> float | None:
+    """The expected wait of an order with ``ahead`` orders ahead of it, from the
+    recent pace (``admissions`` over the last ``span_s`` seconds): the time for
+    ``ahead + 1`` admissions. None when the pace is unknown (fewer than two recent
+    admissions). Orders that arrive later with a higher bid make the real wait
+    longer; the market bench measures how far off it is."""
+    if admissions < 2 or span_s <= 0:
+        return None
+    return (ahead + 1) * span_s / admissions
 
 
 class BookFull(Exception):

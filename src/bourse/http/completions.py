@@ -8,6 +8,7 @@ key id and the product go into the request's :class:`~bourse.ports.observer.Call
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,17 +33,20 @@ PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/com
 
 @dataclass(slots=True)
 class Head:
-    """The request headers a completion route reads (once, from the scope)."""
+    """The request headers a completion route reads (once, from the scope), and the
+    server's probe of the client's connection."""
 
     authorization: str | None = None
     length: bytes | None = None
     idempotency_key: str | None = None
     max_price: str | None = None
     book_timeout: str | None = None
+    present: Callable[[], bool] | None = None
+    """Asks whether the client is still connected (None: the server has no probe)."""
 
 
 def read_head(scope: Scope, caller: Caller) -> Head:
-    head = Head()
+    head = Head(present=_client_probe(scope))
     for name, value in scope["headers"]:
         if name == b"authorization":
             head.authorization = value.decode("latin-1")
@@ -59,6 +63,13 @@ def read_head(scope: Scope, caller: Caller) -> Head:
         elif name == b"traceparent":
             caller.traceparent = traceparent(value)
     return head
+
+
+def _client_probe(scope: Scope) -> Callable[[], bool] | None:
+    """The server's check that the client is still connected (see ``http/connections.py``)."""
+    ext = scope.get("extensions") or {}
+    probe = ext.get("bourse.client_present", {}).get("probe")
+    return probe if callable(probe) else None
 
 
 def keeper(store: ServiceStore, account: str, key: str | None) -> OnDone | None:
@@ -152,6 +163,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
                 t0=t0,
                 engine_stream=req.stream,  # one answer: the engine may ask its upstream for one
                 caller=caller,
+                present=head.present,
             )
         except BaseException:
             await idempotency.forget(services, account, idem)

@@ -16,11 +16,17 @@ those limits (:class:`ConnectionLimits`, from ``[server]``):
   application reading the body sees a disconnect;
 - a connection over ``max_connections`` gets 503 with ``retry-after`` and is closed
   at once.
+
+Each request's scope also carries ``extensions["bourse.client_present"]["probe"]``:
+asks the socket itself whether the client is still connected (a disconnect the
+event loop has not processed yet, e.g. after a stall, counts as gone); the book asks
+it when a slot comes to the order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -93,7 +99,21 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope["extensions"] = {"bourse.client_present": {"probe": self.client_present}}
         self._arm(self.limits.header_timeout_s, self._headers_late)
+
+    def client_present(self) -> bool:
+        """False once the client has closed its side or the connection failed, read
+        from the socket now (one poll, no wait)."""
+        transport = self.transport
+        if transport.is_closing():
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is None or not _RDHUP:
+            return True
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN | _RDHUP)
+        return not any(ev & (_RDHUP | select.POLLHUP | select.POLLERR) for _, ev in poller.poll(0))
 
     def on_headers_complete(self) -> None:
         self._disarm()
@@ -140,6 +160,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if can_answer:
             self.transport.write(canned_response(GatewayError(408, "request_timeout", message)))
         self.transport.close()
+
+
+_RDHUP: int = getattr(select, "POLLRDHUP", 0)
+"""Linux: the peer closed its side (elsewhere 0: the probe says present)."""
 
 
 def bounded_protocol(limits: ConnectionLimits) -> type[BoundedHttpToolsProtocol]:

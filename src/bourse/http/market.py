@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from bourse.domain.book import expected_wait_s
 from bourse.domain.errors import model_not_found
 from bourse.http.deps import Services
 from bourse.http.responses import JSON
@@ -35,11 +36,36 @@ async def market_view(name: str, m: Market, *, depth: bool) -> dict[str, Any]:
     return market_doc(name, m, await m.view(), depth=depth)
 
 
+def _ahead(bids: list[float], price: float) -> int:
+    """Orders a new order at ``price`` would have ahead of it (bids best first)."""
+    return sum(1 for b in bids if b >= price)
+
+
+def _waits(v: BookView, free: int, now: float) -> tuple[float | None, Any]:
+    """(admissions per second lately, the expected wait of a new order at a price)."""
+    count = len(v.recent)
+    span = now - v.recent[-1].at if v.recent else 0.0
+    rate = count / span if count >= 2 and span > 0 else None
+
+    def wait_at(price: float) -> float | None:
+        ahead = _ahead(v.bids, price)
+        if ahead == 0 and free > 0:
+            return 0.0
+        w = expected_wait_s(ahead, count, span)
+        return None if w is None else round(w, 3)
+
+    return (None if rate is None else round(rate, 3)), wait_at
+
+
 def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, Any]:
     """The market view of one product from a view of its book (``depth``: the book
-    and the recent admissions too)."""
+    and the recent admissions too). ``expected_wait_s``: the expected wait of a new
+    order at the default bid (per bucket of the book: at that price), from the
+    recent admissions' pace and the orders that would be ahead of it."""
     busy = sum(d.busy for d in v.deployments)
     total = sum(d.slots for d in v.deployments)
+    now = time.time()
+    rate, wait_at = _waits(v, total - busy, now)
     out: dict[str, Any] = {
         "object": "bourse.market",
         "product": name,
@@ -48,8 +74,11 @@ def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, A
         "default_bid": m.default_bid,
         "slots": {"busy": busy, "free": total - busy, "total": total},
         "waiting": v.waiting,
+        "parked": v.parked,
         "best_bid": v.best_bid,
         "admitted_total": v.admitted_total,
+        "admissions_per_s": rate,
+        "expected_wait_s": wait_at(m.default_bid),
         "deployments": [
             {
                 "name": d.name,
@@ -63,8 +92,7 @@ def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, A
         ],
     }
     if depth:
-        now = time.time()
-        out["book"] = _buckets(v.bids)
+        out["book"] = [{**b, "wait_s": wait_at(b["price"])} for b in _buckets(v.bids)]
         out["recent_clears"] = [
             {
                 "ago_s": round(max(0.0, now - c.at), 3),

@@ -277,13 +277,18 @@ class RunResponse:
                 self._arm()
 
     async def _queued_frame(self) -> bytes | None:
-        """``: queued level=… position=…`` from the book (shared books answer over the
-        network); None if the order was admitted or the client left meanwhile."""
+        """``: queued level=… position=… wait_s=…`` from the book (shared books answer
+        over the network; ``wait_s``, the expected wait, when the pace is known); None
+        if the order was admitted or the client left meanwhile."""
         run = self.run
-        level, pos = await run.market.standing(run.order)  # its last known view if unreachable
+        assert run.order is not None
+        p = await run.market.progress(run.order)  # its last known view if unreachable
         if run.phase is not Phase.QUEUED or self._gone or self._closing:
             return None
-        return sse.comment(f"queued level={sse.fmt_price(level)} position={max(pos, 0)}")
+        text = f"queued level={sse.fmt_price(p.level)} position={max(p.position, 0)}"
+        if p.wait_s is not None:
+            text += f" wait_s={p.wait_s:.2f}"
+        return sse.comment(text)
 
     def _stop_ticking(self) -> None:
         self._closing = True

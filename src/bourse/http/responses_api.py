@@ -153,7 +153,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
             run = await completions.open(
                 "chat", chat, validate("chat", chat), principal, request_id=rid,
                 max_price_header=head.max_price, timeout_header=head.book_timeout, t0=t0,
-                engine_stream=req.stream, caller=caller,
+                engine_stream=req.stream, caller=caller, present=head.present,
             )  # fmt: skip
         except BaseException:
             await idempotency.forget(services, account, idem)

@@ -16,8 +16,11 @@ The contract (``tests/contract/test_book.py`` runs it over both):
   :class:`TimeoutError` with the order taken out of the book.
 - Every slot given is given back exactly once: :meth:`release`, :meth:`requeue`,
   or :meth:`withdraw` (client gone; gives back a slot granted at that instant).
-- :meth:`level` and :meth:`position` are cheap and may be a second stale;
-  :meth:`standing` (progress frames) and :meth:`view` (market views) are exact.
+- The client is asked at admission (:meth:`~bourse.domain.book.Order.still_wanted`):
+  an order whose client has left is not admitted; its wait raises :class:`ClientGone`
+  and the slot goes to the next order.
+- :meth:`level`, :meth:`position` and :meth:`pace` are cheap and may be a second
+  stale; :meth:`standing` (progress frames) and :meth:`view` (market views) are exact.
 """
 
 from __future__ import annotations
@@ -31,6 +34,19 @@ from bourse.domain.book import Admission, Order
 
 class BookUnavailable(Exception):
     """The shared book cannot be reached (Redis down); the request gets a 503."""
+
+
+class ClientGone(Exception):
+    """The order's client had left when a slot came to it: not admitted (nothing started)."""
+
+
+@dataclass(slots=True, frozen=True)
+class Pace:
+    """The recent admissions of a book: ``count`` of them over the last ``span_s``
+    seconds (from the oldest of them to now), for wait estimates."""
+
+    count: int
+    span_s: float
 
 
 @dataclass(slots=True)
@@ -67,6 +83,9 @@ class BookView:
     """The waiting bids, best first (capped by the adapter)."""
     recent: list[Clear] = field(default_factory=list)
     """The last admissions, newest first."""
+    parked: int = 0
+    """Waiting orders of a replica gone silent (shared book): kept in their place,
+    admitted to nobody until it speaks again; not counted in ``waiting``."""
 
 
 class BookPort(Protocol):
@@ -93,6 +112,8 @@ class BookPort(Protocol):
     def level(self) -> float: ...
 
     def position(self, order: Order) -> int: ...
+
+    def pace(self) -> Pace: ...
 
     async def standing(self, order: Order | None) -> tuple[float, int]: ...
 

@@ -36,6 +36,7 @@ from bourse.domain.charging import Outcome, RecordedOutcome
 from bourse.domain.errors import GatewayError, draining, invalid_request, model_not_found
 from bourse.domain.policy import Policy
 from bourse.domain.ratelimit import retry_after_header
+from bourse.ports.book import ClientGone
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
 from bourse.ports.limits import KeyLimits, LimiterUnavailable, RateLimiter
 from bourse.ports.observer import NULL_OBSERVER, NULL_SPAN, Caller, Observer, RunReport, Span
@@ -174,6 +175,7 @@ class CompletionService:
         engine_stream: bool = True,
         fail_fast: bool = True,
         caller: Caller | None = None,
+        present: Callable[[], bool] | None = None,
     ) -> Run:
         """validate -> (authenticated) -> rate-limit -> quote -> hold -> book.
 
@@ -181,7 +183,9 @@ class CompletionService:
         non-streamed request); jobs keep the stream, so that their progress and a
         cancel's charge count the tokens as they come. ``fail_fast`` False: the run waits
         out open breakers in the book (a resumed job) rather than get 503 at once.
-        ``caller``: the HTTP request (None: a job's run)."""
+        ``caller``: the HTTP request (None: a job's run). ``present`` asks whether the
+        client is still connected: a slot that comes to an order whose client left is
+        given to the next order, and no engine starts for it."""
         if self.draining:
             raise draining()
         t0 = time.perf_counter() if t0 is None else t0
@@ -216,6 +220,7 @@ class CompletionService:
             engine_stream,
             caller,
         )
+        run.present = present
         try:
             await run.submit()
         except BaseException:  # the order never entered the book
@@ -518,6 +523,7 @@ class Run:
         "max_output_tokens",
         "order",
         "phase",
+        "present",
         "prompt",
         "queued_ms",
         "quote",
@@ -570,6 +576,8 @@ class Run:
         self.span = service.observer.start_span(
             "bourse.run", None if caller is None else caller.traceparent, t0
         )
+        self.present: Callable[[], bool] | None = None
+        """Asks whether the client is still connected (the relay's; None for a job)."""
         self.created_at = time.time()
         self.created = int(self.created_at)
         # -- state (written by the run only) --
@@ -640,11 +648,22 @@ class Run:
         """The client disconnected: an abandonment from now on is ``disconnected``."""
         self.client_left = True
 
+    def _still_there(self) -> bool:
+        """Whether the client is still connected, as far as can be told now (asked at
+        admission: the relay may not have seen a disconnect the socket already has)."""
+        if self.client_left:
+            return False
+        if self.present is not None and not self.present():
+            self.client_left = True
+            return False
+        return True
+
     async def submit(self) -> None:
         """Rest the order in the book (may admit at once); 503 if the book is full."""
         m = self.market
         self.order = order = m.new_order(self.request_id, self.bid)
-        self._deadline = order.arrived_at + self.timeout_s
+        order.present = self._still_there
+        self._deadline = order.arrived_at + self.timeout_s  # a requeue or re-entry keeps it
         self._fut = await m.submit(order)
         self.phase = Phase.QUEUED
 
@@ -696,7 +715,7 @@ class Run:
                 self._engine_iter = None
                 yield await self._settled("disconnected" if self.client_left else "completed", None)
                 return
-        except GatewayError as exc:
+        except (GatewayError, ClientGone) as exc:
             yield await self._ended(exc)
         except (asyncio.CancelledError, GeneratorExit) as exc:
             await self._abandon_unless_stopped(exc)
@@ -704,10 +723,14 @@ class Run:
         finally:
             self._task = None
 
-    async def _ended(self, exc: GatewayError) -> Finished:
-        """The end of a run by an error: the book's or the engine's, or a drain's stop."""
+    async def _ended(self, exc: GatewayError | ClientGone) -> Finished:
+        """The end of a run by an error: the book's or the engine's, or a drain's stop;
+        or a slot that came after the client left (no engine started on it)."""
         if exc is self._stop:
             return await self._interrupted()
+        if isinstance(exc, ClientGone):
+            self.client_left = True
+            return await self._settled("disconnected", None)
         return await self._settled("timeout" if exc.status == 408 else "error", exc)
 
     async def _abandon_unless_stopped(self, exc: asyncio.CancelledError | GeneratorExit) -> None:
@@ -732,7 +755,7 @@ class Run:
         observer = self.service.observer
         wait = observer.start_span("bourse.book.wait", self.span)
         try:
-            adm = await m.wait(order, fut, self._deadline)
+            adm = await m.wait(order, fut, self._deadline)  # ClientGone: the book saw the client had left
         except BaseException as exc:
             wait.end(type(exc).__name__)
             if isinstance(exc, asyncio.CancelledError):
@@ -741,6 +764,9 @@ class Run:
                 self._fut = None
             raise
         wait.end()
+        if not self._still_there():  # left since: give the slot to the next order, start nothing
+            m.release(adm)
+            raise ClientGone(order.id)
         self.admission = self.cleared = adm
         self.phase = Phase.ADMITTED
         if self.queued_ms is None:

@@ -13,14 +13,25 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from bourse.domain.book import Admission, BookFull, Order
+from bourse.domain.book import Admission, BookFull, Order, expected_wait_s
 from bourse.domain.breaker import CircuitBreaker, cooling_for
 from bourse.domain.errors import GatewayError, book_timeout, no_capacity
 from bourse.domain.policy import Policy
 from bourse.ports.book import BookPort, BookUnavailable, BookView
 from bourse.ports.engine import Engine, TokenCounter
 from bourse.ports.observer import NULL_OBSERVER, Observer
+
+
+@dataclass(slots=True, frozen=True)
+class Progress:
+    """Where a waiting order stands: the level, the orders ahead of it (-1: not
+    waiting) and its expected wait in seconds (None: unknown)."""
+
+    level: float
+    position: int
+    wait_s: float | None
 
 
 class Market:
@@ -141,6 +152,16 @@ class Market:
         except BookUnavailable as exc:  # the last known view, for progress frames and job status
             self.observer.backend_error("redis", "book", exc)
             return self.book.level(), -1 if order is None else self.book.position(order)
+
+    async def progress(self, order: Order) -> Progress:
+        """The order's standing and its expected wait at this bid (progress frames)."""
+        level, pos = await self.standing(order)
+        return Progress(level, pos, None if pos < 0 else self.expected_wait_s(pos))
+
+    def expected_wait_s(self, ahead: int) -> float | None:
+        """The expected wait with ``ahead`` orders ahead, at the book's recent pace."""
+        pace = self.book.pace()
+        return expected_wait_s(ahead, pace.count, pace.span_s)
 
     async def view(self) -> BookView:
         try:

@@ -8,11 +8,7 @@ port; the suite's shared Redis is not touched.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -21,9 +17,8 @@ import pytest
 
 from tests.support.bodies import USER
 from tests.support.gateway import running_gateway
-from tests.support.processes import free_port
+from tests.support.processes import REDIS_SERVER, free_port, redis_server
 
-REDIS_SERVER = shutil.which("redis-server")
 pytestmark = [
     pytest.mark.redis,
     pytest.mark.skipif(
@@ -31,29 +26,6 @@ pytestmark = [
         reason="needs the redis-server binary on PATH (Debian: apt-get install redis-server)",
     ),
 ]
-
-
-@contextmanager
-def redis_server(port: int, folder: Path) -> Iterator[subprocess.Popen[bytes]]:
-    assert REDIS_SERVER is not None
-    proc = subprocess.Popen(
-        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(folder)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 10
-        while (
-            subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip()
-            != b"PONG"
-        ):
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_requests_get_503_while_redis_is_down_and_succeed_once_it_is_back(tmp_path: Path) -> None:

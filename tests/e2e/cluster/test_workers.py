@@ -37,6 +37,7 @@ key_prefix = "{prefix}"
 lease_s = 1.5
 
 [products.one]
+sim_overrides = true
 [[products.one.deployments]]
 engine = "openai"
 base_url = "{upstream}/v1"

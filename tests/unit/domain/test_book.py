@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bourse.domain.book import BookFull, Deployment, Order, ProductBook
+from bourse.domain.book import BookFull, Deployment, Order, ProductBook, expected_wait_s
 
 
 def book(*deps: tuple[str, float, int], max_waiting: int = 1000) -> ProductBook:
@@ -287,3 +287,10 @@ def test_random_sequences_with_timeouts_and_requeues_keep_every_book_rule(
         ops[op](arg, extra)
         run.dispatch()
         run.check()
+
+
+def test_expected_wait_is_the_time_of_the_admissions_ahead_at_the_recent_pace() -> None:
+    assert expected_wait_s(0, 0, 0.0) is None  # no pace yet
+    assert expected_wait_s(3, 1, 5.0) is None  # one admission is no pace
+    assert expected_wait_s(0, 10, 5.0) == 0.5  # 2 admissions a second: the next one in 0.5 s
+    assert expected_wait_s(3, 10, 5.0) == 2.0  # four admissions

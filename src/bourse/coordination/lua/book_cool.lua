@@ -1,5 +1,5 @@
--- ARGV[5]: deployment; ARGV[6]: until (ms; 0 clears the cooling)
-local dep, untilms = ARGV[5], tonumber(ARGV[6])
+-- ARGV[A]: deployment; ARGV[A+1]: until (ms; 0 clears the cooling)
+local dep, untilms = ARGV[A], tonumber(ARGV[A + 1])
 if untilms == 0 then
   redis.call('HDEL', cool, dep)
 else
@@ -7,4 +7,4 @@ else
 end
 prune()
 dispatch()
-return 1
+return out(1)

@@ -1,8 +1,9 @@
--- ARGV[5]: order_id. Gives its slot back (a no-op if its lease already did).
-local oid = ARGV[5]
-local h = redis.call('HGET', held, oid)
-if h then drop(oid) end
+-- ARGV[A]: order_id. Gives its slot back (a no-op if its lease already did); an order
+-- still waiting is taken out too (a replica forgetting what it gave up on while Redis
+-- was unreachable).
+local oid = ARGV[A]
+local h = drop(oid)
 prune()
 dispatch()
-if h then return 1 end
-return 0
+if h then return out(1) end
+return out(0)

@@ -1,4 +1,8 @@
--- ARGV[5]: a book member ('' for none): the level and the orders ahead of it
+-- ARGV[A]: a book member ('' for none): the level, the orders ahead of it, and the
+-- admission pace {admissions, over ms}; clears first (a sweep after an offer's deadline)
+prune()
+dispatch()
 local rank = -1
-if ARGV[5] ~= '' then rank = redis.call('ZRANK', book, ARGV[5]) or -1 end
-return {level(), rank}
+if ARGV[A] ~= '' then rank = redis.call('ZRANK', book, ARGV[A]) or -1 end
+local pace = admission_pace()
+return out({level(), rank, pace[1], pace[2]})
