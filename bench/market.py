@@ -821,7 +821,9 @@ def section_lines(res: dict[str, Any]) -> list[str]:
         f"`lease_s = {LEASE_S:g}` and the default `take_up_s` (0.5 s); the stopped replica gets SIGSTOP at 30 % "
         f"of the run for {PAUSE_S:g} s. Run time {res['minutes']:.1f} min; load average at the end "
         f"{res['load']} (the machine was shared with other work, so latencies are high and noisy). "
-        f"Definitions in the docstring of `bench/market.py`; tolerance {TOL_S * 1000:.0f} ms."
+        f"Definitions in the docstring of `bench/market.py`; tolerance {TOL_S * 1000:.0f} ms. Peak running "
+        f"is counted upstream, where a generation ends when its last write returns: that can be a millisecond "
+        f"after the gateway read it and gave the slot on (a 5 on 4 slots is such an overlap)."
     )
     L.append("")
     rows = [r for r in res["rows"] if "failed" not in r]

@@ -19,7 +19,7 @@ from tests.support.env import Env, start_env
 from tests.support.errors import assert_error_envelope
 from tests.support.sse import SSEResult, collect_sse
 
-QUEUED_LEVEL = re.compile(r"^queued level=(\d+(?:\.\d+)?) position=(\d+)(?: wait_s=\d+(?:\.\d+)?)?$")
+QUEUED_LEVEL = re.compile(r"^queued level=(\d+(?:\.\d+)?) position=(\d+)(?: wait_s=(\d+\.\d\d))?$")
 
 
 @pytest.fixture(scope="module")

@@ -44,8 +44,9 @@ async def test_queued_frames_and_the_market_say_the_expected_wait(one_slot: InPr
     market = await _until_waiting(gw)
     assert market["admissions_per_s"] > 0, market
     assert market["expected_wait_s"] > 0, market  # the default bid queues behind the waiter
-    [bucket] = market["book"]
-    assert bucket["price"] == 2.0 and bucket["wait_s"] > 0, market
+    assert market["book"] == [{"price": 2.0, "orders": 1}], market
+    [at] = market["waits"]
+    assert at["price"] == 2.0 and at["wait_s"] > 0, market
     res = await waiter
     await holder
     frames = [k[2:] for k in res.kinds() if k.startswith("c:queued level=")]

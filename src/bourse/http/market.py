@@ -61,7 +61,8 @@ def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, A
     """The market view of one product from a view of its book (``depth``: the book
     and the recent admissions too). ``expected_wait_s``: the expected wait of a new
     order at the default bid (per bucket of the book: at that price), from the
-    recent admissions' pace and the orders that would be ahead of it."""
+    recent admissions' pace and the orders that would be ahead of it; ``waits``: the same
+    at each price bucket of the book."""
     busy = sum(d.busy for d in v.deployments)
     total = sum(d.slots for d in v.deployments)
     now = time.time()
@@ -92,7 +93,8 @@ def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, A
         ],
     }
     if depth:
-        out["book"] = [{**b, "wait_s": wait_at(b["price"])} for b in _buckets(v.bids)]
+        out["book"] = book = _buckets(v.bids)
+        out["waits"] = [{"price": b["price"], "wait_s": wait_at(b["price"])} for b in book]
         out["recent_clears"] = [
             {
                 "ago_s": round(max(0.0, now - c.at), 3),

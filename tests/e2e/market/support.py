@@ -19,7 +19,7 @@ from tests.support.env import Env
 from tests.support.sse import Frame, SSEResult, open_sse
 
 QUEUED_BID = re.compile(r"^queued bid=(\d+(?:\.\d+)?)$")
-QUEUED_LEVEL = re.compile(r"^queued level=(\d+(?:\.\d+)?) position=(\d+)(?: wait_s=\d+(?:\.\d+)?)?$")
+QUEUED_LEVEL = re.compile(r"^queued level=(\d+(?:\.\d+)?) position=(\d+)(?: wait_s=(\d+\.\d\d))?$")
 REQUEUED = "requeued (transient backend failure), waiting"
 
 HOLD_FOREVER = {"ttft_ms": 30_000, "output_tokens": 2}
