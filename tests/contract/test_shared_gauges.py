@@ -27,7 +27,12 @@ pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.postgres]
 
 @asynccontextmanager
 async def replica(folder: Path, redis_url: str, dsn: str, prefix: str) -> AsyncIterator[Container]:
-    products = {"shared": {"deployments": [{"engine": "sim", "slots": 1, "floor": 1.0, "tokens_per_s": 20}]}}
+    products = {
+        "shared": {
+            "sim_overrides": True,  # the test sends a per-request sim object to a priced product
+            "deployments": [{"engine": "sim", "slots": 1, "floor": 1.0, "tokens_per_s": 20}],
+        }
+    }
     config = parse_config(
         {"cluster": {"redis_url": redis_url, "key_prefix": prefix}, "products": products},
         "test",
