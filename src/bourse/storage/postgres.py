@@ -41,6 +41,7 @@ from bourse.storage.sql import (
     Row,
     SqlStore,
     hold_row,
+    hold_row_args,
     values_list,
 )
 
@@ -249,18 +250,7 @@ def _write_many(db: Executor, items: list[LedgerWrite]) -> list[Hold | Exception
     statement does nothing (:class:`BatchShort`)."""
     holds = [i for i in items if isinstance(i, Hold)]
     closes = [i for i in items if not isinstance(i, Hold)]
-    args: list[Any] = []
-    for h in holds:
-        args += (
-            h.id,
-            h.account_id,
-            h.request_id,
-            h.amount_micros,
-            h.owner,
-            h.product,
-            h.created_at,
-            h.key_id,
-        )
+    args: list[Any] = hold_row_args(holds)
     ins = _NEW_HOLDS.format(cols=HOLD_COLUMNS, values=values_list(len(holds), 8)) if holds else _NONE
     closed, used = _close_parts(closes, args)
     try:

@@ -347,9 +347,9 @@ HOLD_COLUMNS = (
 )
 
 
-def _insert_holds(db: Executor, holds: list[Hold]) -> set[str]:
-    """Insert uncapped holds of existing accounts in one statement; the ids inserted
-    (a hold whose id exists is left out)."""
+def hold_row_args(holds: list[Hold]) -> list[Any]:
+    """The eight values each new hold is inserted with (id, account, request, amount,
+    owner, product, created_at, key_id), flat, for one multi-row INSERT."""
     args: list[Any] = []
     for h in holds:
         args += (
@@ -362,6 +362,13 @@ def _insert_holds(db: Executor, holds: list[Hold]) -> set[str]:
             h.created_at,
             h.key_id,
         )
+    return args
+
+
+def _insert_holds(db: Executor, holds: list[Hold]) -> set[str]:
+    """Insert uncapped holds of existing accounts in one statement; the ids inserted
+    (a hold whose id exists is left out)."""
+    args = hold_row_args(holds)
     values = values_list(len(holds), 8)
     rows = db.fetch(
         f"INSERT INTO holds ({HOLD_COLUMNS}) SELECT column1, column2, column3, column4, 0, 'open', column5, "
