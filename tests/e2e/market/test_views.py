@@ -55,10 +55,10 @@ def test_level_is_the_floor_with_a_free_slot_and_the_best_waiting_bid_when_busy(
         view = market(env, "view")
         assert view["level"] == 1.27 and view["best_bid"] == 1.27, view
         assert view["waiting"] == 3 and view["slots"]["free"] == 0, view
-        # orders waiting by price bucket (two significant digits), best first
-        # (each bucket's expected wait, ``wait_s``, is None until the book has a pace)
-        assert [(b["price"], b["orders"]) for b in view["book"]] == [(1.2, 2), (0.5, 1)], view["book"]
-        assert all("wait_s" in b for b in view["book"]), view["book"]
+        # orders waiting by price bucket (two significant digits), best first; the
+        # expected waits are a list of their own (``waits``), the buckets unchanged
+        assert view["book"] == [{"price": 1.2, "orders": 2}, {"price": 0.5, "orders": 1}], view["book"]
+        assert "waits" in view, view
         assert _levels(env) == (1.27, 1.27, 1.27)
         assert market_list_entry(env, "view")["waiting"] == 3
         # the waiting orders see the same level in their queue frames
