@@ -79,6 +79,15 @@ base_url = "{up}/v1"
 model = "{INTERNAL_MODEL}"
 api_key_env = "UPSTREAM_KEY"
 
+[products.capped]
+sim_overrides = true
+max_output_tokens = 8
+[[products.capped.deployments]]
+engine = "openai"
+name = "capped-main"
+base_url = "{up}/v1"
+model = "{INTERNAL_MODEL}"
+
 [products.streamed]
 sim_overrides = true
 [[products.streamed.deployments]]
@@ -194,6 +203,43 @@ def test_fields_the_gateway_does_not_own_are_forwarded_unchanged(setup: tuple[Ga
     assert sent["messages"] == USER
     # the gateway's own extensions stay at the gateway
     assert "max_price" not in sent and "timeout" not in sent
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_product_output_limit_reaches_the_upstream_when_the_client_sets_none(
+    setup: tuple[Gateway, Recorder], stream: bool
+) -> None:
+    """The quote counted the product's output limit (8): without a max_tokens of the
+    client's, the upstream is told that limit, so it cannot generate past what was held
+    (tokens past the hold would be free: the charge is capped at the hold)."""
+    gw, rec = setup
+    n = len(rec.bodies)
+    body = {"model": "capped", "messages": USER, "seed": 3, "sim": {"output_tokens": 40}}
+    if stream:
+        res = collect_sse(gw, {**body, "stream_options": {"include_usage": True}})
+        usage = res.chunks[-1]["usage"]
+        finish = [c["choices"][0].get("finish_reason") for c in res.chunks if c.get("choices")][-1]
+    else:
+        whole = gw.client().chat.completions.create(
+            model="capped", messages=USER, seed=3, extra_body={"sim": {"output_tokens": 40}}
+        )
+        assert whole.usage is not None
+        usage = whole.usage.model_dump()
+        finish = whole.choices[0].finish_reason
+    assert rec.bodies[n]["max_tokens"] == 8
+    assert "max_completion_tokens" not in rec.bodies[n]
+    assert usage["completion_tokens"] <= 8
+    assert finish == "length"
+
+
+def test_the_clients_own_output_limit_is_sent_unchanged(setup: tuple[Gateway, Recorder]) -> None:
+    gw, rec = setup
+    n = len(rec.bodies)
+    gw.client().chat.completions.create(
+        model="capped", messages=USER, seed=3, max_completion_tokens=5, extra_body={"sim": {"output_tokens": 40}}
+    )
+    assert rec.bodies[n].get("max_completion_tokens") == 5
+    assert "max_tokens" not in rec.bodies[n]
 
 
 def test_unreachable_upstream_is_transient_and_requeued(setup: tuple[Gateway, Recorder]) -> None:

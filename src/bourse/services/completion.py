@@ -376,10 +376,14 @@ class CompletionService:
             )
         max_out = _max_output(req, market)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        engine_body = _engine_body(body)
+        if max_out is None:
+            # the quote counted the product's output limit: the engine may not go past it
+            engine_body["max_tokens"] = market.max_output_tokens
         return Ask(
             market,
             kind,
-            _engine_body(body),
+            engine_body,
             bid=bid,
             timeout_s=timeout,
             stream=req.stream,
