@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from tests.support.bodies import USER
@@ -68,6 +69,29 @@ def test_raw_disconnect_mid_stream_cancels_the_engine(env: Env) -> None:
                 n += 1
             if n == 2:
                 break
+    _cancelled_within_one_second(env, "p-a", before)
+
+
+def test_disconnect_before_the_first_token_cancels_the_engine(env: Env) -> None:
+    """The engine is admitted but has produced nothing (an upstream that has not even sent
+    its response head): the client leaving still reaches it within a second."""
+    before = env.stats("p-a")
+    with open_sse(env, {"model": "p", "seed": 6, "sim": {"ttft_ms": 30000}}) as s:
+        env.wait_stats("p-a", lambda st: st["started"] > before["started"], timeout=5)
+        for f in s.frames():
+            assert f.data is None, "no token within 30 s"
+            if f.comment == "waiting":
+                break
+    _cancelled_within_one_second(env, "p-a", before)
+
+
+def test_disconnect_from_a_non_streamed_request_cancels_the_engine(env: Env) -> None:
+    """A client that asked for one answer and leaves while it is generated (here: its
+    read timeout) cancels the engine within a second, as a stream's client does."""
+    before = env.stats("p-a")
+    body = {"model": "p", "messages": USER, "seed": 7, "sim": SLOW}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(env.url + "/v1/chat/completions", json=body, headers=env.auth, timeout=0.5)
     _cancelled_within_one_second(env, "p-a", before)
 
 

@@ -293,6 +293,28 @@ async def test_first_byte_timeout_is_transient(upstream: str) -> None:
         await engine.aclose()
     assert info.value.transient
     assert info.value.status == 502
+    assert info.value.kind == "timeout"
+
+
+async def test_a_first_byte_timeout_closes_the_upstream(upstream: str) -> None:
+    """The wait for the first bytes gives up: the upstream sees the connection go (and stops
+    generating) at once, not when it gets round to answering."""
+    engine = OpenAIHTTPEngine(upstream + "/v1", "sim-upstream", first_byte_timeout_s=0.2)
+    async with httpx.AsyncClient(base_url=upstream) as probe:
+        await probe.post("/sim/reset")
+        try:
+            with pytest.raises(EngineFailure) as info:
+                await _collect(engine, _request({**CHAT, "sim": {"ttft_ms": 30000}}))
+            assert (info.value.transient, info.value.kind) == (True, "timeout")
+            assert await _wait_cancelled(probe) == {
+                "started": 1,
+                "completed": 0,
+                "cancelled": 1,
+                "running": 0,
+                "peak_running": 1,
+            }
+        finally:
+            await engine.aclose()
 
 
 async def test_read_timeout_mid_stream_is_final(upstream: str) -> None:
@@ -308,6 +330,8 @@ async def test_read_timeout_mid_stream_is_final(upstream: str) -> None:
         await engine.aclose()
     assert received == 2
     assert not info.value.transient
+    assert info.value.kind == "timeout"
+    assert info.value.message == "upstream went silent for 0.2s"
 
 
 async def test_connect_refused_is_transient() -> None:
@@ -319,7 +343,22 @@ async def test_connect_refused_is_transient() -> None:
         await engine.aclose()
     assert info.value.transient
     assert info.value.status == 502
+    assert info.value.kind == "connect"
     assert SECRET not in info.value.message
+
+
+async def test_proxies_in_the_environment_are_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upstream is reached directly, whatever HTTP(S)_PROXY says (here: a closed port)."""
+    proxy = f"http://127.0.0.1:{_unused_port()}"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, proxy)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    seen: list[Seen] = []
+    async with _fake(_answer(200, _sse(_chunk("hi", "stop")), seen)) as engine:
+        chunks, _ = await _collect(engine, _request(CHAT))
+    assert [c.chunk["choices"][0]["delta"] for c in chunks] == [{"content": "hi"}]
+    assert [s.path for s in seen] == ["/v1/chat/completions"]
 
 
 # --- against fake upstreams (a handler per test, on a real socket) ------------------
@@ -610,6 +649,7 @@ async def test_a_broken_chunked_body_after_output_is_final() -> None:
                 received += 1
     assert received == 1
     assert not info.value.transient
+    assert info.value.kind == "stream"
 
 
 async def test_chunks_read_together_say_more_but_the_last() -> None:
