@@ -17,6 +17,13 @@ The table (markdown) goes to stdout and to ``--out`` (default
 sample or a client saw a 500. Run from the repository root::
 
     python -m bench.soak --minutes 15
+
+To find what grows: ``--tracemalloc N`` runs the gateway under :mod:`tracemalloc`
+(``N`` frames; ``bench/tracemalloc_site/sitecustomize.py`` on its PYTHONPATH), takes a
+snapshot at every sample and adds to the results the lines whose allocations grew
+most from the first sample after warm-up to the one at rest. Tracing slows the
+gateway several times and its own tables count in the RSS column: such a run finds
+growers, it does not measure the RSS.
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import tempfile
 import time
+import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +48,8 @@ MIB = 1024 * 1024
 ACCOUNTS = 8
 WARM_UP_SAMPLES = 2
 """Samples left out of the flatness summary (the first minute)."""
+TRACEMALLOC_SITE = Path(__file__).with_name("tracemalloc_site")
+TOP_GROWERS = 15
 
 
 @dataclass
@@ -74,11 +85,65 @@ def _size(path: Path) -> int:
         return 0
 
 
+class Tracing:
+    """The gateway's tracemalloc snapshots (``--tracemalloc``): one asked for at each
+    sample (SIGUSR1), written by ``bench/tracemalloc_site/sitecustomize.py``."""
+
+    def __init__(self, folder: Path, frames: int) -> None:
+        self.folder = folder
+        self.asked = 0
+        folder.mkdir()
+        os.environ["SOAK_TRACEMALLOC_DIR"] = str(folder)  # read by the gateway process only
+        os.environ["SOAK_TRACEMALLOC_FRAMES"] = str(frames)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(TRACEMALLOC_SITE), os.environ.get("PYTHONPATH")])
+        )
+
+    def ask(self, pid: int) -> None:
+        os.kill(pid, signal.SIGUSR1)
+        self.asked += 1
+
+    def snapshot(self, k: int, timeout_s: float = 120.0) -> tracemalloc.Snapshot:
+        path = self.folder / f"snap-{k}.pickle"
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no tracemalloc snapshot {path}")
+            time.sleep(0.2)
+        return tracemalloc.Snapshot.load(str(path)).filter_traces(
+            [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "*/sitecustomize.py")]
+        )
+
+    def report(self, first: int, last: int) -> str:
+        """The lines whose live allocations grew most from snapshot ``first`` to ``last``."""
+        old, new = self.snapshot(first), self.snapshot(last)
+        total = [sum(s.size for s in snap.statistics("filename")) / MIB for snap in (old, new)]
+        lines = [
+            f"## Python allocations (tracemalloc), sample {first + 1} to the last",
+            "",
+            f"Traced: {total[0]:.2f} MiB to {total[1]:.2f} MiB. Top growers by line:",
+            "",
+            "| grew (KiB) | blocks | now (KiB) | where |",
+            "|---:|---:|---:|---|",
+        ]
+        grown = sorted(
+            (s for s in new.compare_to(old, "lineno") if s.size_diff > 0), key=lambda s: -s.size_diff
+        )
+        for st in grown[:TOP_GROWERS]:
+            where = st.traceback[0]
+            name = where.filename.split("/site-packages/")[-1].split("/src/")[-1]
+            lines.append(
+                f"| {st.size_diff / 1024:+.1f} | {st.count_diff:+d} | {st.size / 1024:.1f} | {name}:{where.lineno} |"
+            )
+        return "\n".join(lines)
+
+
 class Soak:
-    def __init__(self, gw: Served, pid: int, tally: Tally) -> None:
+    def __init__(self, gw: Served, pid: int, tally: Tally, tracing: Tracing | None = None) -> None:
         self.gw = gw
         self.pid = pid
         self.tally = tally
+        self.tracing = tracing
         self.samples: list[Sample] = []
         self.t0 = time.monotonic()
         self._last = (self.t0, 0)
@@ -101,6 +166,8 @@ class Soak:
             books=books,
         )
         self.samples.append(s)
+        if self.tracing is not None:
+            self.tracing.ask(self.pid)  # snapshot k is taken just after sample k
         print(row(s), flush=True)
         return s
 
@@ -168,9 +235,11 @@ def summary(samples: list[Sample], tally: Tally, at_rest: Books, minutes: float)
     return "\n\n".join(lines)
 
 
-async def _soak(gw: Served, pid: int, keys: list[str], args: argparse.Namespace) -> Soak:
+async def _soak(
+    gw: Served, pid: int, keys: list[str], args: argparse.Namespace, tracing: Tracing | None
+) -> Soak:
     load = Load(gw.url, keys, seed=args.seed)
-    soak = Soak(gw, pid, load.tally)
+    soak = Soak(gw, pid, load.tally, tracing)
     stop = asyncio.Event()
     sampler = asyncio.create_task(soak.every(args.every, stop))
     seconds = args.minutes * 60
@@ -188,9 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database", default=None, help="postgresql://… (default: SQLite in a temporary folder)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path(__file__).with_name("soak_results.md"))
+    p.add_argument(
+        "--tracemalloc", type=int, default=0, metavar="FRAMES",
+        help="trace the gateway's Python allocations (FRAMES deep) and report the top growers",
+    )  # fmt: skip
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bourse-soak-") as tmp:
         data_dir = Path(tmp) / "data"
+        tracing = Tracing(Path(tmp) / "tracemalloc", args.tracemalloc) if args.tracemalloc else None
         with serve_process(Path(tmp), "soak", config(), data_dir, ADMIN_KEY, args.database, 60.0) as (
             url,
             proc,
@@ -198,20 +272,23 @@ def main(argv: list[str] | None = None) -> int:
             gw = Served(url, data_dir, args.database)
             keys = gw.accounts("soak", ACCOUNTS, 1000.0)
             print(HEADER, flush=True)
-            soak = asyncio.run(_soak(gw, proc.pid, keys, args))
+            soak = asyncio.run(_soak(gw, proc.pid, keys, args, tracing))
             try:
                 at_rest = gw.at_rest(60.0)
             except AssertionError as exc:  # still written into the table: the last row shows it
                 print(f"not at rest: {exc}", file=sys.stderr)
                 at_rest = gw.books()
             last = soak.sample()
+            growers = [] if tracing is None else [tracing.report(WARM_UP_SAMPLES, tracing.asked - 1), ""]
         text = "\n".join(
             [
                 f"# Soak: {args.minutes:g} min, {args.concurrency} clients, "
                 + ("PostgreSQL" if args.database else "SQLite"),
                 "",
                 f"`python -m bench.soak --minutes {args.minutes:g} --every {args.every:g} "
-                f"--concurrency {args.concurrency}`, {time.strftime('%Y-%m-%d %H:%M')}, "
+                f"--concurrency {args.concurrency}"
+                + (f" --tracemalloc {args.tracemalloc}" if tracing else "")
+                + f"`, {time.strftime('%Y-%m-%d %H:%M')}, "
                 f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end.",
                 "",
                 HEADER,
@@ -219,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 "",
                 summary(soak.samples, soak.tally, at_rest, args.minutes),
                 "",
+                *growers,
             ]
         )
     args.out.write_text(text)

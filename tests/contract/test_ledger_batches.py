@@ -22,6 +22,7 @@ from bourse.ports.stores import (
     KeyBudgetExceeded,
     UnknownAccount,
     UsageRecord,
+    audit_entry,
 )
 from bourse.storage import sql
 from tests.support.databases import StoreFactory
@@ -210,3 +211,35 @@ async def test_holds_and_closes_of_one_account_share_a_batch(
 def test_values_lists_number_their_parameters() -> None:
     assert sql.values_list(2, 2) == "($1, $2), ($3, $4)"
     assert sql.values_list(1, 2, ("", "BIGINT")) == "($1, CAST($2 AS BIGINT))"
+
+
+@pytest.mark.anyio
+async def test_every_way_a_hold_leaves_open_forgets_its_partition(
+    store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store remembers the account of each open hold placed here (the partition of
+    its close); a hold that leaves open by any way (settle, release, reconciling, an
+    operator's settle or release) must be forgotten, or the map fills with dead ids (the
+    soak's RSS crept by one entry per reconciling hold) and, once full, closes stop
+    sharing batches."""
+    async with store_factory() as s:
+        monkeypatch.setattr(s, "HOLD_ACCOUNTS_MAX", 5)
+        batches = _count(monkeypatch, s, "_write_many")
+        await s.create_account("a", 100_000, NOW)
+        holds = [_hold("a", 1_000) for _ in range(5)]
+        for h in holds:
+            await s.place_hold(h)
+        await s.settle(holds[0].id, 100, _usage(holds[0], 100), NOW)
+        await s.release(holds[1].id, None, NOW)
+        await s.to_reconciling(holds[2].id, _usage(holds[2], 0), "the engine gave no usage", NOW)
+        await s.settle(holds[3].id, 200, None, NOW, audit=audit_entry("operator", "hold.settle", holds[3].id))
+        await s.release(holds[4].id, None, NOW, audit=audit_entry("operator", "hold.release", holds[4].id))
+        assert s._hold_accounts == {}
+        assert batches == []  # one write at a time so far
+        # the map has room again: these closes queue behind the first and share a batch
+        more = [_hold("a", 1_000) for _ in range(4)]
+        for h in more:
+            await s.place_hold(h)
+        await asyncio.gather(*(s.release(h.id, None, NOW) for h in more))
+        assert batches == [3]
+        await _balanced(s)

@@ -994,7 +994,8 @@ class SqlStore:
     # writer per account, its account's row taken once per batch, not once per request.
     _writes: Coalescer[LedgerWrite, Hold | None] | None = None
     _hold_accounts: dict[str, str] | None = None
-    """Open uncapped holds placed here, by id: their account (the partition of their close)."""
+    """Open uncapped holds placed here, by id: their account (the partition of their close).
+    Every way out of open takes its hold out (``_close``, ``_forget``)."""
     HOLD_ACCOUNTS_MAX = 100_000
     """Open holds remembered; beyond it a close runs alone (the map is only a hint)."""
 
@@ -1036,6 +1037,12 @@ class SqlStore:
         if hold.spend_period is None and len(accounts) < self.HOLD_ACCOUNTS_MAX:
             accounts[hold.id] = hold.account_id  # (a capped hold closes alone)
 
+    def _forget(self, hold_id: str) -> None:
+        """``hold_id`` leaves open without the account's writer (reconciling, or an
+        operator's close with its audit entry): drop its account from the map."""
+        if self._hold_accounts is not None:
+            self._hold_accounts.pop(hold_id, None)
+
     async def _close(self, item: Closing) -> Hold:
         writes, accounts = self._ledger_writer()
         account_id = accounts.pop(item[0], None)
@@ -1056,6 +1063,7 @@ class SqlStore:
     ) -> Hold:
         if audit is None:
             return await self._close((hold_id, "settled", charge_micros, usage, None, now))
+        self._forget(hold_id)
         return await self._run(
             _with_audit, audit, _close_hold, hold_id, "settled", charge_micros, usage, None, now
         )
@@ -1065,9 +1073,11 @@ class SqlStore:
     ) -> Hold:
         if audit is None:
             return await self._close((hold_id, "released", 0, usage, None, now))
+        self._forget(hold_id)
         return await self._run(_with_audit, audit, _close_hold, hold_id, "released", 0, usage, None, now)
 
     async def to_reconciling(self, hold_id: str, usage: UsageRecord | None, note: str, now: float) -> Hold:
+        self._forget(hold_id)
         return await self._run(_close_hold, hold_id, "reconciling", 0, usage, note, now)
 
     async def holds(
