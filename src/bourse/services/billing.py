@@ -53,7 +53,7 @@ from bourse.ports.stores import (
     UsageRecord,
     cap_period,
 )
-from bourse.retrying import retrying
+from bourse.retrying import retry_call
 from bourse.wire.prompt import PromptSize
 
 log = logging.getLogger("bourse.billing")
@@ -259,18 +259,25 @@ class Billing:
 
     async def _close(self, hold_id: str, request_id: str, s: Settlement, record: UsageRecord) -> None:
         now = time.time()
+
+        async def write() -> None:
+            try:
+                await self._write(hold_id, s, record, now)
+            except HoldNotOpen:
+                log.error("hold %s of request %s was already closed", hold_id, request_id)
+            except Exception as exc:
+                self.observer.backend_error("database", s.action, exc)
+                raise
+
         try:
-            async for attempt in retrying(
-                attempts=SETTLE_ATTEMPTS, base_s=0.05, max_s=1.0, what=f"closing hold {hold_id}", logger=log
-            ):
-                with attempt:
-                    try:
-                        await self._write(hold_id, s, record, now)
-                    except HoldNotOpen:
-                        log.error("hold %s of request %s was already closed", hold_id, request_id)
-                    except Exception as exc:
-                        self.observer.backend_error("database", s.action, exc)
-                        raise
+            await retry_call(
+                write,
+                attempts=SETTLE_ATTEMPTS,
+                base_s=0.05,
+                max_s=1.0,
+                what=f"closing hold {hold_id}",
+                logger=log,
+            )
         except Exception:
             log.exception(
                 "hold %s stays open after %d attempts; it will be reconciled at the next start",
