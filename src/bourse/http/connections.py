@@ -77,6 +77,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         # uvicorn types it as int; the timer takes any number of seconds
         self.timeout_keep_alive = cast(int, self.limits.keep_alive_timeout_s)
         self._deadline: asyncio.TimerHandle | None = None
+        self._feeding = False
+        self._due: tuple[float, Callable[[], None]] | None = None
+        """The deadline to arm once the bytes being parsed are done (see ``data_received``)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -94,6 +97,19 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # A request's line, headers and body usually come in one read: the parser
+        # callbacks below then only note the deadline due, armed here once the read is
+        # parsed (at the same instant), not armed and cancelled within the read.
+        self._feeding = True
+        try:
+            super().data_received(data)
+        finally:
+            self._feeding = False
+            due, self._due = self._due, None
+            if due is not None:
+                self._arm(*due)
 
     # parser callbacks: a request begins, its headers end, its body ends
 
@@ -129,9 +145,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _arm(self, seconds: float, late: Callable[[], None]) -> None:
         self._disarm()
+        if self._feeding:
+            self._due = (seconds, late)
+            return
         self._deadline = self.loop.call_later(seconds, late)
 
     def _disarm(self) -> None:
+        self._due = None
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None

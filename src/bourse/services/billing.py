@@ -53,7 +53,8 @@ from bourse.ports.stores import (
     UsageRecord,
     cap_period,
 )
-from bourse.retrying import retrying
+from bourse.retrying import retry_call
+from bourse.services.ids import random_hex
 from bourse.wire.prompt import PromptSize
 
 log = logging.getLogger("bourse.billing")
@@ -188,7 +189,7 @@ class Billing:
     ) -> str:
         """Hold ``quote`` on ``account_id`` (counted on ``key``'s spend cap if it has
         one); the hold's id. 402 if the balance or the cap cannot cover it."""
-        hold_id = "hold_" + os.urandom(12).hex()
+        hold_id = "hold_" + random_hex(12)
         now = time.time()
         period = None
         if key is not None and key.spend_cap_period is not None and key.spend_cap_micros is not None:
@@ -259,18 +260,25 @@ class Billing:
 
     async def _close(self, hold_id: str, request_id: str, s: Settlement, record: UsageRecord) -> None:
         now = time.time()
+
+        async def write() -> None:
+            try:
+                await self._write(hold_id, s, record, now)
+            except HoldNotOpen:
+                log.error("hold %s of request %s was already closed", hold_id, request_id)
+            except Exception as exc:
+                self.observer.backend_error("database", s.action, exc)
+                raise
+
         try:
-            async for attempt in retrying(
-                attempts=SETTLE_ATTEMPTS, base_s=0.05, max_s=1.0, what=f"closing hold {hold_id}", logger=log
-            ):
-                with attempt:
-                    try:
-                        await self._write(hold_id, s, record, now)
-                    except HoldNotOpen:
-                        log.error("hold %s of request %s was already closed", hold_id, request_id)
-                    except Exception as exc:
-                        self.observer.backend_error("database", s.action, exc)
-                        raise
+            await retry_call(
+                write,
+                attempts=SETTLE_ATTEMPTS,
+                base_s=0.05,
+                max_s=1.0,
+                what=f"closing hold {hold_id}",
+                logger=log,
+            )
         except Exception:
             log.exception(
                 "hold %s stays open after %d attempts; it will be reconciled at the next start",
