@@ -236,7 +236,11 @@ def test_the_clients_own_output_limit_is_sent_unchanged(setup: tuple[Gateway, Re
     gw, rec = setup
     n = len(rec.bodies)
     gw.client().chat.completions.create(
-        model="capped", messages=USER, seed=3, max_completion_tokens=5, extra_body={"sim": {"output_tokens": 40}}
+        model="capped",
+        messages=USER,
+        seed=3,
+        max_completion_tokens=5,
+        extra_body={"sim": {"output_tokens": 40}},
     )
     assert rec.bodies[n].get("max_completion_tokens") == 5
     assert "max_tokens" not in rec.bodies[n]
