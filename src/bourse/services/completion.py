@@ -897,6 +897,7 @@ class Run:
         if not self.detached:
             return await self._settled("error", self._stop)
         self.phase = Phase.DONE
+        self._unlink()
         if self.admission is not None:
             self.market.release(self.admission)
             self.admission = None
@@ -911,6 +912,7 @@ class Run:
             return
         closing = self._closing(outcome)
         self.phase = Phase.DONE
+        self._unlink()
         self.service.live.discard(self)
         self._end_attempt(None if error is None else error.message)
         if self.admission is not None:
@@ -918,6 +920,14 @@ class Run:
             self.admission = None
         service = self.service
         self._settlement = service.spawn(service.settle(closing, error, self.grant, self.tokens, self))
+
+    def _unlink(self) -> None:
+        """At the run's end, drop the order's way back to the run (its presence probe, a
+        bound method of the run): nothing asks it any more, and without it the run, its
+        order and its settlement are freed by reference counting, not left in a cycle for
+        the garbage collector (a collection every ~200 requests under load)."""
+        if self.order is not None:
+            self.order.present = None
 
     def _end_attempt(self, error: str | None) -> None:
         span, self._attempt_span = self._attempt_span, NULL_SPAN
