@@ -547,6 +547,8 @@ def hold_run(stack: Stack, o: Opts, kind: str, streams: int) -> dict[str, Any]:
     else:
         cfg = SIM_SLOW
         desc = "in-process `sim` engine"
+    # [server] max_connections (default 2,048) would answer the rest 503: room for every stream
+    cfg = cfg.replace("[server]\n", f"[server]\nmax_connections = {streams + 1000}\n", 1)
     with gateway_process(cfg, cpu=GATEWAY_CPU, log=LOGS / f"bourse-e-{kind}.log") as (base, key, proc):
         gw = Gateway(
             "bourse", base + "/chat/completions", {"authorization": f"Bearer {key}"}, {"slow": "bench-slow"}
@@ -922,7 +924,8 @@ def write_results(
             "Each row is a fresh bourse. Upstreams: nginx `/slow/v1` via the `openai` engine (16 chunks, 10 s "
             "apart), or bourse's in-process `sim` engine (16 tokens at 0.1 token/s); 150 s a stream either way. "
             "The client opens the streams (at most 256 awaiting their first chunk at once), holds them all, "
-            "samples `/proc/<pid>/status` meanwhile, then closes them."
+            "samples `/proc/<pid>/status` meanwhile, then closes them. Each bourse runs with `[server] "
+            "max_connections` set above the stream count (its default, 2,048, would answer the rest 503)."
         )
         if e.get("why"):
             add("")
