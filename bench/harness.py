@@ -159,13 +159,14 @@ first_byte_timeout_s = 120
     return "".join(out)
 
 
+BOURSE_PRODUCTS = {"bench": "fast", "bench-streamed": "fast", "bench-delay": "delay"}
+"""The products of both bourse processes (metrics and access log on, and off): the
+same config but for those two settings, so the pair differs in nothing else."""
+
+
 @contextlib.contextmanager
 def bourse(stack: Stack) -> Iterator[None]:
-    cfg = bourse_config(
-        stack,
-        {"bench": "fast", "bench-streamed": "fast", "bench-delay": "delay"},
-        always_stream=frozenset({"bench-streamed"}),
-    )
+    cfg = bourse_config(stack, BOURSE_PRODUCTS, always_stream=frozenset({"bench-streamed"}))
     with gateway_process(cfg, cpu=GATEWAY_CPU, log=LOGS / "bourse.log") as (base, key, proc):
         auth = {"authorization": f"Bearer {key}"}
         stack.gateways["bourse"] = Gateway(
@@ -188,7 +189,7 @@ def bourse(stack: Stack) -> Iterator[None]:
 @contextlib.contextmanager
 def bourse_quiet(stack: Stack) -> Iterator[None]:
     """bourse with metrics and the access log off (the same products otherwise)."""
-    cfg = bourse_config(stack, {"bench": "fast"}, observe=False)
+    cfg = bourse_config(stack, BOURSE_PRODUCTS, always_stream=frozenset({"bench-streamed"}), observe=False)
     with gateway_process(cfg, cpu=GATEWAY_CPU, log=LOGS / "bourse-quiet.log") as (base, key, proc):
         stack.gateways["bourse-quiet"] = Gateway(
             "bourse, metrics and access log off",
@@ -469,8 +470,8 @@ def scenario_wrk(stack: Stack, variant: str, conns: int, o: Opts) -> dict[str, d
     pair = [(k, gw) for k, gw in targets(stack, variant, ("bourse", "bourse-quiet"))]
     if o.rounds > 1 and len(pair) == 2:
         runs = {k: [out[k]] for k, _ in pair}
-        for _ in range(o.rounds - 1):  # on and off alternately: load from elsewhere falls on both
-            for k, gw in pair:
+        for i in range(o.rounds - 1):  # on and off alternately: load from elsewhere falls on both
+            for k, gw in pair if i % 2 else pair[::-1]:  # off first, then on first, ...
                 runs[k].append(wrk_logged(gw, variant, conns, o))
         for k, rs in runs.items():
             good = sorted((r for r in rs if "error" not in r), key=lambda r: float(r["rps"]))
