@@ -54,7 +54,6 @@ from bourse.ports.stores import (
     cap_period,
 )
 from bourse.retrying import retry_call
-from bourse.services.ids import random_hex
 from bourse.wire.prompt import PromptSize
 
 log = logging.getLogger("bourse.billing")
@@ -189,7 +188,7 @@ class Billing:
     ) -> str:
         """Hold ``quote`` on ``account_id`` (counted on ``key``'s spend cap if it has
         one); the hold's id. 402 if the balance or the cap cannot cover it."""
-        hold_id = "hold_" + random_hex(12)
+        hold_id = "hold_" + os.urandom(12).hex()
         now = time.time()
         period = None
         if key is not None and key.spend_cap_period is not None and key.spend_cap_micros is not None:
