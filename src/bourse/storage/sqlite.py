@@ -95,6 +95,7 @@ class SqliteStore(SqlStore):
         self._last_commit = 0.0
         self._wake_at = self.WAL_STEP_BYTES
         """WAL size at which the commit thread next wakes the checkpoint thread."""
+        self._frame_size = 0
         self._pass_done = threading.Event()
         self._readers_block_reset = False
         """The last reset gave up (another process reads the WAL): commits do not wait."""
@@ -237,23 +238,27 @@ class SqliteStore(SqlStore):
     #
     # - runs a PASSIVE checkpoint (it never blocks writers): the bulk of the copying and
     #   the database fsync, while commits go on;
-    # - if the WAL file is then above WAL_LIMIT_BYTES, resets it: a PASSIVE checkpoint
-    #   alone never does, since under constant writes new frames always follow the ones
-    #   it copied, SQLite never restarts the log and the file grows without bound. The
-    #   commit thread is held before its next batch (the batch running ends first) while
-    #   a TRUNCATE checkpoint copies the few frames written since the PASSIVE one and
-    #   empties the file. If readers of another process still use the WAL, it gives up
-    #   after CHECKPOINT_BUSY_MS (the next pass tries again);
-    # - wakes also every WAL_STEP_BYTES of WAL growth (a batch of group-committed
-    #   transactions may write many pages), and past twice the limit the commit thread
-    #   waits for the pass (at most a second): the WAL stays bounded even when this
-    #   thread is starved of CPU (not when another process's readers hold the log:
-    #   waiting would not help);
-    # - when no commit came for IDLE_CHECKPOINT_S, resets a WAL that is not empty, so
-    #   an idle gateway keeps no log behind.
+    # - if the log (the frames the PASSIVE pass reports, not the file's size) is then
+    #   above WAL_LIMIT_BYTES, resets it: a PASSIVE checkpoint alone never does, since
+    #   under constant writes new frames always follow the ones it copied, SQLite never
+    #   restarts the log and the file grows without bound. The commit thread is held
+    #   before its next batch (the batch running ends first) while a RESTART checkpoint
+    #   copies the few frames written since the PASSIVE one; the next commit writes the
+    #   log from its start again, in the same file. Not TRUNCATE: freeing an 8 MiB file's
+    #   blocks (a filesystem mounted with ``discard`` trims them at once) held the commit
+    #   thread ~4 ms a reset, several times a second under load, and that was the p99 of
+    #   scenario (a) (5-6 ms against a p90 of 1.3 ms). If readers of another process
+    #   still use the WAL, it gives up after CHECKPOINT_BUSY_MS (the next pass tries again);
+    # - wakes also when the WAL file grows by WAL_STEP_BYTES past its size at the last
+    #   reset (a batch of group-committed transactions may write many pages), and past
+    #   twice the limit the commit thread waits for the pass (at most a second): the WAL
+    #   stays bounded even when this thread is starved of CPU (not when another process's
+    #   readers hold the log: waiting would not help);
+    # - when no commit came for IDLE_CHECKPOINT_S, empties a WAL that is not (TRUNCATE:
+    #   nothing waits on it then), so an idle gateway keeps no log behind.
     #
-    # ``journal_size_limit`` also trims the file whenever SQLite restarts the log by
-    # itself. Closing the last connection checkpoints what is left.
+    # ``journal_size_limit`` (WAL_LIMIT_BYTES) trims the file whenever the log restarts
+    # and the file had grown past it. Closing the last connection checkpoints what is left.
 
     CHECKPOINT_EVERY = 256
     WAL_LIMIT_BYTES = 8 * 1024 * 1024
@@ -298,31 +303,40 @@ class SqliteStore(SqlStore):
                 conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
                 conn.execute(f"PRAGMA busy_timeout={int(self.CHECKPOINT_BUSY_MS)}")
                 self._checkpoint_conn = conn
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            if reset or self._wal_bytes() > self.WAL_LIMIT_BYTES:
+            row = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            log_frames = 0 if row is None or row[1] < 0 else int(row[1])
+            if reset or log_frames * self._frame_bytes(conn) > self.WAL_LIMIT_BYTES:
                 # the frames written during the first pass: copied while writers run,
                 # so the held part below has little left to copy
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                self._reset_wal(conn)
+                self._reset_wal(conn, "TRUNCATE" if reset else "RESTART")
         except sqlite3.Error:
             log.exception("WAL checkpoint failed; the next one retries")
 
-    def _reset_wal(self, conn: sqlite3.Connection) -> None:
-        """TRUNCATE checkpoint with the commit thread held between two batches."""
+    def _frame_bytes(self, conn: sqlite3.Connection) -> int:
+        """The size of one WAL frame (a page and its 24-byte header)."""
+        if not self._frame_size:
+            self._frame_size = int(conn.execute("PRAGMA page_size").fetchone()[0]) + 24
+        return self._frame_size
+
+    def _reset_wal(self, conn: sqlite3.Connection, mode: str = "RESTART") -> None:
+        """A RESTART (or, idle, TRUNCATE) checkpoint with the commit thread held between
+        two batches."""
         t0 = time.monotonic()
         self._writers.clear()
         try:
             with self._batch_lock:
-                row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                row = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
         finally:
             self._writers.set()
-        self._wake_at = self.WAL_STEP_BYTES
+        # the file keeps its size after a RESTART: wake again once it grows past it
+        self._wake_at = self._wal_bytes() + self.WAL_STEP_BYTES
         self.longest_reset_s = max(self.longest_reset_s, time.monotonic() - t0)
         self._readers_block_reset = bool(row is not None and row[0])
         if self._readers_block_reset:
             log.info("WAL reset postponed: another connection is still reading it")
-        else:
-            self._dirty = False
+        elif mode == "TRUNCATE":
+            self._dirty = False  # a RESTART leaves the file's blocks: the idle pass empties it
 
     def _wal_bytes(self) -> int:
         try:

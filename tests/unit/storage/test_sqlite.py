@@ -59,3 +59,42 @@ async def test_an_in_memory_store_has_no_checkpointer() -> None:
         assert store._checkpointer is None
     finally:
         await store.close()
+
+
+async def test_a_reset_under_writes_restarts_the_log_in_place_and_an_idle_one_empties_it(
+    tmp_path: Path,
+) -> None:
+    """Under writes the log is reset with RESTART (the file keeps its blocks: freeing them
+    held the commit thread ~4 ms a reset on a filesystem that discards); idle, with
+    TRUNCATE (the file emptied)."""
+    path = tmp_path / "bourse.db"
+    store = SqliteStore(path)
+    store.CHECKPOINT_EVERY = 8
+    store.WAL_LIMIT_BYTES = 64 * 1024
+    store.WAL_STEP_BYTES = 32 * 1024
+    store.IDLE_CHECKPOINT_S = 60.0  # no idle pass while the test writes, however slowly
+    modes: list[str] = []
+    reset = store._reset_wal
+
+    def seen(conn: object, *mode: str) -> None:
+        modes.append(mode[0] if mode else "TRUNCATE")  # a reset without a mode truncates
+        reset(conn, *mode)  # type: ignore[arg-type]
+
+    store._reset_wal = seen  # type: ignore[method-assign,assignment]
+    await store.open()
+    wal = anyio.Path(str(path) + "-wal")
+    try:
+        for i in range(400):
+            await store.create_account(f"acct{i}", 1000, time.time())
+        assert "RESTART" in modes and "TRUNCATE" not in modes, modes
+        assert (await wal.stat()).st_size > 0  # restarted in place, not emptied
+        store.IDLE_CHECKPOINT_S = 0.3
+        for i in range(store.CHECKPOINT_EVERY):  # a pass, after which the thread waits 0.3 s
+            await store.create_account(f"last{i}", 1000, time.time())
+        for _ in range(400):  # idle: the next pass empties the file (up to 20 s)
+            if modes[-1] == "TRUNCATE" and (await wal.stat()).st_size == 0:
+                break
+            await anyio.sleep(0.05)
+        assert modes[-1] == "TRUNCATE" and (await wal.stat()).st_size == 0
+    finally:
+        await store.close()
