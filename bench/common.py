@@ -112,8 +112,17 @@ def gateway_process(
     log: Path | None = None,
     extra_args: Sequence[str] = (),
 ) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
-    """Like :func:`gateway`, also yielding the process (for its pid)."""
+    """Like :func:`gateway`, also yielding the process (for its pid).
+
+    ``BOURSE_BENCH_SRC`` (a checkout's ``src`` folder) serves bourse from that tree
+    instead of the installed one: the same harness measures two commits, e.g. a
+    change and its parent (``git worktree add /tmp/base BASE`` then
+    ``BOURSE_BENCH_SRC=/tmp/base/src bash bench/run.sh --only a,b,d --out base.md``)."""
     port = free_port()
+    env = {"BOURSE_ADMIN_KEY": ADMIN_KEY}
+    src = os.environ.get("BOURSE_BENCH_SRC")
+    if src:
+        env["PYTHONPATH"] = str(Path(src).resolve())
     with tempfile.TemporaryDirectory(prefix="bourse-bench-") as d:
         cfg = Path(d) / "bench.toml"
         cfg.write_text(config)
@@ -132,9 +141,7 @@ def gateway_process(
         if database:
             args += ["--database", database]
         args += extra_args
-        with process(
-            args, f"http://127.0.0.1:{port}/healthz", env={"BOURSE_ADMIN_KEY": ADMIN_KEY}, cpu=cpu, log=log
-        ) as proc:
+        with process(args, f"http://127.0.0.1:{port}/healthz", env=env, cpu=cpu, log=log) as proc:
             base = f"http://127.0.0.1:{port}"
             h = {"authorization": f"Bearer {ADMIN_KEY}"}
             httpx.post(

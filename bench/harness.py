@@ -32,11 +32,12 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,18 +169,32 @@ same config but for those two settings, so the pair differs in nothing else."""
 def bourse(stack: Stack) -> Iterator[None]:
     cfg = bourse_config(stack, BOURSE_PRODUCTS, always_stream=frozenset({"bench-streamed"}))
     with gateway_process(cfg, cpu=GATEWAY_CPU, log=LOGS / "bourse.log") as (base, key, proc):
-        auth = {"authorization": f"Bearer {key}"}
         stack.gateways["bourse"] = Gateway(
             "bourse",
             base + "/chat/completions",
-            headers=auth,
+            headers={"authorization": f"Bearer {key}"},
             models={"fast": "bench", "delay": "bench-delay"},
             pid=proc.pid,
         )
+        yield
+
+
+@contextlib.contextmanager
+def bourse_one(stack: Stack) -> Iterator[None]:
+    """The *always_stream* row's bourse: a process of its own (the same config), so that
+    the metrics-on bourse has served no more requests than the metrics-off one when the
+    two are compared. Every request leaves a usage record and the ledger's threads
+    spend more per request as it grows: in (b), one gateway's SQLite threads went from
+    74 to ~104 µs per request over its first ~50,000 requests, then stayed there (the
+    event loop's thread stayed at 290-315 µs). With this row on the metrics-on process
+    (more requests served before each comparison) on/off read 0.90-0.92; an A/A pair
+    of identical gateways reads 0.97-1.03 in 8 alternate rounds."""
+    cfg = bourse_config(stack, BOURSE_PRODUCTS, always_stream=frozenset({"bench-streamed"}))
+    with gateway_process(cfg, cpu=GATEWAY_CPU, log=LOGS / "bourse-one.log") as (base, key, proc):
         stack.gateways["bourse-one"] = Gateway(
             "bourse, always_stream (16-chunk upstream stream)",
             base + "/chat/completions",
-            headers=auth,
+            headers={"authorization": f"Bearer {key}"},
             models={"fast": "bench-streamed"},
             pid=proc.pid,
         )
@@ -349,6 +364,34 @@ def sanity(gw: Gateway, variant: str = "fast") -> str:
 
 
 def wrk(gw: Gateway, variant: str, conns: int, seconds: float, warmup: float) -> dict[str, Any]:
+    return wrk_together([gw], variant, conns, seconds, warmup)[0]
+
+
+def wrk_together(
+    gws: Sequence[Gateway], variant: str, conns: int, seconds: float, warmup: float
+) -> list[dict[str, Any]]:
+    """One wrk per gateway, all at once (a warm-up, then ``seconds`` measured); each
+    result with its gateway's CPU per request when it has a pid."""
+    results: list[dict[str, Any]] = []
+    for d in ([warmup] if warmup > 0 else []) + [seconds]:
+        cpu0 = [cpu_s(gw.pid) for gw in gws]
+        procs = [_wrk_start(gw, variant, conns, d) for gw in gws]
+        outs = [p.communicate(timeout=d + 60) for p in procs]
+        results = []
+        for gw, c0, (stdout, stderr) in zip(gws, cpu0, outs, strict=True):
+            line = next((ln for ln in stdout.splitlines() if ln.startswith("WRKJSON ")), None)
+            if line is None:
+                raise RuntimeError(f"wrk printed no result: {stdout[-300:]} {stderr[-300:]}")
+            r: dict[str, Any] = json.loads(line[8:])
+            if gw.pid is not None and r["requests"]:
+                r["cpu_us"] = (cpu_s(gw.pid) - c0) / r["requests"] * 1e6
+            r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+            r["errors"] = sum(v for k, v in r.items() if k.startswith("err_"))
+            results.append(r)
+    return results
+
+
+def _wrk_start(gw: Gateway, variant: str, conns: int, seconds: float) -> subprocess.Popen[str]:
     ep = gw.endpoint(variant)
     assert ep is not None
     url, headers, model = ep
@@ -357,34 +400,12 @@ def wrk(gw: Gateway, variant: str, conns: int, seconds: float, warmup: float) ->
         "BENCH_BODY": BODY.replace("{model}", model),
         "BENCH_HEADERS": "\n".join(f"{k}: {v}" for k, v in headers.items()),
     }
-    result: dict[str, Any] = {}
-    cpu0 = 0.0
-    for d in ([warmup] if warmup > 0 else []) + [seconds]:
-        cpu0 = cpu_s(gw.pid)
-        args = pinned(
-            [
-                "wrk",
-                "-t1",
-                f"-c{conns}",
-                f"-d{max(1, round(d))}s",
-                "--timeout",
-                "10s",
-                "-s",
-                str(BENCH / "wrk_post.lua"),
-                url,
-            ],
-            LOAD_CPU,
-        )
-        p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=d + 60)
-        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("WRKJSON ")), None)
-        if line is None:
-            raise RuntimeError(f"wrk printed no result: {p.stdout[-300:]} {p.stderr[-300:]}")
-        result = json.loads(line[8:])
-    if gw.pid is not None and result["requests"]:
-        result["cpu_us"] = (cpu_s(gw.pid) - cpu0) / result["requests"] * 1e6
-    result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
-    result["errors"] = sum(v for k, v in result.items() if k.startswith("err_"))
-    return result
+    args = pinned(
+        ["wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
+         "-s", str(BENCH / "wrk_post.lua"), url],
+        LOAD_CPU,
+    )  # fmt: skip
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def cpu_s(pid: int | None) -> float:
@@ -477,7 +498,37 @@ def scenario_wrk(stack: Stack, variant: str, conns: int, o: Opts) -> dict[str, d
             good = sorted((r for r in rs if "error" not in r), key=lambda r: float(r["rps"]))
             if good:
                 out[k] = {**good[len(good) // 2], "rounds": [round(float(r["rps"])) for r in good]}
+        if "error" not in out.get("bourse", {"error": ""}):
+            out["bourse"]["paired"] = side_by_side([gw for _, gw in pair], variant, conns, o)
     return out
+
+
+def side_by_side(pair: Sequence[Gateway], variant: str, conns: int, o: Opts) -> dict[str, Any]:
+    """Metrics and access log on and off loaded at the same time, ``o.rounds`` times:
+    both processes share the gateway core, so the scheduler gives each half of it and
+    their throughputs stand in the inverse ratio of their CPU per request, while
+    whatever else disturbs the machine (or drifts between rounds) falls on both
+    alike. Alternate rounds, by contrast, differ by ±3 % even between two identical
+    gateways. Returns the on/off ratio of each round and their median."""
+    log(
+        f"  metrics and access log on and off side by side: wrk c={conns} each, {o.rounds} x {o.seconds:.0f}s"
+    )
+    ratios: list[float] = []
+    cpu: list[float] = []
+    for _ in range(o.rounds):
+        try:
+            on, off = wrk_together(pair, variant, conns, o.seconds, o.warmup)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            return {"error": str(exc)[:300]}
+        ratios.append(on["rps"] / off["rps"])
+        if on.get("cpu_us") and off.get("cpu_us"):
+            cpu.append(on["cpu_us"] / off["cpu_us"])
+        log(f"    on {on['rps']:.0f} req/s, off {off['rps']:.0f} req/s: on/off {ratios[-1]:.3f}")
+    return {
+        "ratios": ratios,
+        "ratio": statistics.median(ratios),
+        "cpu_ratio": statistics.median(cpu) if cpu else None,
+    }
 
 
 def wrk_logged(gw: Gateway, variant: str, conns: int, o: Opts) -> dict[str, Any]:
@@ -610,28 +661,36 @@ def ledger_worker(n: int) -> None:
                     {
                         "store": "sqlite",
                         "c": c,
+                        "accounts": 1,
                         **asyncio.run(run(SqliteStore(os.path.join(d, "b.db")), n, c)),
                     }
                 )
             except Exception as exc:
-                rows.append({"store": "sqlite", "c": c, "error": f"{type(exc).__name__}: {exc}"[:300]})
+                rows.append(
+                    {"store": "sqlite", "c": c, "accounts": 1, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                )
+        # PostgreSQL: one hot account at c=1 and c=32 (issue 17's target), and 32 accounts at c=32
+        for accounts in (1, 32) if c == 32 else (1,):
 
-        async def pg_run(c: int = c) -> dict[str, float]:
-            dsn = await fresh_pg(pg)
+            async def pg_run(c: int = c, accounts: int = accounts) -> dict[str, float]:
+                dsn = await fresh_pg(pg)
+                try:
+                    return await run(PostgresStore(dsn, max_size=max(2, min(c, 20))), n, c, accounts)
+                finally:
+                    await drop_pg(pg, dsn)
+
             try:
-                return await run(PostgresStore(dsn, max_size=max(2, min(c, 20))), n, c)
-            finally:
-                await drop_pg(pg, dsn)
-
-        try:
-            rows.append({"store": "postgres", "c": c, **asyncio.run(pg_run())})
-        except Exception as exc:
-            rows.append({"store": "postgres", "c": c, "error": f"not run: {type(exc).__name__}: {exc}"[:300]})
+                rows.append({"store": "postgres", "c": c, "accounts": accounts, **asyncio.run(pg_run())})
+            except Exception as exc:
+                error = f"not run: {type(exc).__name__}: {exc}"[:300]
+                rows.append({"store": "postgres", "c": c, "accounts": accounts, "error": error})
     print(json.dumps(rows))
 
 
 def scenario_f(o: Opts) -> dict[str, Any]:
-    log(f"  ledger: {o.ledger_n} hold+settle each on SQLite and PostgreSQL, c=1 and c=32")
+    log(
+        f"  ledger: {o.ledger_n} hold+settle each on SQLite and PostgreSQL, c=1 and c=32 (PostgreSQL c=32: 1 and 32 accounts)"
+    )
     p = subprocess.run(
         pinned([sys.executable, "-m", "bench.harness", "--ledger-worker", str(o.ledger_n)], GATEWAY_CPU),
         capture_output=True,
@@ -645,7 +704,7 @@ def scenario_f(o: Opts) -> dict[str, Any]:
     rows = json.loads(lines[-1])
     for r in rows:
         log(
-            f"    {r['store']} c={r['c']}: "
+            f"    {r['store']} c={r['c']} accounts={r.get('accounts', 1)}: "
             + (f"{r['settled_per_s']:.0f}/s" if "error" not in r else r["error"])
         )
     return {"rows": rows}
@@ -726,8 +785,10 @@ def machine() -> dict[str, str]:
 
 
 def versions(stack: Stack) -> dict[str, str]:
-    commit = sh(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
-    dirty = sh(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"])
+    src = os.environ.get("BOURSE_BENCH_SRC")  # bourse served from another checkout
+    tree = Path(src).resolve().parent if src else ROOT
+    commit = sh(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"])
+    dirty = sh(["git", "-C", str(tree), "status", "--porcelain", "--", "src"])
     v = {
         "Python": platform.python_version(),
         "bourse": f"{commit}{' + uncommitted changes in src/' if dirty else ''}",
@@ -773,6 +834,19 @@ def observing_cost(add: Callable[[str], None], rows: dict[str, Any]) -> None:
                 f"(on/off {on['cpu_us'] / off['cpu_us']:.3f}: what throughput on a core of its own follows)"
             )
         add(line + ".")
+    paired = on.get("paired")
+    if paired and "ratio" in paired:
+        rs = ", ".join(f"{x:.3f}" for x in paired["ratios"])
+        cpu = f"; CPU per request on/off {paired['cpu_ratio']:.3f}" if paired.get("cpu_ratio") else ""
+        add("")
+        add(
+            f"Side by side (both loaded at once on the gateway core, {len(paired['ratios'])} rounds; "
+            f"`side_by_side` in bench/harness.py): requests/s on/off **{paired['ratio']:.3f}** "
+            f"(median of {rs}){cpu}."
+        )
+    elif paired:
+        add("")
+        add(f"Side by side: error: {paired.get('error')}")
 
 
 def write_results(
@@ -974,15 +1048,17 @@ def write_results(
             add(f"error: {f['error']}")
         else:
             add(
-                "| store | concurrency | settled/s | hold p50 ms | settle p50 ms | hold p99 ms | settle p99 ms |"
+                "| store | accounts | concurrency | settled/s | hold p50 ms | settle p50 ms | hold p99 ms "
+                "| settle p99 ms |"
             )
-            add("|---|---:|---:|---:|---:|---:|---:|")
+            add("|---|---:|---:|---:|---:|---:|---:|---:|")
             for r in f["rows"]:
+                n_acc = r.get("accounts", 1)
                 if "error" in r:
-                    add(f"| {r['store']} | {r['c']} | {r['error']} | | | | |")
+                    add(f"| {r['store']} | {n_acc} | {r['c']} | {r['error']} | | | | |")
                 else:
                     add(
-                        f"| {r['store']} | {r['c']} | {f1(r['settled_per_s'])} | {r['hold_p50_ms']:.2f} "
+                        f"| {r['store']} | {n_acc} | {r['c']} | {f1(r['settled_per_s'])} | {r['hold_p50_ms']:.2f} "
                         f"| {r['settle_p50_ms']:.2f} | {r['hold_p99_ms']:.2f} | {r['settle_p99_ms']:.2f} |"
                     )
         add("")
@@ -991,7 +1067,7 @@ def write_results(
     h = res.get("h")
     if h is not None:
         L.extend(market.section_lines(h) if "rows" in h else [market.HEADING, "", f"error: {h['error']}", ""])
-    add("## Targets (issue 7)")
+    add("## Targets (issue 17; the 10x LiteLLM row is issue 7's)")
     add("")
     add("| scenario | target | measured | met |")
     add("|---|---|---|---|")
@@ -1003,6 +1079,8 @@ def write_results(
 
 
 def targets_table(res: dict[str, Any]) -> list[list[str]]:
+    """Issue 17's targets (gateway pinned to one core, metering on), and issue 7's
+    ratio to LiteLLM, against this run's figures."""
     rows: list[list[str]] = []
 
     def verdict(ok: bool | None) -> str:
@@ -1012,10 +1090,10 @@ def targets_table(res: dict[str, Any]) -> list[list[str]]:
     if "p50_us" in a.get("bourse", {}) and "p50_us" in a.get("direct", {}):
         p50 = (a["bourse"]["p50_us"] - a["direct"]["p50_us"]) / 1000
         p99 = (a["bourse"]["p99_us"] - a["direct"]["p99_us"]) / 1000
-        rows.append(["(a) added latency, c=1", "p50 ≤ 0.5 ms", f"{p50:.3f} ms", verdict(p50 <= 0.5)])
-        rows.append(["(a) added latency, c=1", "p99 ≤ 1.5 ms", f"{p99:.3f} ms", verdict(p99 <= 1.5)])
+        rows.append(["(a) added latency, c=1", "p50 ≤ 0.4 ms", f"{p50:.3f} ms", verdict(p50 <= 0.4)])
+        rows.append(["(a) added latency, c=1", "p99 ≤ 1.2 ms", f"{p99:.3f} ms", verdict(p99 <= 1.2)])
     else:
-        rows.append(["(a) added latency, c=1", "p50 ≤ 0.5 ms, p99 ≤ 1.5 ms", "—", verdict(None)])
+        rows.append(["(a) added latency, c=1", "p50 ≤ 0.4 ms, p99 ≤ 1.2 ms", "—", verdict(None)])
     b = res.get("b", {})
     if "rps" in b.get("bourse", {}):
         r = b["bourse"]["rps"]
@@ -1029,9 +1107,11 @@ def targets_table(res: dict[str, Any]) -> list[list[str]]:
         )
         if "rps" in b.get("litellm", {}):
             x = r / b["litellm"]["rps"]
-            rows.append(["(b) c=64 throughput", "≥ 10x LiteLLM", f"{x:.2f}x", verdict(x >= 10)])
+            rows.append(["(b) c=64 throughput", "≥ 10x LiteLLM (issue 7)", f"{x:.2f}x", verdict(x >= 10)])
         else:
-            rows.append(["(b) c=64 throughput", "≥ 10x LiteLLM", "LiteLLM not measured", verdict(None)])
+            rows.append(
+                ["(b) c=64 throughput", "≥ 10x LiteLLM (issue 7)", "LiteLLM not measured", verdict(None)]
+            )
     else:
         rows.append(["(b) c=64 throughput", "≥ 5,000 requests/s; ≥ 10x LiteLLM", "—", verdict(None)])
     c = res.get("c", {})
@@ -1044,51 +1124,48 @@ def targets_table(res: dict[str, Any]) -> list[list[str]]:
     if "c1" in d.get("bourse", {}) and "c1" in d.get("direct", {}):
         add = d["bourse"]["c1"]["ttft_p50_ms"] - d["direct"]["c1"]["ttft_p50_ms"]
         sps = d["bourse"]["cn"]["streams_per_s"]
-        rows.append(["(d) streaming", "added TTFT p50 ≤ 1 ms (c=1)", f"{add:.3f} ms", verdict(add <= 1.0)])
-        rows.append(["(d) streaming", "≥ 2,000 streams/s", f"{sps:,.0f} streams/s", verdict(sps >= 2000)])
+        rows.append(["(d) streaming", "added TTFT p50 ≤ 0.5 ms (c=1)", f"{add:.3f} ms", verdict(add <= 0.5)])
+        rows.append(
+            ["(d) streaming", "≥ 3,000 streams/s (c=32)", f"{sps:,.0f} streams/s", verdict(sps >= 3000)]
+        )
     else:
-        rows.append(["(d) streaming", "added TTFT p50 ≤ 1 ms; ≥ 2,000 streams/s", "—", verdict(None)])
+        rows.append(["(d) streaming", "added TTFT p50 ≤ 0.5 ms; ≥ 3,000 streams/s", "—", verdict(None)])
+    rows.append(_memory_target(res))
+    pg = [
+        r
+        for r in res.get("f", {}).get("rows", [])
+        if r["store"] == "postgres" and r["c"] == 32 and r.get("accounts", 1) == 1 and "settled_per_s" in r
+    ]
+    target = "≥ 2,000 hold+settle pairs/s, PostgreSQL, one account, c=32"
+    if pg:
+        per_s = pg[0]["settled_per_s"]
+        rows.append(["(f) ledger, one hot account", target, f"{per_s:,.0f}/s", verdict(per_s >= 2000)])
+    else:
+        rows.append(["(f) ledger, one hot account", target, "—", verdict(None)])
+    return rows
+
+
+def _memory_target(res: dict[str, Any]) -> list[str]:
+    """(e): the peak RSS with 10,000 streams open at once, ≤ 300 MiB."""
     runs = [r for r in res.get("e", {}).get("runs", []) if "vmhwm_end_kb" in r]
     full = [r for r in runs if r["streams"] >= 10_000]
-    if full:
-        r = full[0]
-        mib = r["vmhwm_end_kb"] / 1024
-        ok = r["max_open"] >= r["streams"]
-        others = "; ".join(
-            f"{x['upstream']}: {x['vmhwm_end_kb'] / 1024:,.0f} MiB with {x['max_open']:,} open"
-            for x in runs
-            if x is not r
-        )
-        rows.append(
-            [
-                "(e) 10,000 open streams",
-                "≤ 1 GiB RSS",
-                f"{mib:,.0f} MiB peak with {r['max_open']:,} open at once ({r['upstream']})"
-                + (f"; {others}" if others else ""),
-                verdict(mib <= 1024 and ok)
-                + (
-                    ""
-                    if ok
-                    else f" (only {r['max_open']:,} open at once: not demonstrated at {r['streams']:,})"
-                ),
-            ]
-        )
-    else:
-        rows.append(["(e) 10,000 open streams", "≤ 1 GiB RSS", "—", verdict(None)])
-    sq = [r for r in res.get("f", {}).get("rows", []) if r["store"] == "sqlite" and "settled_per_s" in r]
-    if sq:
-        best = max(sq, key=lambda r: r["settled_per_s"])
-        rows.append(
-            [
-                "(f) ledger",
-                "≥ 2,000 settlements/s on SQLite",
-                f"{best['settled_per_s']:,.0f}/s (c={best['c']})",
-                verdict(best["settled_per_s"] >= 2000),
-            ]
-        )
-    else:
-        rows.append(["(f) ledger", "≥ 2,000 settlements/s on SQLite", "—", verdict(None)])
-    return rows
+    if not full:
+        return ["(e) 10,000 open streams", "≤ 300 MiB peak RSS", "—", "not measured"]
+    r = full[0]
+    mib = r["vmhwm_end_kb"] / 1024
+    ok = r["max_open"] >= r["streams"]
+    others = "; ".join(
+        f"{x['upstream']}: {x['vmhwm_end_kb'] / 1024:,.0f} MiB with {x['max_open']:,} open"
+        for x in runs
+        if x is not r
+    )
+    met = "**met**" if mib <= 300 and ok else "**missed**"
+    if not ok:
+        met += f" (only {r['max_open']:,} open at once: not demonstrated at {r['streams']:,})"
+    measured = f"{mib:,.0f} MiB peak with {r['max_open']:,} open at once ({r['upstream']})" + (
+        f"; {others}" if others else ""
+    )
+    return ["(e) 10,000 open streams", "≤ 300 MiB peak RSS", measured, met]
 
 
 # --------------------------------------------------------------------------- main
@@ -1112,8 +1189,14 @@ def start_targets(es: contextlib.ExitStack, stack: Stack, only: set[str], *, pee
     log("starting bourse")
     es.enter_context(bourse(stack))
     if only & set("ab"):
+        log("starting bourse for the always_stream row")
+        es.enter_context(bourse_one(stack))
         log("starting bourse with metrics and access log off")
-        es.enter_context(bourse_quiet(stack))
+        try:
+            es.enter_context(bourse_quiet(stack))
+        except RuntimeError as exc:  # a tree without those settings (BOURSE_BENCH_SRC: an older commit)
+            log(f"  not started: {exc}")
+            stack.notes.append(f"bourse with metrics and access log off: not started ({str(exc)[:200]})")
     if peers:
         log("starting LiteLLM proxy")
         es.enter_context(litellm(stack))
