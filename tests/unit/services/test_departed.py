@@ -100,3 +100,32 @@ async def test_the_slot_goes_back_only_after_the_engine_stopped(
     assert await exchange.busy(MODEL) == (0, 0)
     fin = await run.settled()
     assert isinstance(fin, Finished) and fin.outcome == "disconnected"
+
+
+async def test_the_client_is_asked_only_for_an_order_that_waited_and_once(exchange: Exchange) -> None:
+    """Each look is a poll() on the event loop's thread: none for an order admitted at
+    once (its request was just read), one (the book's, at the dispatch; not again
+    right after it, in the run) for an order that waited in the book."""
+    at_once = await exchange.open(MODEL, sim={"output_tokens": 2}, max_tokens=2)
+    asked: list[str] = []
+
+    def present(rid: str) -> bool:
+        asked.append(rid)
+        return True
+
+    at_once.present = lambda: present("at_once")
+    _, fin = await run_to_end(at_once)
+    assert fin.outcome == "completed" and asked == []
+
+    blocker = await exchange.open(MODEL, sim={"ttft_ms": 30_000})
+    blocker_events = asyncio.create_task(run_to_end(blocker))
+    await until(lambda: blocker.phase is Phase.ADMITTED)
+    waited = await exchange.open(MODEL, sim={"output_tokens": 2}, max_tokens=2)
+    waited.present = lambda: present("waited")
+    events = asyncio.create_task(run_to_end(waited))
+    await until(lambda: waited.phase is Phase.QUEUED)
+    await blocker.abandon()
+    _, fin = await events
+    assert fin.outcome == "completed" and asked == ["waited"]
+    blocker_events.cancel()
+    await asyncio.gather(blocker_events, return_exceptions=True)
