@@ -215,7 +215,7 @@ class SqliteStore(SqlStore):
                 return
             self._dirty = True
             self._last_commit = time.monotonic()
-            self._commits += 1
+            self._commits += len(batch)  # writes: a batch of many writes grows the log as much
             self._unsized += len(batch)
             if self._checkpointer is not None and (
                 self._unsized >= self.SIZE_EVERY or self._commits >= self.CHECKPOINT_EVERY
@@ -224,7 +224,7 @@ class SqliteStore(SqlStore):
                 self._after_commit()
 
     def _after_commit(self) -> None:
-        """Wake the checkpoint thread every CHECKPOINT_EVERY commits or WAL_STEP_BYTES
+        """Wake the checkpoint thread every CHECKPOINT_EVERY writes or WAL_STEP_BYTES
         of WAL growth; wait for it (at most a second) if the WAL is over twice its limit."""
         size = self._wal_bytes()
         if self._commits >= self.CHECKPOINT_EVERY or size >= self._wake_at:
@@ -241,7 +241,9 @@ class SqliteStore(SqlStore):
     # SQLite's automatic checkpoint runs inside the commit that crosses its threshold,
     # with two fsyncs: that commit, and every transaction queued behind it, waits
     # milliseconds. Here the commit thread only counts commits and wakes the checkpoint
-    # thread every CHECKPOINT_EVERY of them; that thread, on its own connection:
+    # thread every CHECKPOINT_EVERY writes (not commits: a restarted log reuses its file,
+    # whose size then says nothing of the log's length until it outgrows it, and one
+    # group commit may carry a hundred writes); that thread, on its own connection:
     #
     # - runs a PASSIVE checkpoint (it never blocks writers): the bulk of the copying and
     #   the database fsync, while commits go on;
@@ -267,7 +269,7 @@ class SqliteStore(SqlStore):
     # ``journal_size_limit`` (WAL_LIMIT_BYTES) trims the file whenever the log restarts
     # and the file had grown past it. Closing the last connection checkpoints what is left.
 
-    CHECKPOINT_EVERY = 256
+    CHECKPOINT_EVERY = 64
     SIZE_EVERY = 16
     WAL_LIMIT_BYTES = 8 * 1024 * 1024
     WAL_STEP_BYTES = 2 * 1024 * 1024
