@@ -103,6 +103,40 @@ class _LlamaLog:
             log.log(self._level, "%s", line.rstrip())
 
 
+def has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU reports Intel AMX tiles (``amx_tile`` among its flags)."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _model_params(llama_cpp: Any, *, extra_buffers: bool) -> Iterator[None]:
+    """While a model loads: llama.cpp's "extra buffer types" (weights repacked for the
+    CPU's matrix units) on or off. On a CPU with AMX, ggml's AMX matrix multiply
+    crashed the process (SIGSEGV in ``ggml_backend_amx_mul_mat``, llama-cpp-python
+    0.3.35 and 0.3.36, an Intel Xeon VM); without the extra buffers it runs the plain
+    CPU kernels. ``Llama`` reads ``llama_model_default_params()`` once, while it loads."""
+    low = llama_cpp.llama_cpp
+    if extra_buffers:
+        yield
+        return
+    default = low.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    low.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        low.llama_model_default_params = default
+
+
 def _route_llama_logs(llama_cpp: Any) -> None:
     """Send llama.cpp's C log lines to Python logging (see :class:`_LlamaLog`)."""
     if _LOG_HOOK:
@@ -459,7 +493,10 @@ class LlamaCppEngine(Engine):
             # stderr file descriptors, which a server must not do; its log lines go to
             # the ``bourse.llamacpp`` logger instead (see _route_llama_logs)
             printed = io.StringIO()
-            with contextlib.redirect_stderr(printed):  # its load-time prints (metadata) go to the log
+            with (
+                contextlib.redirect_stderr(printed),  # its load-time prints (metadata) go to the log
+                _model_params(llama_cpp, extra_buffers=not has_amx()),
+            ):
                 llm = llama_cpp.Llama(
                     model_path=path, n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=min(512, self.n_ctx),
                     verbose=True, vocab_only=vocab_only,
