@@ -13,7 +13,6 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,6 +29,7 @@ from pydantic import (
 )
 
 from bourse.domain.policy import CHOICES, KNOBS, Policy, resolve_policy
+from bourse.domain.values import immutable
 
 
 def _casefold(value: Any) -> Any:
@@ -441,7 +441,7 @@ def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -
     return parse_config(data, source, env)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Environment:
     """What bourse reads from the process environment."""
 

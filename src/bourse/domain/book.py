@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedKeyList
 
 from bourse.domain.breaker import CircuitBreaker
+from bourse.domain.values import immutable
 
 
 @dataclass(slots=True, eq=False)
@@ -67,7 +68,7 @@ class Deployment:
         return self.slots - self.busy
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Admission:
     """An order given a slot on ``deployment`` at ``price`` (USD per 1M tokens)."""
 

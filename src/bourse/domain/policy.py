@@ -16,8 +16,10 @@ Presets set them, the config does not; no code asks for a preset by name.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+from bourse.domain.values import immutable
 
 UsageChunk = Literal["opt_in", "always"]
 OnDisconnect = Literal["cancel", "drain"]
@@ -36,7 +38,7 @@ Every OpenAI client raises on a frame with an ``error`` object and no ``choices`
 has ``choices`` as an ordinary chunk and drops its ``error``: the default frame has none."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Policy:
     name: str = "default"
     usage_chunk: UsageChunk = "opt_in"

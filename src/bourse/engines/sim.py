@@ -13,9 +13,10 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from bourse.domain.values import immutable
 from bourse.engines.simtext import (
     VOCABULARY,
     count_prompt_tokens,
@@ -45,7 +46,7 @@ _TOOL_SALT = 0x7001
 _COOPERATE_EVERY = 64
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class SimSettings:
     """How a sim deployment behaves. Every field can be overridden per request (within
     the bounds of :data:`bourse.wire.sim.SIM_KNOBS`, where the product allows it)."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import select
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import orjson
@@ -37,10 +36,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from bourse.domain.errors import GatewayError
+from bourse.domain.values import immutable
 from bourse.services.ids import new_request_id
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ConnectionLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0

@@ -27,12 +27,12 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bourse.domain.errors import GatewayError, internal_error, invalid_request, no_capacity
+from bourse.domain.values import immutable
 from bourse.http.relay import RunResponse
 from bourse.http.responses import error_response
 from bourse.ports.observer import NULL_OBSERVER, Caller, Observer
@@ -52,7 +52,7 @@ Templates = Mapping[Any, Sequence[tuple[re.Pattern[str], str]]]
 """A Starlette endpoint -> (path pattern, path template) of each route it serves."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class HotRoute:
     kind: str
     """The request-id kind (``chat``, ``completion``)."""

@@ -15,7 +15,7 @@ The document is built once, on the first request, and kept as bytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
 import orjson
@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 import bourse
+from bourse.domain.values import immutable
 from bourse.http.admin import PAGE_MAX, Credit, NewAccount, NewKey, RevokeKey, RotateKey, SettleHold
 from bourse.http.jobs import NewJob
 from bourse.services.ids import new_request_id
@@ -49,7 +50,7 @@ _ERROR_CODES: dict[int, str] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Param:
     """A query or header parameter."""
 
@@ -59,7 +60,7 @@ class Param:
     where: Literal["query", "header"] = "query"
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Operation:
     """What the document says of one method on one route."""
 

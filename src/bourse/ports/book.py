@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bourse.domain.book import Admission, Order
+from bourse.domain.values import immutable
 
 
 class BookUnavailable(Exception):
@@ -40,7 +41,7 @@ class ClientGone(Exception):
     """The order's client had left when a slot came to it: not admitted (nothing started)."""
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Pace:
     """The recent admissions of a book: ``count`` of them over the last ``span_s``
     seconds (from the oldest of them to now), for wait estimates."""

@@ -14,12 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from bourse.domain.values import immutable
+
 
 class LimiterUnavailable(Exception):
     """The shared rate-limit counters cannot be reached (Redis down); the request gets a 503."""
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class KeyLimits:
     rpm: int | None = None
     tpm: int | None = None

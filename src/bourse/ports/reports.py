@@ -10,13 +10,13 @@ PostgreSQL; nothing here writes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
+from bourse.domain.values import immutable
 from bourse.ports.stores import Account, Job, JobStatus, UsageRecord
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class UsageFilter:
     """Which usage records: every field left ``None`` matches all."""
 
@@ -30,7 +30,7 @@ class UsageFilter:
     """Created at or before (unix seconds)."""
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class SpendPoint:
     """What one key of one account spent in one time bucket."""
 

@@ -25,14 +25,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal, Protocol
+
+from bourse.domain.values import immutable
 
 HoldState = Literal["open", "settled", "released", "reconciling"]
 CapPeriod = Literal["total", "day"]
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Account:
     id: str
     balance_micros: int
@@ -43,7 +45,7 @@ class Account:
     created_at: float = 0.0
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Hold:
     id: str
     account_id: str
@@ -62,7 +64,7 @@ class Hold:
     of :func:`cap_period`); None when the key has no cap."""
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class ApiKey:
     id: str
     account_id: str
@@ -92,7 +94,7 @@ def cap_period(period: CapPeriod, now: float) -> int:
     return 0 if period == "total" else int(now // 86_400)
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class AuditEntry:
     """One admin action: who (``actor``), what (``action``, e.g. ``key.revoke``), on
     what (``target``, an id) and its parameters (``detail``; never a secret)."""
@@ -114,7 +116,7 @@ def audit_entry(
     )
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class UsageRecord:
     """A request's receipt as stored; ``record`` is the JSON the client sees."""
 
@@ -127,7 +129,7 @@ class UsageRecord:
     record: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Totals:
     credits_micros: int
     balances_micros: int
@@ -319,14 +321,14 @@ class UsageStore(Protocol):
         ...
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class StoredResponse:
     status: int
     headers: Mapping[str, str]
     body: bytes
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class IdemBegin:
     """``state``: "new" (go ahead), "in_flight", "conflict" (other body) or "done"."""
 
@@ -351,7 +353,7 @@ JobStatus = Literal["queued", "running", "succeeded", "failed", "canceled", "exp
 FINAL_JOB_STATES: frozenset[str] = frozenset({"succeeded", "failed", "canceled", "expired"})
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Job:
     """A detached request: its body, its state, and once done its result or error."""
 
@@ -402,7 +404,7 @@ class JobStore(Protocol):
         ...
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class ResponseRecord:
     """A stored response of the Responses API, owned by its account until ``expires_at``."""
 

@@ -25,10 +25,10 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from bourse.domain.errors import GatewayError
+from bourse.domain.values import immutable
 from bourse.ports.limits import KeyLimits
 from bourse.ports.stores import ApiKey, KeyStore
 
@@ -51,7 +51,7 @@ def _when(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Principal:
     key: ApiKey
     limits: KeyLimits

@@ -26,7 +26,6 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bourse.domain.charging import Action, Outcome, RecordedOutcome, decide, recorded
@@ -40,6 +39,7 @@ from bourse.domain.money import (
     quote_tokens,
 )
 from bourse.domain.policy import Policy
+from bourse.domain.values import immutable
 from bourse.ports.engine import Kind
 from bourse.ports.observer import NULL_OBSERVER, Observer
 from bourse.ports.stores import (
@@ -66,7 +66,7 @@ class BillingStore(LedgerStore, Protocol):
     single_node: bool
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Quote:
     """The upper bound a request's hold covers: its tokens, and their cost at the bid."""
 
@@ -94,7 +94,7 @@ def quote_for(prompt: PromptSize, max_output_tokens: int, bid: float) -> Quote:
     return Quote(tokens, cost_micros(tokens, price_units(bid)), bid)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Closing:
     """A run's end, as plain values: everything its settlement reads."""
 
@@ -120,7 +120,7 @@ class Closing:
     """The client's own ``x-request-id``, kept in the usage record."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Settlement:
     """What became of a run's hold, and the usage and receipt the client sees."""
 

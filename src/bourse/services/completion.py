@@ -27,7 +27,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, TypeVar, cast
 
@@ -36,6 +35,7 @@ from bourse.domain.charging import Outcome, RecordedOutcome
 from bourse.domain.errors import GatewayError, draining, invalid_request, model_not_found
 from bourse.domain.policy import Policy
 from bourse.domain.ratelimit import retry_after_header
+from bourse.domain.values import immutable
 from bourse.ports.book import ClientGone
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
 from bourse.ports.limits import KeyLimits, LimiterUnavailable, RateLimiter
@@ -65,17 +65,17 @@ class Phase(IntEnum):
     """Finished or abandoned; its settlement is under way or done."""
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Queued:
     bid: float
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Requeued:
     deployment: str
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Finished:
     """The end of a run, settled: the error (None when completed), usage and receipt."""
 
@@ -99,13 +99,13 @@ class HandedBack(Exception):
     (:meth:`CompletionService.give_back`)."""
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Limits:
     book_timeout_s: float = 300.0
     book_timeout_max_s: float = 3600.0
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Ask:
     """A request checked against its product: what its run will ask the book and the engine."""
 
@@ -121,7 +121,7 @@ class Ask:
     max_output_tokens: int
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Grant:
     """What the rate limiter granted a run: given back with the tokens used when it ends."""
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import orjson
 
 from bourse.domain.errors import GatewayError, invalid_request
+from bourse.domain.values import immutable
 from bourse.ports.engine import ChunkEvent, Kind
 from bourse.ports.limits import KeyLimits
 from bourse.ports.observer import NULL_OBSERVER, Observer
@@ -83,7 +84,7 @@ class JobsStore(JobStore, LedgerStore, KeyStore, Protocol):
     async def webhook_secret(self, account_id: str) -> str | None: ...
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class JobLimits:
     ttl_s: float = 86_400.0
     min_result_s: float = 600.0

@@ -13,18 +13,18 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from bourse.domain.book import Admission, BookFull, Order, expected_wait_s
 from bourse.domain.breaker import CircuitBreaker, cooling_for
 from bourse.domain.errors import GatewayError, book_timeout, no_capacity
 from bourse.domain.policy import Policy
+from bourse.domain.values import immutable
 from bourse.ports.book import BookPort, BookUnavailable, BookView
 from bourse.ports.engine import Engine, TokenCounter
 from bourse.ports.observer import NULL_OBSERVER, Observer
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Progress:
     """Where a waiting order stands: the level, the orders ahead of it (-1: not
     waiting) and its expected wait in seconds (None: unknown)."""

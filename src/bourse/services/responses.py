@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bourse.domain.errors import GatewayError, invalid_request
+from bourse.domain.values import immutable
 from bourse.ports.stores import ResponseRecord, ResponseStore
 from bourse.services.auth import Principal
 from bourse.services.jobs import JobService
@@ -47,7 +48,7 @@ LOG_GRACE_S = 300.0
 _JOB_STATUS = {"queued": "queued", "running": "in_progress"}
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class ResponseLimits:
     retention_s: float = 30 * 86_400.0
     sweep_interval_s: float = 600.0

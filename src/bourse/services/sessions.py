@@ -29,12 +29,12 @@ import hmac
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import orjson
 
 from bourse.domain.errors import GatewayError
+from bourse.domain.values import immutable
 from bourse.ports.stores import ApiKey
 from bourse.services.auth import hash_key, refusal, unauthorized
 
@@ -54,7 +54,7 @@ class KeyLookup(Protocol):
     async def key_by_hash(self, key_hash: str) -> ApiKey | None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Session:
     sid: str
     role: Role

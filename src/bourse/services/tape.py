@@ -20,13 +20,14 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 
 from bourse.domain.errors import GatewayError
+from bourse.domain.values import immutable
 from bourse.ports.book import BookView, Clear
 from bourse.services.market import Market
 
 log = logging.getLogger("bourse.dashboard")
 
 
-@dataclass(slots=True, frozen=True)
+@immutable
 class Sample:
     t: float
     """Wall-clock seconds."""

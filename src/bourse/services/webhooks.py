@@ -31,10 +31,10 @@ import ipaddress
 import re
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from bourse.domain.errors import invalid_request
+from bourse.domain.values import immutable
 from bourse.ports.webhooks import Address
 
 MAX_URL = 2048
@@ -118,7 +118,7 @@ def literal_address(host: str) -> Address | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Target:
     """A checked webhook target: where to connect, and what to say in ``Host``/SNI."""
 

@@ -10,9 +10,9 @@ as one read on the store's database thread.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from bourse.domain.values import immutable
 from bourse.ports.reports import SpendPoint, UsageFilter
 from bourse.ports.stores import Account, Job, JobStatus, UsageRecord
 from bourse.storage.sql import Executor, SqlStore, _account, _job, _usage
@@ -22,7 +22,7 @@ MAX_ROWS = 1000
 """The most rows one call returns (callers page with the keyset cursor)."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class _Dialect:
     key_id: str
     """The SQL expression of a usage record's key id."""

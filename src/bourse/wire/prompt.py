@@ -14,10 +14,11 @@ completion once, and returns both numbers the gateway needs from it:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from bourse.domain.values import immutable
 
 PART_WITHOUT_TEXT_BYTES = 64
 """What a content part without text (an image, audio) adds to the quote."""
@@ -25,7 +26,7 @@ MESSAGE_ESTIMATE_TOKENS = 4
 """What each chat message adds to the gateway's own estimate (role markers, separators)."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class PromptSize:
     bytes: int
     """UTF-8 bytes of the prompt (texts, tool calls, tool definitions): the quote's bound."""

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
+
+from bourse.domain.values import immutable
 
 SIM_WAIT_MAX_MS = 30_000.0
 """The longest ``ttft_ms`` a request may ask for (30 s)."""
@@ -42,7 +43,7 @@ SIM_CONTEXT_MAX = 10_000_000
 KnobKind = Literal["number", "rate", "int", "int?", "bool"]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Knob:
     """One knob: its kind (``number``: a finite float; ``rate``: 0 or a number from
     :data:`SIM_RATE_MIN`; ``int?``: an integer or null; ``bool``), its least value and

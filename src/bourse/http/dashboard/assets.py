@@ -11,7 +11,6 @@ reachable.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 
@@ -20,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bourse.domain.errors import GatewayError
+from bourse.domain.values import immutable
 from bourse.http.dashboard.guard import secure
 
 TYPES = {
@@ -31,7 +31,7 @@ TYPES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Asset:
     body: bytes
     media_type: str
