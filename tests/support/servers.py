@@ -1,4 +1,6 @@
-"""Test helper: serve an ASGI app on a real local socket from a background thread."""
+"""Test helper: serve an ASGI app on a real local socket from a background thread,
+with the HTTP protocol ``bourse serve`` uses (:mod:`bourse.http.connections`: its
+connection limits, and the client-presence probe and watch the relay relies on)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
+
+from bourse.http.connections import ConnectionLimits, bounded_protocol
 
 
 @contextmanager
@@ -22,6 +26,7 @@ def serve_app_in_thread(app: Any, *, start_timeout_s: float = 10.0) -> Iterator[
         log_level="warning",
         lifespan="on",
         timeout_graceful_shutdown=2,
+        http=bounded_protocol(ConnectionLimits()),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="serve_app_in_thread", daemon=True)

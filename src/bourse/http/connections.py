@@ -17,10 +17,14 @@ those limits (:class:`ConnectionLimits`, from ``[server]``):
 - a connection over ``max_connections`` gets 503 with ``retry-after`` and is closed
   at once.
 
-Each request's scope also carries ``extensions["bourse.client_present"]["probe"]``:
-asks the socket itself whether the client is still connected (a disconnect the
-event loop has not processed yet, e.g. after a stall, counts as gone); the book asks
-it when a slot comes to the order.
+Each request's scope also carries ``extensions["bourse.client_present"]``:
+
+- ``probe``: asks the socket itself whether the client is still connected (a
+  disconnect the event loop has not processed yet, e.g. after a stall, counts as
+  gone); the book asks it when a slot comes to the order;
+- ``watch``: ``watch(on_lost)`` has the connection call ``on_lost`` when it is lost
+  (``watch(None)``: no more). The relay of a non-streamed answer hears of a
+  disconnect this way, without a listener task (:mod:`bourse.http.relay`).
 """
 
 from __future__ import annotations
@@ -80,6 +84,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._feeding = False
         self._due: tuple[float, Callable[[], None]] | None = None
         """The deadline to arm once the bytes being parsed are done (see ``data_received``)."""
+        self._on_lost: Callable[[], None] | None = None
+        """Called once when the connection is lost (see :meth:`watch`)."""
+        self._lost = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -97,6 +104,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        self._lost = True
+        on_lost, self._on_lost = self._on_lost, None
+        if on_lost is not None:
+            on_lost()
+
+    def watch(self, on_lost: Callable[[], None] | None) -> None:
+        """Call ``on_lost`` (once) when this connection is lost, at once if it already
+        is; None stops watching."""
+        if on_lost is not None and self._lost:
+            on_lost()
+            return
+        self._on_lost = on_lost
 
     def data_received(self, data: bytes) -> None:
         # A request's line, headers and body usually come in one read: the parser
@@ -115,7 +134,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = {"bourse.client_present": {"probe": self.client_present}}
+        self.scope["extensions"] = {
+            "bourse.client_present": {"probe": self.client_present, "watch": self.watch}
+        }
         self._arm(self.limits.header_timeout_s, self._headers_late)
 
     def client_present(self) -> bool:
