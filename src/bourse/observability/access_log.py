@@ -41,21 +41,21 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 3)
 
 
-def _or_dash(v: object) -> object:
-    return "-" if v is None else v
-
-
 def run_text(r: RunReport) -> str:
-    """A run's access line in the text format: every field, ``-`` when not known."""
+    """A run's access line in the text format: every field, ``-`` when not known (the
+    conditionals inline: this runs once per request, on the event loop)."""
     return (
-        f"method={_or_dash(r.method)} route={r.route} status={r.status} outcome={r.outcome} "
-        f"request_id={r.request_id} correlation_id={_or_dash(r.correlation_id)} key_id={_or_dash(r.key_id)} "
-        f"product={r.product} deployment={_or_dash(r.deployment)} stream={'true' if r.stream else 'false'} "
-        f"detached={'true' if r.detached else 'false'} error={_or_dash(r.error)} "
+        f"method={'-' if r.method is None else r.method} route={r.route} status={r.status} "
+        f"outcome={r.outcome} request_id={r.request_id} "
+        f"correlation_id={'-' if r.correlation_id is None else r.correlation_id} "
+        f"key_id={'-' if r.key_id is None else r.key_id} product={r.product} "
+        f"deployment={'-' if r.deployment is None else r.deployment} stream={'true' if r.stream else 'false'} "
+        f"detached={'true' if r.detached else 'false'} error={'-' if r.error is None else r.error} "
         f"prompt_tokens={r.prompt_tokens} completion_tokens={r.completion_tokens} cost_micros={r.cost_micros} "
-        f"quote_micros={r.quote_micros} bid={r.bid} cleared_price={_or_dash(r.cleared_price)} "
-        f"queued_ms={_or_dash(r.queued_ms)} ttft_ms={_or_dash(r.ttft_ms)} latency_ms={r.latency_ms} "
-        f"requeues={r.requeues}"
+        f"quote_micros={r.quote_micros} bid={r.bid} "
+        f"cleared_price={'-' if r.cleared_price is None else r.cleared_price} "
+        f"queued_ms={'-' if r.queued_ms is None else r.queued_ms} ttft_ms={'-' if r.ttft_ms is None else r.ttft_ms} "
+        f"latency_ms={r.latency_ms} requeues={r.requeues}"
     )
 
 
