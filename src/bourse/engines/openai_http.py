@@ -19,7 +19,7 @@ The API key is sent only as a header; it never appears in a failure message.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -381,10 +381,12 @@ class OpenAIHTTPEngine(Engine):
             return self._answer(request)
         return self._stream(request)
 
-    async def _post(
+    def _post(
         self, request: GenerationRequest, body: dict[str, Any], *, json: bool
-    ) -> aiohttp.ClientResponse:
-        """Send ``body`` to the request kind's URL; ``json``: ask for a JSON answer, not a stream."""
+    ) -> Awaitable[aiohttp.ClientResponse]:
+        """Send ``body`` to the request kind's URL; ``json``: ask for a JSON answer, not a
+        stream. The caller awaits aiohttp's request itself (no coroutine of ours between:
+        each of the request's suspensions would resume it)."""
         headers = {"x-request-id": request.request_id, "x-bourse-attempt": str(request.attempt)}
         if request.traceparent is not None:
             headers["traceparent"] = request.traceparent
@@ -395,7 +397,7 @@ class OpenAIHTTPEngine(Engine):
         else:
             url = self._chat_url if request.kind == "chat" else self._completion_url
         session = self._session or self._open_session()
-        return await session.post(url, data=orjson.dumps(body), headers=headers)
+        return session.post(url, data=orjson.dumps(body), headers=headers)
 
     async def _answer(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """One non-streamed upstream answer, as one chunk (``delta`` = the message) and its usage."""

@@ -59,6 +59,8 @@ from bourse.wire.prompt import PromptSize
 log = logging.getLogger("bourse.billing")
 
 SETTLE_ATTEMPTS = 5
+NO_USAGE_NOTE = "the engine gave no usage"
+"""The note of a hold moved to ``reconciling`` because its run reported no usage."""
 ENDPOINTS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
 
@@ -259,15 +261,27 @@ class Billing:
 
     async def _close(self, hold_id: str, request_id: str, s: Settlement, record: UsageRecord) -> None:
         now = time.time()
+        store, observer = self.store, self.observer
 
         async def write() -> None:
+            # one coroutine between the retry and the store's write (each suspension of
+            # the write resumes every coroutine above it)
+            t = time.perf_counter()
             try:
-                await self._write(hold_id, s, record, now)
+                if s.action == "settle":
+                    await store.settle(hold_id, s.cost_micros, record, now)
+                elif s.action == "release":
+                    await store.release(hold_id, record, now)
+                else:
+                    await store.to_reconciling(hold_id, record, NO_USAGE_NOTE, now)
+                    observer.hold_reconciling(hold_id, record.request_id, NO_USAGE_NOTE)
             except HoldNotOpen:
                 log.error("hold %s of request %s was already closed", hold_id, request_id)
+                return
             except Exception as exc:
-                self.observer.backend_error("database", s.action, exc)
+                observer.backend_error("database", s.action, exc)
                 raise
+            observer.ledger_timed(s.action, time.perf_counter() - t)
 
         try:
             await retry_call(
@@ -284,18 +298,6 @@ class Billing:
                 hold_id,
                 SETTLE_ATTEMPTS,
             )
-
-    async def _write(self, hold_id: str, s: Settlement, record: UsageRecord, now: float) -> None:
-        t = time.perf_counter()
-        if s.action == "settle":
-            await self.store.settle(hold_id, s.cost_micros, record, now)
-        elif s.action == "release":
-            await self.store.release(hold_id, record, now)
-        else:
-            note = "the engine gave no usage"
-            await self.store.to_reconciling(hold_id, record, note, now)
-            self.observer.hold_reconciling(hold_id, record.request_id, note)
-        self.observer.ledger_timed(s.action, time.perf_counter() - t)
 
     # -- lifecycle ------------------------------------------------------------------
 
