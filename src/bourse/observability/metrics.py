@@ -90,9 +90,16 @@ class Timings:
     def observe(self, key: Key, value: float) -> None:
         s = self.series.get(key)
         if s is None:
-            s = self.series[key] = [0.0] * (len(self.bounds) + 2)
+            s = self.of(key)
         s[bisect_left(self.bounds, value)] += 1  # the first bucket whose bound is >= value
         s[-1] += value
+
+    def of(self, key: Key) -> list[float]:
+        """The series of ``key`` (made empty on first use): its per-bucket counts, then the sum."""
+        s = self.series.get(key)
+        if s is None:
+            s = self.series[key] = [0.0] * (len(self.bounds) + 2)
+        return s
 
     def family(self) -> HistogramMetricFamily:
         fam = HistogramMetricFamily(self.name, self.doc, labels=self.labels)

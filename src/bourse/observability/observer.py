@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from typing import Any
 
 from bourse.observability.access_log import (
@@ -22,7 +23,14 @@ from bourse.observability.access_log import (
     refused_fields,
     response_fields,
 )
-from bourse.observability.metrics import Instruments, Metrics
+from bourse.observability.metrics import (
+    DURATION_BUCKETS,
+    TTFT_BUCKETS,
+    WAIT_BUCKETS,
+    Instruments,
+    Key,
+    Metrics,
+)
 from bourse.observability.tracing import Tracer
 from bourse.ports.observer import NULL_SPAN, Caller, RunReport, Span
 
@@ -30,6 +38,26 @@ log = logging.getLogger("bourse.events")
 
 UNKNOWN = "unknown"
 """The product label of a request refused before its product was known to be one."""
+
+
+class _RunKeys:
+    """The label values and histogram series one kind of finished run counts into
+    (by product, outcome, route, status and detached: bounded, as the labels are),
+    made once: counting a run then builds no tuple and looks up no series."""
+
+    __slots__ = ("book_wait", "completion", "duration", "product", "prompt", "request", "response", "ttft")
+
+    def __init__(
+        self, i: Instruments, product: str, outcome: str, route: str, status: int, detached: bool
+    ) -> None:
+        self.request: Key = (product, outcome)
+        self.response: Key | None = None if detached else ("POST", route, str(status))
+        self.product: Key = (product,)
+        self.prompt: Key = (product, "prompt")
+        self.completion: Key = (product, "completion")
+        self.duration = i.duration.of(self.product)
+        self.ttft = i.ttft.of(self.product)
+        self.book_wait = i.book_wait.of(self.product)
 
 
 def _warn(message: str, *args: object, **fields: Any) -> None:
@@ -53,6 +81,8 @@ class Observability:
         self.tracer = tracer
         self.database = database
         """The ``backend`` label of ledger errors (``sqlite``, ``postgresql``)."""
+        self._run_keys: dict[tuple[str, str, str, int, bool], _RunKeys] = {}
+        self._keys_of: Instruments | None = None
 
     # -- tracing ----------------------------------------------------------------------
 
@@ -69,23 +99,37 @@ class Observability:
         if self.access is not None:
             self.access.write_run(report)
 
-    @staticmethod
-    def _count_run(i: Instruments, r: RunReport) -> None:
-        product = (r.product,)
-        i.requests.inc((r.product, r.outcome))
-        if not r.detached:
-            i.responses.inc(("POST", r.route, str(r.status)))
-        i.duration.observe(product, r.latency_ms / 1000.0)
+    def _count_run(self, i: Instruments, r: RunReport) -> None:
+        if self._keys_of is not i:  # (instruments replaced: their series are new)
+            self._run_keys, self._keys_of = {}, i
+        k = (r.product, r.outcome, r.route, r.status, r.detached)
+        keys = self._run_keys.get(k)
+        if keys is None:
+            keys = self._run_keys[k] = _RunKeys(i, *k)
+        requests = i.requests.values
+        requests[keys.request] = requests.get(keys.request, 0) + 1
+        if keys.response is not None:
+            responses = i.responses.values
+            responses[keys.response] = responses.get(keys.response, 0) + 1
+        s = keys.duration
+        s[bisect_left(DURATION_BUCKETS, r.latency_ms / 1000.0)] += 1
+        s[-1] += r.latency_ms / 1000.0
         if r.ttft_ms is not None:
-            i.ttft.observe(product, r.ttft_ms / 1000.0)
+            s = keys.ttft
+            s[bisect_left(TTFT_BUCKETS, r.ttft_ms / 1000.0)] += 1
+            s[-1] += r.ttft_ms / 1000.0
         if r.queued_ms is not None:
-            i.book_wait.observe(product, r.queued_ms / 1000.0)
-        if r.prompt_tokens:
-            i.tokens.inc((r.product, "prompt"), r.prompt_tokens)
-        if r.completion_tokens:
-            i.tokens.inc((r.product, "completion"), r.completion_tokens)
-        if r.cost_micros:
-            i.spend.inc(product, r.cost_micros)
+            s = keys.book_wait
+            s[bisect_left(WAIT_BUCKETS, r.queued_ms / 1000.0)] += 1
+            s[-1] += r.queued_ms / 1000.0
+        if r.prompt_tokens or r.completion_tokens or r.cost_micros:
+            tokens, spend = i.tokens.values, i.spend.values
+            if r.prompt_tokens:
+                tokens[keys.prompt] = tokens.get(keys.prompt, 0) + r.prompt_tokens
+            if r.completion_tokens:
+                tokens[keys.completion] = tokens.get(keys.completion, 0) + r.completion_tokens
+            if r.cost_micros:
+                spend[keys.product] = spend.get(keys.product, 0) + r.cost_micros
 
     def refused(self, caller: Caller, status: int, code: str) -> None:
         if self.instruments is not None:

@@ -1,0 +1,68 @@
+"""A finished run's counts (``Observability._count_run``): each kind of run (product,
+outcome, route, status, detached) counts into its own label values, exactly, the
+same whether its label values and series were made for it just now or before."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from bourse.observability.metrics import Instruments, LiveState, Metrics
+from bourse.observability.observer import Observability
+from bourse.ports.observer import RunReport
+
+
+class _Store:
+    async def hold_counts(self) -> dict[str, tuple[int, int]]:
+        return {}
+
+    async def job_counts(self) -> dict[str, int]:
+        return {}
+
+
+RUN = RunReport(
+    method="POST", route="/v1/chat/completions", status=200, outcome="completed", request_id="chatcmpl-1",
+    correlation_id=None, key_id="key_x", product="p", deployment="p/0", stream=False, detached=False,
+    error=None, prompt_tokens=3, completion_tokens=4, cost_micros=7, quote_micros=9, bid=0.5,
+    cleared_price=0.5, queued_ms=2.0, ttft_ms=1.5, latency_ms=30.0, requeues=0,
+)  # fmt: skip
+
+
+def _observer() -> tuple[Observability, Instruments]:
+    metrics = Metrics(Instruments(), LiveState({}, _Store(), lambda *a: None), process=False)
+    return Observability(metrics=metrics), metrics.instruments
+
+
+def test_each_kind_of_run_counts_into_its_own_labels() -> None:
+    obs, i = _observer()
+    failed = replace(RUN, outcome="error", status=502, ttft_ms=None, completion_tokens=0, cost_micros=0)
+    job = replace(RUN, product="q", detached=True, method=None, queued_ms=None)
+    for r in (RUN, failed, RUN, job, RUN):
+        obs.run_finished(r)
+    assert i.requests.values == {("p", "completed"): 3, ("p", "error"): 1, ("q", "completed"): 1}
+    assert i.responses.values == {
+        ("POST", "/v1/chat/completions", "200"): 3,
+        ("POST", "/v1/chat/completions", "502"): 1,
+    }
+    assert i.tokens.values == {
+        ("p", "prompt"): 12,
+        ("p", "completion"): 12,
+        ("q", "prompt"): 3,
+        ("q", "completion"): 4,
+    }
+    assert i.spend.values == {("p",): 21, ("q",): 7}
+    duration = i.duration.series[("p",)]
+    assert sum(duration[:-1]) == 4 and duration[-1] == 4 * 0.030
+    assert duration[i.duration.bounds.index(0.05)] == 4  # 30 ms: the 0.05 s bucket
+    assert sum(i.ttft.series[("p",)][:-1]) == 3  # the failed run had no first token
+    assert sum(i.book_wait.series[("p",)][:-1]) == 4 and sum(i.book_wait.series[("q",)][:-1]) == 0
+
+
+def test_counts_follow_instruments_that_were_replaced() -> None:
+    obs, i = _observer()
+    obs.run_finished(RUN)
+    fresh = Instruments()
+    obs.instruments = fresh
+    obs.run_finished(RUN)
+    assert i.requests.values == {("p", "completed"): 1}
+    assert fresh.requests.values == {("p", "completed"): 1}
+    assert sum(fresh.duration.series[("p",)][:-1]) == 1
