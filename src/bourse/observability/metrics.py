@@ -88,9 +88,10 @@ class Timings:
         self.series: dict[Key, list[float]] = {}
 
     def observe(self, key: Key, value: float) -> None:
-        s = self.series.get(key)
-        if s is None:
-            s = self.of(key)
+        self.add(self.of(key), value)
+
+    def add(self, s: list[float], value: float) -> None:
+        """Count ``value`` into the series ``s`` (one of :meth:`of`'s)."""
         s[bisect_left(self.bounds, value)] += 1  # the first bucket whose bound is >= value
         s[-1] += value
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from bisect import bisect_left
 from typing import Any
 
 from bourse.observability.access_log import (
@@ -23,14 +22,7 @@ from bourse.observability.access_log import (
     refused_fields,
     response_fields,
 )
-from bourse.observability.metrics import (
-    DURATION_BUCKETS,
-    TTFT_BUCKETS,
-    WAIT_BUCKETS,
-    Instruments,
-    Key,
-    Metrics,
-)
+from bourse.observability.metrics import Instruments, Key, Metrics
 from bourse.observability.tracing import Tracer
 from bourse.ports.observer import NULL_SPAN, Caller, RunReport, Span
 
@@ -106,30 +98,20 @@ class Observability:
         keys = self._run_keys.get(k)
         if keys is None:
             keys = self._run_keys[k] = _RunKeys(i, *k)
-        requests = i.requests.values
-        requests[keys.request] = requests.get(keys.request, 0) + 1
+        i.requests.inc(keys.request)
         if keys.response is not None:
-            responses = i.responses.values
-            responses[keys.response] = responses.get(keys.response, 0) + 1
-        s = keys.duration
-        s[bisect_left(DURATION_BUCKETS, r.latency_ms / 1000.0)] += 1
-        s[-1] += r.latency_ms / 1000.0
+            i.responses.inc(keys.response)
+        i.duration.add(keys.duration, r.latency_ms / 1000.0)
         if r.ttft_ms is not None:
-            s = keys.ttft
-            s[bisect_left(TTFT_BUCKETS, r.ttft_ms / 1000.0)] += 1
-            s[-1] += r.ttft_ms / 1000.0
+            i.ttft.add(keys.ttft, r.ttft_ms / 1000.0)
         if r.queued_ms is not None:
-            s = keys.book_wait
-            s[bisect_left(WAIT_BUCKETS, r.queued_ms / 1000.0)] += 1
-            s[-1] += r.queued_ms / 1000.0
-        if r.prompt_tokens or r.completion_tokens or r.cost_micros:
-            tokens, spend = i.tokens.values, i.spend.values
-            if r.prompt_tokens:
-                tokens[keys.prompt] = tokens.get(keys.prompt, 0) + r.prompt_tokens
-            if r.completion_tokens:
-                tokens[keys.completion] = tokens.get(keys.completion, 0) + r.completion_tokens
-            if r.cost_micros:
-                spend[keys.product] = spend.get(keys.product, 0) + r.cost_micros
+            i.book_wait.add(keys.book_wait, r.queued_ms / 1000.0)
+        if r.prompt_tokens:
+            i.tokens.inc(keys.prompt, r.prompt_tokens)
+        if r.completion_tokens:
+            i.tokens.inc(keys.completion, r.completion_tokens)
+        if r.cost_micros:
+            i.spend.inc(keys.product, r.cost_micros)
 
     def refused(self, caller: Caller, status: int, code: str) -> None:
         if self.instruments is not None:
