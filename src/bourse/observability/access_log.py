@@ -41,22 +41,56 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 3)
 
 
-def run_text(r: RunReport) -> str:
-    """A run's access line in the text format: every field, ``-`` when not known (the
-    conditionals inline: this runs once per request, on the event loop)."""
-    return (
+def run_text_parts(r: RunReport) -> tuple[str, str]:
+    """The two runs of a run's text line that are the same for every run of its kind
+    (method, route, status, outcome, product, deployment, stream, detached, error: all
+    bounded), each ending where a per-request field starts: made once per kind."""
+    head = (
         f"method={'-' if r.method is None else r.method} route={r.route} status={r.status} "
-        f"outcome={r.outcome} request_id={r.request_id} "
-        f"correlation_id={'-' if r.correlation_id is None else r.correlation_id} "
-        f"key_id={'-' if r.key_id is None else r.key_id} product={r.product} "
-        f"deployment={'-' if r.deployment is None else r.deployment} stream={'true' if r.stream else 'false'} "
-        f"detached={'true' if r.detached else 'false'} error={'-' if r.error is None else r.error} "
-        f"prompt_tokens={r.prompt_tokens} completion_tokens={r.completion_tokens} cost_micros={r.cost_micros} "
-        f"quote_micros={r.quote_micros} bid={r.bid} "
-        f"cleared_price={'-' if r.cleared_price is None else r.cleared_price} "
+        f"outcome={r.outcome} request_id="
+    )
+    mid = (
+        f" product={r.product} deployment={'-' if r.deployment is None else r.deployment} "
+        f"stream={'true' if r.stream else 'false'} detached={'true' if r.detached else 'false'} "
+        f"error={'-' if r.error is None else r.error} prompt_tokens="
+    )
+    return head, mid
+
+
+def run_text(
+    r: RunReport, parts: tuple[str, str] | None = None, prices: dict[float, str] | None = None
+) -> str:
+    """A run's access line in the text format: every field, ``-`` when not known.
+
+    ``parts`` are :func:`run_text_parts` of the run's kind (made here when not given);
+    ``prices`` caches the text of the bid and the cleared price (a handful of values
+    recur: a float's repr costs ~0.2 µs). This runs once per request, on the event loop."""
+    head, mid = run_text_parts(r) if parts is None else parts
+    bid, cleared = r.bid, r.cleared_price
+    if prices is None:
+        bid_s, cleared_s = repr(bid), "-" if cleared is None else repr(cleared)
+    else:
+        bid_s = prices.get(bid) or _price(prices, bid)
+        cleared_s = "-" if cleared is None else (prices.get(cleared) or _price(prices, cleared))
+    return (
+        f"{head}{r.request_id} correlation_id={'-' if r.correlation_id is None else r.correlation_id} "
+        f"key_id={'-' if r.key_id is None else r.key_id}{mid}{r.prompt_tokens} "
+        f"completion_tokens={r.completion_tokens} cost_micros={r.cost_micros} quote_micros={r.quote_micros} "
+        f"bid={bid_s} cleared_price={cleared_s} "
         f"queued_ms={'-' if r.queued_ms is None else r.queued_ms} ttft_ms={'-' if r.ttft_ms is None else r.ttft_ms} "
         f"latency_ms={r.latency_ms} requeues={r.requeues}"
     )
+
+
+PRICES_KEPT = 1024
+"""At most this many prices' texts are cached (then the cache starts again)."""
+
+
+def _price(prices: dict[float, str], value: float) -> str:
+    if len(prices) >= PRICES_KEPT:
+        prices.clear()
+    text = prices[value] = repr(value)
+    return text
 
 
 def refused_fields(c: Caller, status: int, code: str, seconds: float) -> dict[str, Any]:
@@ -107,6 +141,7 @@ class AccessLog:
         self._logger = logging.getLogger(NAME)
         self._clock = Clock()
         self._pending: list[str] = []
+        self._prices: dict[float, str] = {}
         self._timer: asyncio.TimerHandle | None = None
 
     def enabled(self, level: int = logging.INFO) -> bool:
@@ -127,9 +162,9 @@ class AccessLog:
             line = f"{self._clock.local(now)} {name} {NAME}: {body}"
         self._add(line)
 
-    def write_run(self, report: RunReport) -> None:
+    def write_run(self, report: RunReport, parts: tuple[str, str] | None = None) -> None:
         """A run's line: in JSON the report's own fields (``orjson`` writes the dataclass
-        in C), in text :func:`run_text`."""
+        in C), in text :func:`run_text` (``parts``: its kind's :func:`run_text_parts`)."""
         if not self._logger.isEnabledFor(logging.INFO):
             return
         now = time.time()
@@ -137,7 +172,7 @@ class AccessLog:
             head = f'{{"ts":"{self._clock.utc(now)}","level":"INFO","logger":"{NAME}","msg":"access",'
             self._add(head + orjson.dumps(report).decode()[1:])
         else:
-            self._add(f"{self._clock.local(now)} INFO {NAME}: {run_text(report)}")
+            self._add(f"{self._clock.local(now)} INFO {NAME}: {run_text(report, parts, self._prices)}")
 
     def _add(self, line: str) -> None:
         self._pending.append(line)

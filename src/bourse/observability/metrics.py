@@ -53,25 +53,38 @@ BREAKER_STATES = {"closed": 0, "open": 1, "half_open": 2}
 
 
 class Counts:
-    """A counter family: label values -> total."""
+    """A counter family: label values -> total, each total a one-element list (a cell),
+    so that a caller counting often into the same label values keeps the cell and adds
+    to it without a lookup (:meth:`cell`)."""
 
-    __slots__ = ("doc", "labels", "name", "values")
+    __slots__ = ("cells", "doc", "labels", "name")
 
     def __init__(self, name: str, doc: str, labels: tuple[str, ...]) -> None:
         self.name = name
         """Without ``_total`` (prometheus-client adds it)."""
         self.doc = doc
         self.labels = labels
-        self.values: dict[Key, float] = {}
+        self.cells: dict[Key, list[float]] = {}
+
+    def cell(self, key: Key) -> list[float]:
+        """The cell of ``key`` (made at 0 on first use): ``cell[0] += n`` counts ``n``."""
+        c = self.cells.get(key)
+        if c is None:
+            c = self.cells[key] = [0]
+        return c
 
     def inc(self, key: Key, by: float = 1) -> None:
-        values = self.values
-        values[key] = values.get(key, 0) + by
+        self.cell(key)[0] += by
+
+    @property
+    def values(self) -> dict[Key, float]:
+        """Label values -> total."""
+        return {key: c[0] for key, c in self.cells.items()}
 
     def family(self) -> CounterMetricFamily:
         fam = CounterMetricFamily(self.name, self.doc, labels=self.labels)
-        for key, value in self.values.items():
-            fam.add_metric(key, value)
+        for key, c in self.cells.items():
+            fam.add_metric(key, c[0])
         return fam
 
 

@@ -21,8 +21,9 @@ from bourse.observability.access_log import (
     AccessLog,
     refused_fields,
     response_fields,
+    run_text_parts,
 )
-from bourse.observability.metrics import Instruments, Key, Metrics
+from bourse.observability.metrics import Instruments, Metrics
 from bourse.observability.tracing import Tracer
 from bourse.ports.observer import NULL_SPAN, Caller, RunReport, Span
 
@@ -32,24 +33,43 @@ UNKNOWN = "unknown"
 """The product label of a request refused before its product was known to be one."""
 
 
-class _RunKeys:
-    """The label values and histogram series one kind of finished run counts into
-    (by product, outcome, route, status and detached: bounded, as the labels are),
-    made once: counting a run then builds no tuple and looks up no series."""
+class _RunKind:
+    """What one kind of finished run counts into and starts its access line with (a kind:
+    its method, route, status, outcome, product, deployment, stream, detached and error,
+    every one bounded), made once per kind: counting a run then builds no label tuple and
+    looks up no series, and its text line formats only the per-request fields."""
 
-    __slots__ = ("book_wait", "completion", "duration", "product", "prompt", "request", "response", "ttft")
+    __slots__ = (
+        "book_wait",
+        "completion",
+        "duration",
+        "prompt",
+        "request",
+        "response",
+        "spend",
+        "text",
+        "ttft",
+    )
 
-    def __init__(
-        self, i: Instruments, product: str, outcome: str, route: str, status: int, detached: bool
-    ) -> None:
-        self.request: Key = (product, outcome)
-        self.response: Key | None = None if detached else ("POST", route, str(status))
-        self.product: Key = (product,)
-        self.prompt: Key = (product, "prompt")
-        self.completion: Key = (product, "completion")
-        self.duration = i.duration.of(self.product)
-        self.ttft = i.ttft.of(self.product)
-        self.book_wait = i.book_wait.of(self.product)
+    def __init__(self, i: Instruments | None, r: RunReport, text: bool) -> None:
+        self.text: tuple[str, str] | None = run_text_parts(r) if text else None
+        if i is None:
+            return
+        product = (r.product,)
+        self.request = i.requests.cell((r.product, r.outcome))
+        self.response = None if r.detached else i.responses.cell(("POST", r.route, str(r.status)))
+        self.prompt = i.tokens.cell((r.product, "prompt"))
+        self.completion = i.tokens.cell((r.product, "completion"))
+        self.spend = i.spend.cell(product)
+        self.duration = i.duration.of(product)
+        self.ttft = i.ttft.of(product)
+        self.book_wait = i.book_wait.of(product)
+
+
+RunKindKey = tuple[str | None, str, int, str, str, str | None, bool, bool, str | None]
+
+KINDS_KEPT = 4096
+"""At most this many kinds of run are kept (each label bounded; a guard all the same)."""
 
 
 def _warn(message: str, *args: object, **fields: Any) -> None:
@@ -73,8 +93,10 @@ class Observability:
         self.tracer = tracer
         self.database = database
         """The ``backend`` label of ledger errors (``sqlite``, ``postgresql``)."""
-        self._run_keys: dict[tuple[str, str, str, int, bool], _RunKeys] = {}
-        self._keys_of: Instruments | None = None
+        self._kinds: dict[RunKindKey, _RunKind] = {}
+        self._ledger: dict[str, list[float]] = {}
+        self._cached_for: tuple[Instruments | None, AccessLog | None] = (None, None)
+        """The instruments and access log the cached kinds and ledger series are of."""
 
     # -- tracing ----------------------------------------------------------------------
 
@@ -86,32 +108,43 @@ class Observability:
     # -- runs and requests ----------------------------------------------------------------
 
     def run_finished(self, report: RunReport) -> None:
-        if self.instruments is not None:
-            self._count_run(self.instruments, report)
-        if self.access is not None:
-            self.access.write_run(report)
+        i, access = self.instruments, self.access
+        if i is None and access is None:
+            return
+        r = report
+        k = (r.method, r.route, r.status, r.outcome, r.product, r.deployment, r.stream, r.detached, r.error)
+        kind = self._kinds.get(k)
+        cached_i, cached_access = self._cached_for
+        if kind is None or cached_i is not i or cached_access is not access:
+            kind = self._kind(k, r)
+        if i is not None:
+            kind.request[0] += 1
+            if kind.response is not None:
+                kind.response[0] += 1
+            i.duration.add(kind.duration, r.latency_ms / 1000.0)
+            if r.ttft_ms is not None:
+                i.ttft.add(kind.ttft, r.ttft_ms / 1000.0)
+            if r.queued_ms is not None:
+                i.book_wait.add(kind.book_wait, r.queued_ms / 1000.0)
+            if r.prompt_tokens:
+                kind.prompt[0] += r.prompt_tokens
+            if r.completion_tokens:
+                kind.completion[0] += r.completion_tokens
+            if r.cost_micros:
+                kind.spend[0] += r.cost_micros
+        if access is not None:
+            access.write_run(r, kind.text)
 
-    def _count_run(self, i: Instruments, r: RunReport) -> None:
-        if self._keys_of is not i:  # (instruments replaced: their series are new)
-            self._run_keys, self._keys_of = {}, i
-        k = (r.product, r.outcome, r.route, r.status, r.detached)
-        keys = self._run_keys.get(k)
-        if keys is None:
-            keys = self._run_keys[k] = _RunKeys(i, *k)
-        i.requests.inc(keys.request)
-        if keys.response is not None:
-            i.responses.inc(keys.response)
-        i.duration.add(keys.duration, r.latency_ms / 1000.0)
-        if r.ttft_ms is not None:
-            i.ttft.add(keys.ttft, r.ttft_ms / 1000.0)
-        if r.queued_ms is not None:
-            i.book_wait.add(keys.book_wait, r.queued_ms / 1000.0)
-        if r.prompt_tokens:
-            i.tokens.inc(keys.prompt, r.prompt_tokens)
-        if r.completion_tokens:
-            i.tokens.inc(keys.completion, r.completion_tokens)
-        if r.cost_micros:
-            i.spend.inc(keys.product, r.cost_micros)
+    def _kind(self, k: RunKindKey, r: RunReport) -> _RunKind:
+        """The kind of run ``r`` is, made (and kept) on its first run, or when the
+        instruments or the access log were replaced (their cells are new)."""
+        self._check_cache()
+        if len(self._kinds) >= KINDS_KEPT:
+            self._kinds = {}
+        kind = self._kinds[k] = _RunKind(
+            self.instruments, r, self.access is not None and not self.access.json
+        )
+        return kind
 
     def refused(self, caller: Caller, status: int, code: str) -> None:
         if self.instruments is not None:
@@ -155,8 +188,20 @@ class Observability:
     # -- money and jobs ---------------------------------------------------------------------
 
     def ledger_timed(self, op: str, seconds: float) -> None:
-        if self.instruments is not None:
-            self.instruments.ledger.observe((op,), seconds)
+        i = self.instruments
+        if i is not None:
+            series = self._ledger.get(op)
+            if series is None or self._cached_for[0] is not i:
+                self._check_cache()
+                series = self._ledger[op] = i.ledger.of((op,))
+            i.ledger.add(series, seconds)
+
+    def _check_cache(self) -> None:
+        """Forget the cached kinds and series if the instruments or the access log were
+        replaced since they were made (their cells are not the new ones')."""
+        now = (self.instruments, self.access)
+        if self._cached_for[0] is not now[0] or self._cached_for[1] is not now[1]:
+            self._kinds, self._ledger, self._cached_for = {}, {}, now
 
     def hold_reconciling(self, hold_id: str, request_id: str, note: str) -> None:
         if self.instruments is not None:

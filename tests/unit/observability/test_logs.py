@@ -12,8 +12,16 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from bourse.observability.access_log import AccessLog, refused_fields, response_fields
+from bourse.observability import access_log
+from bourse.observability.access_log import (
+    AccessLog,
+    refused_fields,
+    response_fields,
+    run_text,
+    run_text_parts,
+)
 from bourse.observability.logs import JsonFormatter
+from bourse.observability.observer import Observability
 from bourse.ports.observer import Caller, RunReport
 
 pytestmark = pytest.mark.anyio
@@ -72,6 +80,48 @@ def test_a_run_line_in_text_names_every_field() -> None:
     assert fields["status"] == "200" and fields["outcome"] == "completed"
     assert fields["cleared_price"] == "0.5" and fields["ttft_ms"] == "-"
     assert fields["stream"] == "true" and fields["method"] == "POST"
+
+
+KINDS: list[dict[str, object]] = [
+    {},
+    {"method": None, "detached": True, "stream": False, "route": "/v1/completions"},
+    {"status": 502, "outcome": "error", "error": "upstream_error", "deployment": None, "cleared_price": None},
+    {"product": "other", "correlation_id": "c=1", "queued_ms": None, "ttft_ms": 3.25, "bid": 0.2},
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_line_made_from_its_kinds_parts_and_cached_prices_is_the_whole_line(
+    kind: dict[str, object],
+) -> None:
+    r = report(**kind)
+    prices: dict[float, str] = {}
+    assert run_text(r, run_text_parts(r), prices) == run_text(r)
+    assert run_text(r, run_text_parts(r), prices) == run_text(r)  # the prices now cached
+
+
+def test_the_observer_writes_each_kind_of_run_with_its_own_fields() -> None:
+    out = io.StringIO()
+    obs = Observability(access=AccessLog(json=False, stream=out))
+    runs = [report(request_id=f"chatcmpl-{n}", **kind) for n in range(3) for kind in KINDS]
+    for r in runs:
+        obs.run_finished(r)
+    obs.close()
+    lines = out.getvalue().splitlines()
+    assert [line.partition(" INFO bourse.access: ")[2] for line in lines] == [run_text(r) for r in runs]
+
+
+def test_the_price_cache_is_bounded() -> None:
+    out = io.StringIO()
+    log = AccessLog(json=False, stream=out, max_pending=10_000)
+    bids = [0.01 * n for n in range(1, access_log.PRICES_KEPT + 50)]
+    for bid in bids:
+        log.write_run(report(bid=bid, cleared_price=bid / 2))
+    log.flush()
+    assert len(log._prices) <= access_log.PRICES_KEPT
+    written = [dict(p.split("=", 1) for p in line.split(" ")[4:]) for line in out.getvalue().splitlines()]
+    assert [float(f["bid"]) for f in written] == bids
+    assert [float(f["cleared_price"]) for f in written] == [b / 2 for b in bids]
 
 
 def test_a_run_line_in_json_is_one_object() -> None:

@@ -240,8 +240,8 @@ async def test_webhook_deliveries_are_counted_and_a_failed_one_is_a_warning(
             job = await container.jobs.submit(
                 principal, "/v1/chat/completions", body, webhook_url="http://127.0.0.1:9/h"
             )
-            webhooks = obs.instruments.webhooks.values
-            await until(lambda: {k[0]: int(v) for k, v in webhooks.items()} == results)
+            webhooks = obs.instruments.webhooks
+            await until(lambda: {k[0]: int(v) for k, v in webhooks.values.items()} == results)
         failed = [r for r in caplog.records if f"webhook of job {job['id']} failed" in r.getMessage()]
         assert len(failed) == (1 if status != 200 else 0)
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from bourse.observability import observer
 from bourse.observability.metrics import Instruments, LiveState, Metrics
 from bourse.observability.observer import Observability
 from bourse.ports.observer import RunReport
@@ -66,3 +67,15 @@ def test_counts_follow_instruments_that_were_replaced() -> None:
     assert i.requests.values == {("p", "completed"): 1}
     assert fresh.requests.values == {("p", "completed"): 1}
     assert sum(fresh.duration.series[("p",)][:-1]) == 1
+
+
+def test_the_kinds_kept_are_bounded_and_counts_stay_exact() -> None:
+    obs, i = _observer()
+    statuses = range(100, 100 + observer.KINDS_KEPT + 10)
+    for status in statuses:
+        obs.run_finished(replace(RUN, status=status))
+    obs.run_finished(RUN)
+    assert len(obs._kinds) <= observer.KINDS_KEPT
+    assert i.requests.values == {("p", "completed"): len(statuses) + 1}
+    assert i.responses.values[("POST", "/v1/chat/completions", "200")] == 2
+    assert sum(i.duration.series[("p",)][:-1]) == len(statuses) + 1
