@@ -162,12 +162,15 @@ class AccessLog:
             line = f"{self._clock.local(now)} {name} {NAME}: {body}"
         self._add(line)
 
-    def write_run(self, report: RunReport, parts: tuple[str, str] | None = None) -> None:
-        """A run's line: in JSON the report's own fields (``orjson`` writes the dataclass
-        in C), in text :func:`run_text` (``parts``: its kind's :func:`run_text_parts`)."""
+    def write_run(
+        self, report: RunReport, parts: tuple[str, str] | None = None, at: float | None = None
+    ) -> None:
+        """A run's line (``at``: when it ended; now if not given): in JSON the report's
+        own fields (``orjson`` writes the dataclass in C), in text :func:`run_text`
+        (``parts``: its kind's :func:`run_text_parts`)."""
         if not self._logger.isEnabledFor(logging.INFO):
             return
-        now = time.time()
+        now = time.time() if at is None else at
         if self.json:
             head = f'{{"ts":"{self._clock.utc(now)}","level":"INFO","logger":"{NAME}","msg":"access",'
             self._add(head + orjson.dumps(report).decode()[1:])

@@ -68,10 +68,12 @@ def seen(exchange: Exchange) -> Iterator[tuple[Observability, io.StringIO, InMem
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     old = obs.access, obs.tracer
+    obs.drain()  # earlier tests' runs go to their own access log
     obs.access, obs.tracer = AccessLog(json=True, stream=out), Tracer(provider)
     try:
         yield obs, out, spans
     finally:
+        obs.drain()
         obs.access, obs.tracer = old
         provider.shutdown()
 
@@ -94,7 +96,7 @@ async def _open(ex: Exchange, model: str, *, caller: Caller | None = None, **sim
 
 def _lines(out: io.StringIO, obs: Observability) -> list[dict[str, Any]]:
     assert obs.access is not None
-    obs.access.flush()
+    obs.drain()  # the finished runs' batch (counted and written, then flushed)
     return [orjson.loads(x) for x in out.getvalue().splitlines()]
 
 

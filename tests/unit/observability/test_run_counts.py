@@ -4,12 +4,23 @@ same whether its label values and series were made for it just now or before."""
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import io
+import logging
+import time
 from dataclasses import replace
 
+import orjson
+import pytest
+
 from bourse.observability import observer
+from bourse.observability.access_log import AccessLog
 from bourse.observability.metrics import Instruments, LiveState, Metrics
 from bourse.observability.observer import Observability
 from bourse.ports.observer import RunReport
+
+pytestmark = pytest.mark.anyio
 
 
 class _Store:
@@ -79,3 +90,40 @@ def test_the_kinds_kept_are_bounded_and_counts_stay_exact() -> None:
     assert i.requests.values == {("p", "completed"): len(statuses) + 1}
     assert i.responses.values[("POST", "/v1/chat/completions", "200")] == 2
     assert sum(i.duration.series[("p",)][:-1]) == len(statuses) + 1
+
+
+async def test_on_the_loop_runs_are_counted_and_written_in_batches() -> None:
+    out = io.StringIO()
+    metrics = Metrics(Instruments(), LiveState({}, _Store(), lambda *a: None), process=False)
+    obs = Observability(metrics=metrics, access=AccessLog(json=False, stream=out), batch_s=0.05, batch_max=3)
+    i = metrics.instruments
+    logging.getLogger("bourse.access").setLevel(logging.INFO)
+    obs.run_finished(RUN)
+    obs.run_finished(RUN)
+    assert i.requests.values == {} and out.getvalue() == ""  # waiting for the batch
+    obs.run_finished(RUN)  # a full batch: at once
+    assert i.requests.values == {("p", "completed"): 3} and out.getvalue().count("\n") == 3
+    obs.run_finished(RUN)
+    await asyncio.sleep(0.2)  # the rest within batch_s
+    assert i.requests.values == {("p", "completed"): 4} and out.getvalue().count("\n") == 4
+    obs.run_finished(RUN)
+    exposition, _ = await obs.scrape(None) or (b"", "")
+    assert (
+        b'bourse_requests_total{outcome="completed",product="p"} 5.0' in exposition
+    )  # a scrape counts first
+    obs.run_finished(RUN)
+    obs.close()  # and so does the shutdown
+    assert i.requests.values == {("p", "completed"): 6} and out.getvalue().count("\n") == 6
+
+
+async def test_a_batched_line_carries_the_time_its_run_ended() -> None:
+    out = io.StringIO()
+    obs = Observability(access=AccessLog(json=True, stream=out), batch_s=10.0)
+    logging.getLogger("bourse.access").setLevel(logging.INFO)
+    obs.run_finished(RUN)
+    ended = time.time()
+    await asyncio.sleep(1.1)
+    obs.drain()
+    (line,) = out.getvalue().splitlines()
+    ts = datetime.datetime.strptime(orjson.loads(line)["ts"], "%Y-%m-%dT%H:%M:%S.%fZ")
+    assert abs(ts.replace(tzinfo=datetime.UTC).timestamp() - ended) < 0.5
