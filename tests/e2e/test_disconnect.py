@@ -1,6 +1,8 @@
 """Disconnect and cancellation (SPEC section 7) through the served gateway: a client
 that leaves mid-stream cancels the engine within a second (the sim upstream counts a
-cancellation), and one that leaves while queued never reaches the engine."""
+cancellation), and one that leaves while queued never reaches the engine. The gateway
+is served with bourse's own protocol: every relay, streamed or not, hears of its
+client through the connection's watch, none through a listener (``relay_paths``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from starlette.types import Receive, Send
 
+from bourse.http.relay import RunResponse, Watch
 from tests.support.bodies import USER
 from tests.support.config import Dep, Product
 from tests.support.env import ENGINE_KINDS, Env, start_env
@@ -29,6 +33,27 @@ def env(request: pytest.FixtureRequest) -> Iterator[Env]:
         yield e
 
 
+@pytest.fixture(autouse=True)
+def relay_paths(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, bool]]]:
+    """How each relay of the test heard of its client, and whether it streamed:
+    ``("watch", stream)`` or ``("listener", stream)``; a listener fails the test."""
+    paths: list[tuple[str, bool]] = []
+    in_group, watched = RunResponse._in_group, RunResponse._watched
+
+    async def spy_in_group(self: RunResponse, receive: Receive, send: Send) -> None:
+        paths.append(("listener", self.run.stream))
+        await in_group(self, receive, send)
+
+    async def spy_watched(self: RunResponse, watch: Watch, send: Send) -> None:
+        paths.append(("watch", self.run.stream))
+        await watched(self, watch, send)
+
+    monkeypatch.setattr(RunResponse, "_in_group", spy_in_group)
+    monkeypatch.setattr(RunResponse, "_watched", spy_watched)
+    yield paths
+    assert paths and all(how == "watch" for how, _ in paths), paths
+
+
 def _cancelled_within_one_second(env: Env, dep: str, before: dict[str, int]) -> dict[str, int]:
     stats, waited = env.wait_stats(dep, lambda s: s["cancelled"] > before["cancelled"], timeout=1.0)
     assert stats["cancelled"] == before["cancelled"] + 1, (
@@ -38,7 +63,7 @@ def _cancelled_within_one_second(env: Env, dep: str, before: dict[str, int]) -> 
     return stats
 
 
-def test_sdk_disconnect_mid_stream_cancels_the_engine(env: Env) -> None:
+def test_sdk_disconnect_mid_stream_cancels_the_engine(env: Env, relay_paths: list[tuple[str, bool]]) -> None:
     before = env.stats("p-a")
     client = env.client()
     stream = client.chat.completions.create(
@@ -53,6 +78,7 @@ def test_sdk_disconnect_mid_stream_cancels_the_engine(env: Env) -> None:
     stream.close()
     client.close()
     _cancelled_within_one_second(env, "p-a", before)
+    assert relay_paths == [("watch", True)]
     # and it stays cancelled: the generation does not complete later
     time.sleep(0.3)
     after = env.stats("p-a")
@@ -60,7 +86,7 @@ def test_sdk_disconnect_mid_stream_cancels_the_engine(env: Env) -> None:
     assert after["started"] == before["started"] + 1
 
 
-def test_raw_disconnect_mid_stream_cancels_the_engine(env: Env) -> None:
+def test_raw_disconnect_mid_stream_cancels_the_engine(env: Env, relay_paths: list[tuple[str, bool]]) -> None:
     before = env.stats("p-a")
     with open_sse(env, {"model": "p", "seed": 4, "sim": SLOW}) as s:
         n = 0
@@ -70,9 +96,12 @@ def test_raw_disconnect_mid_stream_cancels_the_engine(env: Env) -> None:
             if n == 2:
                 break
     _cancelled_within_one_second(env, "p-a", before)
+    assert relay_paths == [("watch", True)]
 
 
-def test_disconnect_before_the_first_token_cancels_the_engine(env: Env) -> None:
+def test_disconnect_before_the_first_token_cancels_the_engine(
+    env: Env, relay_paths: list[tuple[str, bool]]
+) -> None:
     """The engine is admitted but has produced nothing (an upstream that has not even sent
     its response head): the client leaving still reaches it within a second."""
     before = env.stats("p-a")
@@ -83,6 +112,7 @@ def test_disconnect_before_the_first_token_cancels_the_engine(env: Env) -> None:
             if f.comment == "waiting":
                 break
     _cancelled_within_one_second(env, "p-a", before)
+    assert relay_paths == [("watch", True)]
 
 
 def test_disconnect_from_a_non_streamed_request_cancels_the_engine(env: Env) -> None:

@@ -1,6 +1,6 @@
 """The products of the HTTP tests' in-process gateway: one per preset of SPEC section
 12 (named after it), ``knobs`` (the default policy with knobs set one by one),
-``default-slow`` and ``hips-slow`` (a short quiet interval), ``flaky`` (failures
+``default-slow``, ``hips-slow`` and ``openfill-slow`` (a short quiet interval), ``flaky`` (failures
 before output; its breaker never opens) and ``single`` (one slot).
 Every floor is 1 USD per 1M tokens (one micro-USD per token), so a receipt's cost is
 its token count.
@@ -34,7 +34,7 @@ PRODUCTS = [
         Product(
             f"{name}-slow", [Dep(f"{name}-slow-a", floor=FLOOR)], {"policy": name, "quiet_interval_s": 0.05}
         )
-        for name in ("default", "hips")
+        for name in ("default", "hips", "openfill")
     ),
     # failures before output: the breaker never opens, so each test sees a healthy deployment
     Product("flaky", [Dep("flaky-a", floor=FLOOR, extra={"breaker_threshold": 1000})]),

@@ -10,14 +10,16 @@ shut-down are the real ones), funds a test account and yields an
 returning it: a streamed answer arrives whole, so a test reads every frame of a
 complete stream, but not when each frame was sent, and its client never leaves
 early. :meth:`InProcessGateway.sse_leaving` calls the app directly instead and sends
-``http.disconnect`` once the stream carried a given number of data frames.
+``http.disconnect`` once the stream carried a given number of data frames; or, as
+bourse's own server does (``watched``), tells the relay through the connection's watch
+(:class:`ConnectionWatch`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import tomllib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,7 @@ from typing import Any
 
 import httpx
 import orjson
-from starlette.types import ASGIApp, Message
+from starlette.types import ASGIApp, Message, Scope
 
 from bourse.container import Container, build
 from bourse.settings import Environment, parse_config
@@ -74,6 +76,40 @@ async def lifespan(app: ASGIApp) -> AsyncIterator[None]:
     finally:
         await step("shutdown")
         await task
+
+
+class ConnectionWatch:
+    """``extensions["bourse.client_present"]["watch"]`` of a connection in process, as
+    bourse's server has it (:meth:`bourse.http.connections.BoundedHttpToolsProtocol.watch`):
+    :meth:`lose` calls the watcher back once, from the event loop as the connection's
+    ``connection_lost`` would; a watcher set after that is called at once."""
+
+    def __init__(self) -> None:
+        self.on_lost: Callable[[], None] | None = None
+        self.lost = False
+        self.watchers = 0
+        """How many times a watcher was set."""
+
+    def __call__(self, on_lost: Callable[[], None] | None) -> None:
+        if on_lost is not None:
+            self.watchers += 1
+            if self.lost:
+                on_lost()
+                return
+        self.on_lost = on_lost
+
+    def lose(self) -> None:
+        asyncio.get_running_loop().call_soon(self._lost)
+
+    def _lost(self) -> None:
+        self.lost = True
+        on_lost, self.on_lost = self.on_lost, None
+        if on_lost is not None:
+            on_lost()
+
+    def extensions(self) -> dict[str, Any]:
+        """The scope's ``extensions`` with this watch."""
+        return {"bourse.client_present": {"watch": self}}
 
 
 @dataclass
@@ -127,12 +163,16 @@ class InProcessGateway:
         r = await self.post(path, streamed(body), headers=headers)
         return read_result(r.status_code, r.headers, r.content)
 
-    async def sse_leaving(
-        self, body: dict[str, Any], data_frames: int, *, path: str = "/v1/chat/completions"
-    ) -> SSEResult:
-        """A streamed request whose client disconnects once ``data_frames`` data frames
-        arrived (0: at the first frame of any kind); what it received until then. The
-        app must write nothing more once the client is gone."""
+    def stream_scope(
+        self,
+        body: dict[str, Any],
+        *,
+        path: str = "/v1/chat/completions",
+        watch: ConnectionWatch | None = None,
+    ) -> tuple[Scope, bytes]:
+        """The scope of a streamed request as the test account (``stream: true`` and the
+        default conversation unless ``body`` says otherwise), and its body; with the
+        connection's ``watch`` in its extensions, as bourse's server gives it."""
         raw = orjson.dumps(streamed(body))
         headers = [
             (b"authorization", f"Bearer {self.api_key}".encode()),
@@ -144,17 +184,39 @@ class InProcessGateway:
             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
             "headers": headers, "client": ("127.0.0.1", 1), "server": ("bourse.test", 80),
         }  # fmt: skip
+        if watch is not None:
+            scope["extensions"] = watch.extensions()
+        return scope, raw
+
+    async def sse_leaving(
+        self,
+        body: dict[str, Any],
+        data_frames: int,
+        *,
+        path: str = "/v1/chat/completions",
+        watched: bool = False,
+    ) -> SSEResult:
+        """A streamed request whose client disconnects once ``data_frames`` data frames
+        arrived (0: at the first frame of any kind); what it received until then. The
+        app must write nothing more once the client is gone. ``watched``: the scope
+        carries the connection's watch, as on bourse's own server, and the relay must
+        hear of the disconnect from it: it must not wait on ``receive`` once the
+        request's body is read."""
+        watch = ConnectionWatch() if watched else None
+        scope, raw = self.stream_scope(body, path=path, watch=watch)
         left = asyncio.Event()
         requested = False
+        listened = False
         start: Message = {}
         received = bytearray()
         late: list[Message] = []
 
         async def receive() -> Message:
-            nonlocal requested
+            nonlocal requested, listened
             if not requested:
                 requested = True
                 return {"type": "http.request", "body": raw, "more_body": False}
+            listened = True
             await left.wait()
             return {"type": "http.disconnect"}
 
@@ -168,9 +230,13 @@ class InProcessGateway:
             received.extend(message.get("body", b""))
             if received.count(b"data: ") >= data_frames and received.endswith(b"\n\n"):
                 left.set()
+                if watch is not None:
+                    watch.lose()
 
         await self.app(scope, receive, send)
         assert not late, f"written after the client left: {late}"
+        if watch is not None:
+            assert watch.watchers == 1 and not listened, "the relay listened on receive, not to the watch"
         head = httpx.Headers([(k.decode(), v.decode()) for k, v in start.get("headers", [])])
         return read_result(start.get("status", 0), head, bytes(received))
 

@@ -23,8 +23,8 @@ Each request's scope also carries ``extensions["bourse.client_present"]``:
   disconnect the event loop has not processed yet, e.g. after a stall, counts as
   gone); the book asks it when a slot comes to the order;
 - ``watch``: ``watch(on_lost)`` has the connection call ``on_lost`` when it is lost
-  (``watch(None)``: no more). The relay of a non-streamed answer hears of a
-  disconnect this way, without a listener task (:mod:`bourse.http.relay`).
+  (``watch(None)``: no more). The relay, streamed or not, hears of a disconnect
+  this way, without a listener task (:mod:`bourse.http.relay`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The relay: one ASGI response that runs a :class:`~bourse.services.completion.Run`
 and writes it to the client, as SSE frames or as one JSON body.
 
-The relay and a listener (waiting for ``http.disconnect``) run in one task group,
-as Starlette's ``StreamingResponse`` does: the group ends with both, and nothing
+On an ASGI server other than bourse's own (no watch in the scope, below), the relay
+and a listener (waiting for ``http.disconnect``) run in one task group, as
+Starlette's ``StreamingResponse`` does: the group ends with both, and nothing
 outlives the response. A disconnect stops the relay (the listener raises
 :class:`_ClientLeft`, which cancels the relay once), and the run, cancelled where
 it waits, stops its engine and gives back its slot; under the ``drain`` policy an
@@ -10,18 +11,22 @@ admitted run is instead read to its end, with nothing written. (``asyncio.TaskGr
 rather than an anyio one: its cancellation is delivered once, so the run's own
 clean-up, which awaits the engine's close, is not cancelled again.)
 
-A non-streamed answer on bourse's own server needs neither: the connection calls the
-relay back when it is lost (``extensions["bourse.client_present"]["watch"]``, see
-:mod:`bourse.http.connections`), and the relay's own task is cancelled, once, as the
-listener would have it. The task group cost a task and a second pass of the event
-loop through the request's coroutines at its exit (~3 % of the gateway's CPU per
-request in bench scenario (b)). Other servers, and every stream (whose quiet-interval
-frames are written by short tasks in the group), keep the listener.
+On bourse's own server a response needs neither, streamed or not
+(:meth:`RunResponse._watched`): the connection calls the relay back when it is lost
+(``extensions["bourse.client_present"]["watch"]``, see :mod:`bourse.http.connections`),
+and the relay's own task is cancelled, once, as the listener would have it (the same
+stop, the same ``drain``, the same errors, a drain's stop taken back the same way).
+The task group cost a task and a second pass of the event loop through the request's
+coroutines at its exit (~3 % of the gateway's CPU per request in bench scenario (b)).
+Other servers keep the listener and the group (:meth:`RunResponse._in_group`), for
+both kinds.
 
 A streamed request also has a timer for the quiet-interval frames of SPEC section 4
 (``: queued level=… position=…`` while in the book, ``: waiting`` once admitted,
 ``: keep-alive`` once output began): it fires once per quiet interval and starts a
-short task in the group only to write such a frame.
+short task only to write such a frame: in the group, or, on bourse's own server, a
+plain task the relay cancels when it stops and waits for before it returns (as the
+group would), so that none outlives the response.
 
 The per-chunk path is: rewrite (done by the run) -> ``orjson.dumps`` -> one
 ``send``. A policy may shape the chunks first (:meth:`RunResponse._shaped`): the role
@@ -172,7 +177,7 @@ class RunResponse:
         self.started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watch = None if self.run.stream else _watch_of(scope)
+        watch = _watch_of(scope)
         try:
             if watch is None:
                 await self._in_group(receive, send)
@@ -180,8 +185,10 @@ class RunResponse:
                 await self._watched(watch, send)
         finally:
             # a run that never reached its end (client gone before the first frame,
-            # or a relay failure) gives back its slot and money
-            await self.run.abandon()
+            # or a relay failure) gives back its slot and money (abandon() is nothing
+            # once the run is done: not awaited then)
+            if not self.run.done:
+                await self.run.abandon()
             if self.on_done is not None:
                 # streamed: the key now points at the receipt; not streamed and no
                 # answer (client gone): forget the key so a retry can run
@@ -209,9 +216,10 @@ class RunResponse:
                 raise
 
     async def _watched(self, watch: Watch, send: Send) -> None:
-        """A non-streamed answer on bourse's own server: the connection calls back when it
-        is lost, and the relay's task is cancelled as the listener would have it (no task,
-        no group: the answer is written by this task alone)."""
+        """On bourse's own server: the connection calls back when it is lost, and the
+        relay's task is cancelled as the listener would have it (no listener, no group:
+        the answer is written by this task, and a stream's quiet-interval frames by a
+        task of its own, waited for here as the group would)."""
         run = self.run
         task = asyncio.current_task()
         assert task is not None
@@ -225,15 +233,21 @@ class RunResponse:
 
         watch(lost)
         try:
-            await self._unary(send)
+            try:
+                if run.stream:
+                    await self._stream(send)
+                else:
+                    await self._unary(send)
+            finally:
+                self._closing = True
+                watch(None)
+                if self._ticking is not None:
+                    await self._tick_ended()
         except asyncio.CancelledError:
             if cancelled and task.uncancel() == 0:
                 return
-            if not run.take_back_stop():
+            if not run.take_back_stop():  # a drain's stop that found the relay writing: the run is abandoned
                 raise
-        finally:
-            self._closing = True
-            watch(None)
 
     async def _keep(self, status: int, payload: tuple[dict[str, str], bytes] | None) -> None:
         assert self.on_done is not None
@@ -315,9 +329,10 @@ class RunResponse:
             frame = sse.KEEP_ALIVE
         else:
             return
-        assert self._group is not None
         self._sending = True
-        self._ticking = self._group.create_task(self._tick(frame))
+        group = self._group
+        tick = self._tick(frame)
+        self._ticking = self._loop.create_task(tick) if group is None else group.create_task(tick)
 
     async def _tick(self, frame: bytes | None) -> None:
         assert self._send is not None and self._loop is not None
@@ -351,13 +366,32 @@ class RunResponse:
         return sse.comment(text)
 
     def _stop_ticking(self) -> None:
+        """No more quiet-interval frames: the timer is off and a frame being written is
+        cancelled (the task stays in ``_ticking`` until it ends: see :meth:`_tick_ended`)."""
         self._closing = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._ticking is not None:
-            self._ticking.cancel()
-            self._ticking = None
+        tick = self._ticking
+        if tick is not None and not tick.cancelling():
+            tick.cancel()
+
+    async def _tick_ended(self) -> None:
+        """Wait for the quiet-interval frame's task (cancelled by :meth:`_stop_ticking`;
+        it ends at once) to be done, as a task group's exit would; a cancellation of the
+        relay meanwhile is raised once it is."""
+        tick = self._ticking
+        assert tick is not None
+        self._stop_ticking()
+        cancelled: asyncio.CancelledError | None = None
+        while not tick.done():
+            try:
+                await asyncio.wait((tick,))
+            except asyncio.CancelledError as exc:
+                cancelled = exc
+        self._ticking = None
+        if cancelled is not None:
+            raise cancelled
 
     # -- streamed ---------------------------------------------------------------
 

@@ -15,7 +15,7 @@ the real services in process.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,10 +164,19 @@ async def test_open_breakers_refuse_at_once_with_the_cool_down_left(exchange: Ex
     assert await exchange.busy("fragile") == (0, 0)
 
 
-async def test_a_stop_that_finds_the_relay_writing_to_a_slow_client_is_taken_back(exchange: Exchange) -> None:
+@pytest.mark.parametrize("watched", [False, True], ids=["listener", "watch"])
+async def test_a_stop_that_finds_the_relay_writing_to_a_slow_client_is_taken_back(
+    exchange: Exchange, watched: bool
+) -> None:
     """The drain's cancellation lands in the relay's ``send`` (a client that stopped
-    reading), not in the run: the relay returns quietly and the run settles as abandoned."""
+    reading), not in the run: the relay returns quietly and the run settles as abandoned.
+    The same with the relay beside a listener (any server) or on the connection's watch
+    (bourse's own server)."""
     run = await exchange.open("default", max_tokens=10)
+    watchers: list[Callable[[], None] | None] = []
+    scope: dict[str, Any] = {"type": "http"}
+    if watched:
+        scope["extensions"] = {"bourse.client_present": {"watch": watchers.append}}
     stuck = asyncio.Event()
 
     async def send(message: Message) -> None:
@@ -179,11 +188,12 @@ async def test_a_stop_that_finds_the_relay_writing_to_a_slow_client_is_taken_bac
         await asyncio.Event().wait()  # the client never leaves
         raise AssertionError
 
-    relay = asyncio.create_task(RunResponse(run)({"type": "http"}, receive, send))
+    relay = asyncio.create_task(RunResponse(run)(scope, receive, send))
     await until(stuck.is_set)
     run.interrupt(draining())
     await asyncio.wait_for(relay, timeout=5)  # returns: no CancelledError out of the app
     assert not relay.cancelled() and run.done
+    assert len(watchers) == (2 if watched else 0) and watchers[-1:] in ([], [None])  # watched, then no more
     fin = await run.settled()
     assert fin is not None and fin.outcome == "canceled"
     assert (await exchange.hold(run)).state == "settled"  # default policy: what was generated
