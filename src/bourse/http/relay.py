@@ -202,10 +202,7 @@ class RunResponse:
                 self._group = group
                 listener = group.create_task(self._listen(receive))
                 try:
-                    if run.stream:
-                        await self._stream(send)
-                    else:
-                        await self._unary(send)
+                    await (self._stream if run.stream else self._unary)(send)
                 finally:
                     self._closing = True
                     listener.cancel()
@@ -234,10 +231,7 @@ class RunResponse:
         watch(lost)
         try:
             try:
-                if run.stream:
-                    await self._stream(send)
-                else:
-                    await self._unary(send)
+                await (self._stream if run.stream else self._unary)(send)
             finally:
                 self._closing = True
                 watch(None)
