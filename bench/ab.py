@@ -13,6 +13,12 @@ by 7 %, and one round of two identical gateways differs by up to ±3 %. Prints e
 round and the medians: requests/s, the gateway's CPU per request (every thread, from
 /proc), p50 and p99, and B over A (of the medians, and round by round).
 
+``--upstream delay`` puts the product on the upstream that answers 50 ms late (scenario
+(c) of the harness, with ``--conns 256``); ``--sse`` loads streamed requests with the
+harness's SSE client (``bench/sse_load.py``, 16-chunk upstream streams: scenario (d),
+with ``--conns 32``) instead of wrk, and compares streams/s and the gateway's CPU per
+stream.
+
 ``--together`` loads both at the same time in each round instead: they share the
 gateway core, so their throughputs stand in the inverse ratio of their CPU per
 request, and whatever disturbs the machine falls on both in the same seconds. Two
@@ -27,6 +33,7 @@ import argparse
 import contextlib
 import os
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench import harness as H
@@ -49,6 +56,8 @@ def main() -> None:
         "--together", action="store_true",
         help="load A and B at the same time in each round (they share the gateway core), not one after the other",
     )  # fmt: skip
+    ap.add_argument("--upstream", default="fast", choices=("fast", "delay"), help="the product's upstream")
+    ap.add_argument("--sse", action="store_true", help="streamed requests (bench/sse_load.py), not wrk")
     args = ap.parse_args()
     observe = [w.strip() for w in args.observe.split(",")]
     H.raise_nofile()
@@ -59,7 +68,7 @@ def main() -> None:
         gws: dict[str, H.Gateway] = {}
         for (name, src), obs in zip((("A", args.a_src), ("B", args.b_src)), observe, strict=True):
             os.environ["BOURSE_BENCH_SRC"] = src
-            cfg = H.bourse_config(stack, {"bench": "fast"}, observe=obs == "on")
+            cfg = H.bourse_config(stack, {"bench": args.upstream}, observe=obs == "on")
             if obs == "metrics":
                 cfg = cfg.replace("metrics = false\n", "")
             elif obs == "log":
@@ -73,7 +82,9 @@ def main() -> None:
             )  # fmt: skip
         runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
         for i in range(args.rounds):
-            if args.together:
+            if args.sse:
+                done = _sse_round(gws, args, i)
+            elif args.together:
                 pair = H.wrk_together([gws["A"], gws["B"]], "fast", args.conns, args.seconds, 1.0)
                 done = list(zip(("A", "B"), pair, strict=True))
             else:
@@ -102,6 +113,35 @@ def main() -> None:
         f"B/A round by round: req/s median {statistics.median(paired):.3f} "
         f"(min {paired[0]:.3f}, max {paired[-1]:.3f}, {len(paired)} rounds)"
     )
+
+
+def _sse_round(
+    gws: dict[str, H.Gateway], args: argparse.Namespace, i: int
+) -> list[tuple[str, dict[str, Any]]]:
+    """One round of streamed load (bench/sse_load.py, c=``--conns``): both gateways at once
+    (``--together``) or one after the other; each result as wrk's (``rps``: streams/s,
+    ``cpu_us`` per stream, ``p50_us``/``p99_us``: time to the first token)."""
+    order = ("A", "B") if args.together or i % 2 == 0 else ("B", "A")
+    extra = ["--concurrency", str(args.conns), "--duration", str(args.seconds)]
+    cpu0 = {n: H.cpu_s(gws[n].pid) for n in order}
+    if args.together:
+        with ThreadPoolExecutor(2) as pool:
+            futures = {n: pool.submit(H.sse, gws[n], "fast", extra, args.seconds + 60) for n in order}
+            raw = {n: f.result() for n, f in futures.items()}
+        cpu1 = {n: H.cpu_s(gws[n].pid) for n in order}
+    else:
+        raw, cpu1 = {}, {}
+        for n in order:
+            raw[n] = H.sse(gws[n], "fast", extra, args.seconds + 60)
+            cpu1[n] = H.cpu_s(gws[n].pid)
+    out = []
+    for n in order:
+        r = raw[n]
+        streams = r["streams_ok"]
+        cpu = (cpu1[n] - cpu0[n]) / streams * 1e6 if streams else 0.0
+        out.append((n, {"rps": r["streams_per_s"], "cpu_us": cpu,
+                        "p50_us": r["ttft_p50_ms"] * 1000, "p99_us": r["ttft_p99_ms"] * 1000}))  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

@@ -77,8 +77,9 @@ def _serve_workers(args: argparse.Namespace, config: Config, host: str, port: in
 
 def listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (IPv6 when the host is an IPv6 address)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=2048)
+    from bourse.workers import tcp_listener
+
+    return tcp_listener(host, port)
 
 
 def _serve_on(

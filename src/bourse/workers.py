@@ -41,14 +41,36 @@ def cluster_problem(workers: int, redis_url: str | None, database: str | None) -
     return None
 
 
+def tcp_listener(host: str, port: int, *, reuse_port: bool = False, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv6 when the host is an IPv6 address,
+    IPv6 only), as ``socket.create_server`` makes it but with ``IPPROTO_TCP``: asyncio's
+    own loop sets ``TCP_NODELAY`` on the connections it accepts only on such a socket
+    (uvloop on every one), and without it a keep-alive client's every answer waits
+    ~40 ms for the delayed ACK of the one before (Nagle's algorithm)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        if os.name == "posix":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def listen_workers(host: str, port: int, workers: int) -> list[socket.socket]:
     """``workers`` listening sockets on one port (``SO_REUSEPORT``; port 0: the one
     the first socket gets)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     socks: list[socket.socket] = []
     try:
         for _ in range(workers):
-            s = socket.create_server((host, port), family=family, backlog=2048, reuse_port=True)
+            s = tcp_listener(host, port, reuse_port=True)
             socks.append(s)
             port = s.getsockname()[1]
     except BaseException:
