@@ -165,17 +165,30 @@ class AccessLog:
     def write_run(
         self, report: RunReport, parts: tuple[str, str] | None = None, at: float | None = None
     ) -> None:
-        """A run's line (``at``: when it ended; now if not given): in JSON the report's
-        own fields (``orjson`` writes the dataclass in C), in text :func:`run_text`
-        (``parts``: its kind's :func:`run_text_parts`)."""
+        """A run's line (``at``: when it ended; now if not given), in the batch."""
+        line = self.run_line(report, parts, at)
+        if line is not None:
+            self._add(line)
+
+    def write_lines(self, lines: list[str]) -> None:
+        """Lines made by :meth:`run_line`, written at once (a batch of their own)."""
+        if lines:
+            self._pending.extend(lines)
+            self.flush()
+
+    def run_line(
+        self, report: RunReport, parts: tuple[str, str] | None = None, at: float | None = None
+    ) -> str | None:
+        """A run's line (None below INFO): in JSON the report's own fields (``orjson``
+        writes the dataclass in C), in text :func:`run_text` (``parts``: its kind's
+        :func:`run_text_parts`)."""
         if not self._logger.isEnabledFor(logging.INFO):
-            return
+            return None
         now = time.time() if at is None else at
         if self.json:
             head = f'{{"ts":"{self._clock.utc(now)}","level":"INFO","logger":"{NAME}","msg":"access",'
-            self._add(head + orjson.dumps(report).decode()[1:])
-        else:
-            self._add(f"{self._clock.local(now)} INFO {NAME}: {run_text(report, parts, self._prices)}")
+            return head + orjson.dumps(report).decode()[1:]
+        return f"{self._clock.local(now)} INFO {NAME}: {run_text(report, parts, self._prices)}"
 
     def _add(self, line: str) -> None:
         self._pending.append(line)

@@ -80,6 +80,24 @@ KINDS_KEPT = 4096
 """At most this many kinds of run are kept (each label bounded; a guard all the same)."""
 
 
+def _count(i: Instruments, kind: _RunKind, r: RunReport) -> None:
+    """Count one finished run into its kind's cells and series."""
+    kind.request[0] += 1
+    if kind.response is not None:
+        kind.response[0] += 1
+    i.duration.add(kind.duration, r.latency_ms / 1000.0)
+    if r.ttft_ms is not None:
+        i.ttft.add(kind.ttft, r.ttft_ms / 1000.0)
+    if r.queued_ms is not None:
+        i.book_wait.add(kind.book_wait, r.queued_ms / 1000.0)
+    if r.prompt_tokens:
+        kind.prompt[0] += r.prompt_tokens
+    if r.completion_tokens:
+        kind.completion[0] += r.completion_tokens
+    if r.cost_micros:
+        kind.spend[0] += r.cost_micros
+
+
 def _warn(message: str, *args: object, **fields: Any) -> None:
     log.warning(message, *args, extra={"fields": fields})
 
@@ -147,40 +165,36 @@ class Observability:
         if not q:
             return
         self._finished = []
-        for report, at in q:
-            self._count_and_write(report, at)
-        if self.access is not None:
-            self.access.flush()
-
-    def _count_and_write(self, r: RunReport, at: float) -> None:
+        self._check_cache()
         i, access = self.instruments, self.access
-        k = (r.method, r.route, r.status, r.outcome, r.product, r.deployment, r.stream, r.detached, r.error)
-        kind = self._kinds.get(k)
-        cached_i, cached_access = self._cached_for
-        if kind is None or cached_i is not i or cached_access is not access:
-            kind = self._kind(k, r)
-        if i is not None:
-            kind.request[0] += 1
-            if kind.response is not None:
-                kind.response[0] += 1
-            i.duration.add(kind.duration, r.latency_ms / 1000.0)
-            if r.ttft_ms is not None:
-                i.ttft.add(kind.ttft, r.ttft_ms / 1000.0)
-            if r.queued_ms is not None:
-                i.book_wait.add(kind.book_wait, r.queued_ms / 1000.0)
-            if r.prompt_tokens:
-                kind.prompt[0] += r.prompt_tokens
-            if r.completion_tokens:
-                kind.completion[0] += r.completion_tokens
-            if r.cost_micros:
-                kind.spend[0] += r.cost_micros
+        lines: list[str] = []
+        for r, at in q:
+            k = (
+                r.method,
+                r.route,
+                r.status,
+                r.outcome,
+                r.product,
+                r.deployment,
+                r.stream,
+                r.detached,
+                r.error,
+            )
+            kind = self._kinds.get(k)
+            if kind is None:
+                kind = self._kind(k, r)
+            if i is not None:
+                _count(i, kind, r)
+            if access is not None:
+                line = access.run_line(r, kind.text, at)
+                if line is not None:
+                    lines.append(line)
         if access is not None:
-            access.write_run(r, kind.text, at)
+            access.write_lines(lines)
 
     def _kind(self, k: RunKindKey, r: RunReport) -> _RunKind:
-        """The kind of run ``r`` is, made (and kept) on its first run, or when the
-        instruments or the access log were replaced (their cells are new)."""
-        self._check_cache()
+        """The kind of run ``r`` is, made (and kept) on its first run (the cache was
+        checked against replaced instruments and access log by the caller)."""
         if len(self._kinds) >= KINDS_KEPT:
             self._kinds = {}
         kind = self._kinds[k] = _RunKind(
