@@ -16,8 +16,9 @@ from bourse.cli import listen
 from bourse.workers import listen_workers
 
 
-async def _accepted_nodelay(sock: socket.socket) -> int:
-    """TCP_NODELAY of a connection the plain asyncio loop accepted on ``sock``."""
+async def _accepted_nodelay(*socks: socket.socket) -> int:
+    """TCP_NODELAY of a connection the plain asyncio loop accepted on ``socks`` (all
+    served: the kernel hands a connection to any of the sockets sharing a port)."""
     loop = asyncio.get_running_loop()
     seen: asyncio.Future[int] = loop.create_future()
 
@@ -27,16 +28,17 @@ async def _accepted_nodelay(sock: socket.socket) -> int:
             seen.set_result(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
             transport.close()
 
-    server = await loop.create_server(Probe, sock=sock)
+    servers = [await loop.create_server(Probe, sock=sock) for sock in socks]
     try:
-        host, port = sock.getsockname()[:2]
+        host, port = socks[0].getsockname()[:2]
         _, writer = await asyncio.open_connection(host, port)
         try:
             return await asyncio.wait_for(seen, 5)
         finally:
             writer.close()
     finally:
-        server.close()
+        for server in servers:
+            server.close()
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
@@ -54,7 +56,7 @@ def test_each_workers_socket_is_nodelay_too() -> None:
         assert len({s.getsockname()[1] for s in socks}) == 1
         for s in socks:
             assert s.proto == socket.IPPROTO_TCP
-        assert asyncio.run(_accepted_nodelay(socks[0])) != 0
+        assert asyncio.run(_accepted_nodelay(*socks)) != 0
     finally:
         for s in socks:
             s.close()
