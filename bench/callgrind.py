@@ -1,0 +1,133 @@
+"""Instructions per request: one or more source trees of bourse under callgrind.
+
+    .venv/bin/python -m bench.callgrind BASE_SRC CHANGED_SRC [--conns 64] [--upstream delay] [--seconds 30]
+
+Each tree's ``bourse serve`` runs under ``valgrind --tool=callgrind`` on the gateway
+core (the harness's config and nginx upstreams, one product), is warmed up with wrk
+for 8 s, has its counters zeroed (``callgrind_control -z``), serves wrk for
+``--seconds``, and is dumped (``callgrind_control -d``): the dump's instruction count
+over the requests wrk saw answered is the tree's instructions per request. valgrind
+counts instructions, not seconds, so two runs of one tree agree within 1-2 % however
+loaded the machine is, where timed runs of the harness here scatter by 10 % and more.
+It is the judge of a change of a few per cent in CPU per request; what it does not see
+is time spent waiting on memory, on the GIL or on the kernel. Under valgrind a gateway
+serves ~50 requests/s, so wrk's timeout is raised to 120 s (c=256 lost ~10 % of its
+requests to the usual 10 s). Needs valgrind (Debian's ``valgrind`` package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+
+from bench import harness as H
+from bench.common import ADMIN_KEY, free_port, pinned, wait_healthy
+
+WARMUP_S = 8.0
+WRK_TIMEOUT = "120s"
+
+
+def _patient_wrk(args: list[str], cpu: int | None) -> list[str]:
+    """The harness's wrk command with a timeout a gateway under valgrind can meet."""
+    return pinned([WRK_TIMEOUT if a == "10s" else a for a in args], cpu)
+
+
+def _control(pid: int, flag: str) -> None:
+    subprocess.run(["callgrind_control", flag, str(pid)], check=True, capture_output=True, timeout=300)
+
+
+def _instructions(prefix: str) -> int:
+    """The ``summary`` of the dumps callgrind_control -d wrote (``<prefix>.<pid>.<n>``)."""
+    total = 0
+    for path in glob.glob(prefix + ".*.[0-9]*"):
+        m = re.search(r"^summary: (\d+)", Path(path).read_text(errors="replace"), re.M)
+        if m:
+            total += int(m.group(1))
+    return total
+
+
+def measure(stack: H.Stack, src: str, tag: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
+    """One tree: requests answered, errors and instructions while measured."""
+    prefix = str(out / tag)
+    for old in glob.glob(prefix + ".*"):
+        os.remove(old)
+    with tempfile.TemporaryDirectory(prefix="bourse-cg-") as d:
+        cfg = Path(d) / "bench.toml"
+        cfg.write_text(H.bourse_config(stack, {"bench": args.upstream}, observe=True))
+        port = free_port()
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={prefix}.%p", sys.executable,
+               "-m", "bourse", "serve", "--config", str(cfg), "--port", str(port), "--data-dir", d]  # fmt: skip
+        env = {**os.environ, "BOURSE_ADMIN_KEY": ADMIN_KEY, "PYTHONPATH": str(Path(src).resolve())}
+        with open(out / f"{tag}.log", "wb") as log:
+            proc = subprocess.Popen(pinned(cmd, H.GATEWAY_CPU), env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_healthy(base + "/healthz", 600, proc)
+            h = {"authorization": f"Bearer {ADMIN_KEY}"}
+            httpx.post(
+                base + "/admin/accounts", json={"id": "bench", "credit_usd": 1e6}, headers=h, timeout=120
+            ).raise_for_status()
+            key = httpx.post(base + "/admin/keys", json={"account": "bench"}, headers=h, timeout=120).json()[
+                "key"
+            ]
+            gw = H.Gateway(
+                tag, base + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                models={"fast": "bench"}, pid=proc.pid,
+            )  # fmt: skip
+            H.wrk(gw, "fast", args.conns, WARMUP_S, 0)
+            _control(proc.pid, "-z")
+            r = H.wrk(gw, "fast", args.conns, args.seconds, 0)
+            _control(proc.pid, "-d")
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    n = int(r["requests"])
+    ins = _instructions(prefix)
+    return {"requests": n, "errors": int(r["errors"]), "instructions": ins, "per_request": ins / max(n, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("srcs", nargs="+", help="each tree's src folder (the first is the base)")
+    ap.add_argument("--conns", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--upstream", default="fast", choices=("fast", "delay"), help="the product's upstream")
+    ap.add_argument("--out", default=str(H.LOGS / "callgrind"), help="where the dumps and logs go")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    H.raise_nofile()
+    H.LOGS.mkdir(parents=True, exist_ok=True)
+    H.pinned = _patient_wrk  # type: ignore[attr-defined]
+    stack = H.Stack()
+    results: list[tuple[str, dict[str, float]]] = []
+    with contextlib.ExitStack() as es:
+        es.enter_context(H.nginx(stack))
+        for i, src in enumerate(args.srcs):
+            res = measure(stack, src, f"tree{i}", args, out)
+            results.append((src, res))
+            print(
+                f"{src}: {res['requests']:.0f} requests ({res['errors']:.0f} errors), "
+                f"{res['per_request']:,.0f} instructions per request",
+                flush=True,
+            )
+    base = results[0][1]["per_request"]
+    for src, res in results[1:]:
+        print(f"{src} over {results[0][0]}: instructions per request {res['per_request'] / base:.3f}")
+
+
+if __name__ == "__main__":
+    main()
