@@ -22,7 +22,6 @@ import contextlib
 import glob
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from bench import harness as H
-from bench.common import ADMIN_KEY, free_port, pinned, wait_healthy
+from bench.common import ADMIN_KEY, free_port, pinned, process
 
 WARMUP_S = 8.0
 WRK_TIMEOUT = "120s"
@@ -67,12 +66,11 @@ def measure(stack: H.Stack, src: str, tag: str, args: argparse.Namespace, out: P
         port = free_port()
         cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={prefix}.%p", sys.executable,
                "-m", "bourse", "serve", "--config", str(cfg), "--port", str(port), "--data-dir", d]  # fmt: skip
-        env = {**os.environ, "BOURSE_ADMIN_KEY": ADMIN_KEY, "PYTHONPATH": str(Path(src).resolve())}
-        with open(out / f"{tag}.log", "wb") as log:
-            proc = subprocess.Popen(pinned(cmd, H.GATEWAY_CPU), env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_healthy(base + "/healthz", 600, proc)
+        env = {"BOURSE_ADMIN_KEY": ADMIN_KEY, "PYTHONPATH": str(Path(src).resolve())}
+        base = f"http://127.0.0.1:{port}"
+        with process(
+            cmd, base + "/healthz", env=env, cpu=H.GATEWAY_CPU, log=out / f"{tag}.log", health_timeout_s=600
+        ) as proc:
             h = {"authorization": f"Bearer {ADMIN_KEY}"}
             httpx.post(
                 base + "/admin/accounts", json={"id": "bench", "credit_usd": 1e6}, headers=h, timeout=120
@@ -87,13 +85,7 @@ def measure(stack: H.Stack, src: str, tag: str, args: argparse.Namespace, out: P
             H.wrk(gw, "fast", args.conns, WARMUP_S, 0)
             _control(proc.pid, "-z")
             r = H.wrk(gw, "fast", args.conns, args.seconds, 0)
-            _control(proc.pid, "-d")
-        finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _control(proc.pid, "-d")  # returns once the dump is written
     n = int(r["requests"])
     ins = _instructions(prefix)
     return {"requests": n, "errors": int(r["errors"]), "instructions": ins, "per_request": ins / max(n, 1)}
