@@ -363,19 +363,22 @@ def sanity(gw: Gateway, variant: str = "fast") -> str:
 # --------------------------------------------------------------------------- load tools
 
 
-def wrk(gw: Gateway, variant: str, conns: int, seconds: float, warmup: float) -> dict[str, Any]:
-    return wrk_together([gw], variant, conns, seconds, warmup)[0]
+def wrk(
+    gw: Gateway, variant: str, conns: int, seconds: float, warmup: float, timeout_s: int = 10
+) -> dict[str, Any]:
+    return wrk_together([gw], variant, conns, seconds, warmup, timeout_s)[0]
 
 
 def wrk_together(
-    gws: Sequence[Gateway], variant: str, conns: int, seconds: float, warmup: float
+    gws: Sequence[Gateway], variant: str, conns: int, seconds: float, warmup: float, timeout_s: int = 10
 ) -> list[dict[str, Any]]:
     """One wrk per gateway, all at once (a warm-up, then ``seconds`` measured); each
-    result with its gateway's CPU per request when it has a pid."""
+    result with its gateway's CPU per request when it has a pid. ``timeout_s``: wrk
+    counts a request unanswered after it as an error."""
     results: list[dict[str, Any]] = []
     for d in ([warmup] if warmup > 0 else []) + [seconds]:
         cpu0 = [cpu_s(gw.pid) for gw in gws]
-        procs = [_wrk_start(gw, variant, conns, d) for gw in gws]
+        procs = [_wrk_start(gw, variant, conns, d, timeout_s) for gw in gws]
         outs = [p.communicate(timeout=d + 60) for p in procs]
         results = []
         for gw, c0, (stdout, stderr) in zip(gws, cpu0, outs, strict=True):
@@ -391,7 +394,9 @@ def wrk_together(
     return results
 
 
-def _wrk_start(gw: Gateway, variant: str, conns: int, seconds: float) -> subprocess.Popen[str]:
+def _wrk_start(
+    gw: Gateway, variant: str, conns: int, seconds: float, timeout_s: int
+) -> subprocess.Popen[str]:
     ep = gw.endpoint(variant)
     assert ep is not None
     url, headers, model = ep
@@ -401,7 +406,7 @@ def _wrk_start(gw: Gateway, variant: str, conns: int, seconds: float) -> subproc
         "BENCH_HEADERS": "\n".join(f"{k}: {v}" for k, v in headers.items()),
     }
     args = pinned(
-        ["wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
+        ["wrk", "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--timeout", f"{timeout_s}s",
          "-s", str(BENCH / "wrk_post.lua"), url],
         LOAD_CPU,
     )  # fmt: skip
