@@ -1,6 +1,7 @@
 """Instructions per request: one or more source trees of bourse under callgrind.
 
     .venv/bin/python -m bench.callgrind BASE_SRC CHANGED_SRC [--conns 64] [--upstream delay] [--seconds 30]
+    .venv/bin/python -m bench.callgrind /tmp/base/src src --observe on,off   # each tree's observing
 
 Each tree's ``bourse serve`` runs under ``valgrind --tool=callgrind`` on the gateway
 core (the harness's config and nginx upstreams, one product), is warmed up with wrk
@@ -30,7 +31,7 @@ from pathlib import Path
 import httpx
 
 from bench import harness as H
-from bench.common import ADMIN_KEY, free_port, process
+from bench.common import ADMIN_KEY, free_port, observe_per_tree, process
 
 WARMUP_S = 8.0
 WRK_TIMEOUT_S = 120
@@ -51,14 +52,17 @@ def _instructions(prefix: str) -> int:
     return total
 
 
-def measure(stack: H.Stack, src: str, tag: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
-    """One tree: requests answered, errors and instructions while measured."""
+def measure(
+    stack: H.Stack, src: str, tag: str, args: argparse.Namespace, out: Path, observe: bool = True
+) -> dict[str, float]:
+    """One tree: requests answered, errors and instructions while measured (``observe``:
+    metrics and the access log on, as the harness's default bourse, or both off)."""
     prefix = str(out / tag)
     for old in glob.glob(prefix + ".*"):
         os.remove(old)
     with tempfile.TemporaryDirectory(prefix="bourse-cg-") as d:
         cfg = Path(d) / "bench.toml"
-        cfg.write_text(H.bourse_config(stack, {"bench": args.upstream}, observe=True))
+        cfg.write_text(H.bourse_config(stack, {"bench": args.upstream}, observe=observe))
         port = free_port()
         cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={prefix}.%p", sys.executable,
                "-m", "bourse", "serve", "--config", str(cfg), "--port", str(port), "--data-dir", d]  # fmt: skip
@@ -94,7 +98,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--upstream", default="fast", choices=("fast", "delay"), help="the product's upstream")
     ap.add_argument("--out", default=str(H.LOGS / "callgrind"), help="where the dumps and logs go")
+    ap.add_argument(
+        "--observe",
+        default="",
+        help="metrics and access log of each tree in order, on or off (default: all on)",
+    )
     args = ap.parse_args()
+    try:
+        observe = observe_per_tree(args.observe, len(args.srcs))
+    except ValueError as exc:
+        ap.error(str(exc))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     H.raise_nofile()
@@ -104,10 +117,10 @@ def main() -> None:
     with contextlib.ExitStack() as es:
         es.enter_context(H.nginx(stack))
         for i, src in enumerate(args.srcs):
-            res = measure(stack, src, f"tree{i}", args, out)
+            res = measure(stack, src, f"tree{i}", args, out, observe[i])
             results.append((src, res))
             print(
-                f"{src}: {res['requests']:.0f} requests ({res['errors']:.0f} errors), "
+                f"{src} (observing {'on' if observe[i] else 'off'}): {res['requests']:.0f} requests ({res['errors']:.0f} errors), "
                 f"{res['per_request']:,.0f} instructions per request",
                 flush=True,
             )

@@ -157,3 +157,13 @@ def pct(values: list[float], p: float) -> float:
         return float("nan")
     k = min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))
     return s[k]
+
+
+def observe_per_tree(spec: str, trees: int) -> list[bool]:
+    """``--observe on,off,...`` of a tool measuring several trees: metrics and the access
+    log on or off for each tree in order (an empty spec: all on). ValueError if the spec
+    does not name one of on/off per tree."""
+    words = [w.strip() for w in spec.split(",")] if spec else ["on"] * trees
+    if len(words) != trees or not set(words) <= {"on", "off"}:
+        raise ValueError(f"--observe takes one of on/off per tree ({trees}), not {spec!r}")
+    return [w == "on" for w in words]
