@@ -1,0 +1,180 @@
+"""Python calls per request: one or more source trees of bourse under cProfile.
+
+    .venv/bin/python -m bench.calls BASE_SRC CHANGED_SRC [--conns 1] [--upstream delay] [--seconds 10]
+    .venv/bin/python -m bench.calls /tmp/base/src src --observe on,off --top 60
+
+Each tree's ``bourse serve`` runs on the gateway core with
+``bench/cprofile_site/sitecustomize.py`` on its PYTHONPATH, which profiles the event
+loop's thread (where a request's Python runs; the database threads are not seen). The
+gateway is warmed up with wrk for 4 s, its counts are reset (SIGUSR1), it serves wrk for
+``--seconds``, and the counts of that window are written (SIGUSR1 again). Printed, over
+the requests wrk saw answered: the calls per request of each tree in all and by module,
+and the functions whose calls per request changed most from the first tree.
+
+A call count does not depend on how busy the machine is, so this says *which* Python
+runs more often after a change, where timed runs here scatter by 10 % and more and
+``bench.callgrind`` gives one number. cProfile's own cost per call (about 1 µs) makes
+its times useless for comparing trees: only the counts are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import pstats
+import re
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench import harness as H
+from bench.common import ADMIN_KEY, free_port, observe_per_tree, process
+
+SITE = Path(__file__).with_name("cprofile_site")
+WARMUP_S = 4.0
+
+Counts = dict[str, float]
+"""Calls per request by function (``module:function``)."""
+
+
+def _where(filename: str) -> str:
+    """A function's file as a module path (``bourse/http/relay.py``, ``asyncio/tasks.py``)."""
+    if filename == "~":
+        return "builtins"
+    if "/bourse/" in filename:  # a tree's package, wherever the tree is
+        return "bourse/" + filename.rsplit("/bourse/", 1)[1]
+    for marker in ("site-packages/", "python3.11/", "python3.12/", "python3.13/"):
+        if marker in filename:
+            return filename.rsplit(marker, 1)[1]
+    return filename
+
+
+def counts(path: str, requests: int) -> Counts:
+    """Calls per request of each function in one cProfile dump."""
+    out: collections.defaultdict[str, float] = collections.defaultdict(float)
+    stats = pstats.Stats(path).stats  # type: ignore[attr-defined]
+    for (filename, _line, function), (_prim, calls, _tt, _ct, _callers) in stats.items():
+        name = re.sub(r" at 0x[0-9a-f]+", "", function)  # a type's address differs by process
+        out[f"{_where(filename)}:{name}"] += calls / max(requests, 1)
+    return dict(out)
+
+
+def measure(
+    stack: H.Stack, src: str, tag: str, args: argparse.Namespace, out: Path, observe: bool = True
+) -> tuple[int, int, Counts]:
+    """One tree: requests answered, errors, and the calls per request while measured."""
+    prefix = str(out / tag)
+    for k in (0, 1):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(f"{prefix}.{k}")
+    with tempfile.TemporaryDirectory(prefix="bourse-calls-") as d:
+        cfg = Path(d) / "bench.toml"
+        cfg.write_text(H.bourse_config(stack, {"bench": args.upstream}, observe=observe))
+        port = free_port()
+        cmd = [sys.executable, "-m", "bourse", "serve", "--config", str(cfg), "--port", str(port), "--data-dir", d]  # fmt: skip
+        env = {
+            "BOURSE_ADMIN_KEY": ADMIN_KEY,
+            "PYTHONPATH": f"{Path(src).resolve()}{os.pathsep}{SITE}",
+            "BENCH_CPROFILE_OUT": prefix,
+        }
+        base = f"http://127.0.0.1:{port}"
+        with process(cmd, base + "/healthz", env=env, cpu=H.GATEWAY_CPU, log=out / f"{tag}.log") as proc:
+            h = {"authorization": f"Bearer {ADMIN_KEY}"}
+            httpx.post(
+                base + "/admin/accounts", json={"id": "bench", "credit_usd": 1e6}, headers=h, timeout=30
+            ).raise_for_status()
+            key = httpx.post(base + "/admin/keys", json={"account": "bench"}, headers=h, timeout=30).json()[
+                "key"
+            ]
+            gw = H.Gateway(
+                tag, base + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                models={"fast": "bench"}, pid=proc.pid,
+            )  # fmt: skip
+            H.wrk(gw, "fast", args.conns, WARMUP_S, 0)
+            _signal_and_wait(proc.pid, f"{prefix}.0")
+            r = H.wrk(gw, "fast", args.conns, args.seconds, 0)
+            _signal_and_wait(proc.pid, f"{prefix}.1")
+    n = int(r["requests"])
+    return n, int(r["errors"]), counts(f"{prefix}.1", n)
+
+
+def _signal_and_wait(pid: int, path: str, timeout_s: float = 30.0) -> None:
+    """SIGUSR1 to the gateway, then wait for the dump it writes."""
+    os.kill(pid, signal.SIGUSR1)
+    end = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            raise RuntimeError(f"no profile written to {path} within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def by_module(c: Counts) -> Counts:
+    out: collections.defaultdict[str, float] = collections.defaultdict(float)
+    for name, n in c.items():
+        out[name.rsplit(":", 1)[0]] += n
+    return dict(out)
+
+
+def report(results: list[tuple[str, Counts]], top: int) -> None:
+    """Totals, then for each later tree the modules and functions that changed most."""
+    base_name, base = results[0]
+    for name, c in results[1:]:
+        print(
+            f"\n{name} over {base_name}: calls per request {sum(c.values()):.1f} vs {sum(base.values()):.1f}"
+        )
+        for title, a, b, n in (
+            ("modules", by_module(base), by_module(c), top // 2),
+            ("functions", base, c, top),
+        ):
+            print(f"  {title} whose calls per request changed most (base, this, difference):")
+            keys = sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, 0.0) - a.get(k, 0.0)))
+            for k in keys[:n]:
+                x, y = a.get(k, 0.0), b.get(k, 0.0)
+                if abs(y - x) < 0.005:
+                    break
+                print(f"    {x:8.2f} {y:8.2f} {y - x:+8.2f}  {k}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("srcs", nargs="+", help="each tree's src folder (the first is the base)")
+    ap.add_argument("--conns", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--upstream", default="fast", choices=("fast", "delay"), help="the product's upstream")
+    ap.add_argument("--out", default=str(H.LOGS / "calls"), help="where the dumps and logs go")
+    ap.add_argument(
+        "--observe",
+        default="",
+        help="metrics and access log of each tree in order, on or off (default: all on)",
+    )
+    ap.add_argument("--top", type=int, default=40, help="functions listed per tree")
+    args = ap.parse_args()
+    try:
+        observe = observe_per_tree(args.observe, len(args.srcs))
+    except ValueError as exc:
+        ap.error(str(exc))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    H.raise_nofile()
+    H.LOGS.mkdir(parents=True, exist_ok=True)
+    stack = H.Stack()
+    results: list[tuple[str, Counts]] = []
+    with H.nginx(stack):
+        for i, (src, on) in enumerate(zip(args.srcs, observe, strict=True)):
+            word = "on" if on else "off"
+            n, errors, c = measure(stack, src, f"tree{i}", args, out, on)
+            results.append((f"{src} (observing {word})", c))
+            print(
+                f"{src} (observing {word}): {n} requests ({errors} errors), {sum(c.values()):.1f} calls per request"
+            )
+    report(results, args.top)
+
+
+if __name__ == "__main__":
+    main()
