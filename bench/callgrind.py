@@ -28,10 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
-
 from bench import harness as H
-from bench.common import ADMIN_KEY, free_port, observe_per_tree, process
+from bench.common import ADMIN_KEY, free_port, funded_key, observe_per_tree, process
 
 WARMUP_S = 8.0
 WRK_TIMEOUT_S = 120
@@ -71,13 +69,7 @@ def measure(
         with process(
             cmd, base + "/healthz", env=env, cpu=H.GATEWAY_CPU, log=out / f"{tag}.log", health_timeout_s=600
         ) as proc:
-            h = {"authorization": f"Bearer {ADMIN_KEY}"}
-            httpx.post(
-                base + "/admin/accounts", json={"id": "bench", "credit_usd": 1e6}, headers=h, timeout=120
-            ).raise_for_status()
-            key = httpx.post(base + "/admin/keys", json={"account": "bench"}, headers=h, timeout=120).json()[
-                "key"
-            ]
+            key = funded_key(base, timeout_s=120)
             gw = H.Gateway(
                 tag, base + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
                 models={"fast": "bench"}, pid=proc.pid,

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.calls /tmp/base/src src --observe on,off --top 60
 
 Each tree's ``bourse serve`` runs on the gateway core with
-``bench/cprofile_site/sitecustomize.py`` on its PYTHONPATH, which profiles the event
+``bench/gateway_site/sitecustomize.py`` on its PYTHONPATH, which profiles the event
 loop's thread (where a request's Python runs; the database threads are not seen). The
 gateway is warmed up with wrk for 4 s, its counts are reset (SIGUSR1), it serves wrk for
 ``--seconds``, and the counts of that window are written (SIGUSR1 again). Printed, over
@@ -31,12 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 from bench import harness as H
-from bench.common import ADMIN_KEY, free_port, observe_per_tree, process
+from bench.common import ADMIN_KEY, free_port, funded_key, observe_per_tree, process
 
-SITE = Path(__file__).with_name("cprofile_site")
+SITE = Path(__file__).with_name("gateway_site")
 WARMUP_S = 4.0
 
 Counts = dict[str, float]
@@ -85,13 +83,7 @@ def measure(
         }
         base = f"http://127.0.0.1:{port}"
         with process(cmd, base + "/healthz", env=env, cpu=H.GATEWAY_CPU, log=out / f"{tag}.log") as proc:
-            h = {"authorization": f"Bearer {ADMIN_KEY}"}
-            httpx.post(
-                base + "/admin/accounts", json={"id": "bench", "credit_usd": 1e6}, headers=h, timeout=30
-            ).raise_for_status()
-            key = httpx.post(base + "/admin/keys", json={"account": "bench"}, headers=h, timeout=30).json()[
-                "key"
-            ]
+            key = funded_key(base)
             gw = H.Gateway(
                 tag, base + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
                 models={"fast": "bench"}, pid=proc.pid,

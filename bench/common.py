@@ -143,12 +143,20 @@ def gateway_process(
         args += extra_args
         with process(args, f"http://127.0.0.1:{port}/healthz", env=env, cpu=cpu, log=log) as proc:
             base = f"http://127.0.0.1:{port}"
-            h = {"authorization": f"Bearer {ADMIN_KEY}"}
-            httpx.post(
-                base + "/admin/accounts", json={"id": "bench", "credit_usd": 1e6}, headers=h
-            ).raise_for_status()
-            key = httpx.post(base + "/admin/keys", json={"account": "bench"}, headers=h).json()["key"]
-            yield base + "/v1", key, proc
+            yield base + "/v1", funded_key(base), proc
+
+
+def funded_key(base: str, timeout_s: float = 30.0) -> str:
+    """A gateway's account ``bench`` (credited $1M, through the admin API) and a new API
+    key for it."""
+    h = {"authorization": f"Bearer {ADMIN_KEY}"}
+    httpx.post(
+        base + "/admin/accounts", json={"id": "bench", "credit_usd": 1e6}, headers=h, timeout=timeout_s
+    ).raise_for_status()
+    key: str = httpx.post(
+        base + "/admin/keys", json={"account": "bench"}, headers=h, timeout=timeout_s
+    ).json()["key"]
+    return key
 
 
 def pct(values: list[float], p: float) -> float:

@@ -19,7 +19,7 @@ sample or a client saw a 500. Run from the repository root::
     python -m bench.soak --minutes 15
 
 To find what grows: ``--tracemalloc N`` runs the gateway under :mod:`tracemalloc`
-(``N`` frames; ``bench/tracemalloc_site/sitecustomize.py`` on its PYTHONPATH), takes a
+(``N`` frames; ``bench/gateway_site/sitecustomize.py`` on its PYTHONPATH), takes a
 snapshot at every sample and adds to the results the lines whose allocations grew
 most from the first sample after warm-up to the one at rest. Tracing slows the
 gateway several times and its own tables count in the RSS column: such a run finds
@@ -48,7 +48,7 @@ MIB = 1024 * 1024
 ACCOUNTS = 8
 WARM_UP_SAMPLES = 2
 """Samples left out of the flatness summary (the first minute)."""
-TRACEMALLOC_SITE = Path(__file__).with_name("tracemalloc_site")
+TRACEMALLOC_SITE = Path(__file__).with_name("gateway_site")
 TOP_GROWERS = 15
 
 
@@ -87,7 +87,7 @@ def _size(path: Path) -> int:
 
 class Tracing:
     """The gateway's tracemalloc snapshots (``--tracemalloc``): one asked for at each
-    sample (SIGUSR1), written by ``bench/tracemalloc_site/sitecustomize.py``."""
+    sample (SIGUSR1), written by ``bench/gateway_site/sitecustomize.py``."""
 
     def __init__(self, folder: Path, frames: int) -> None:
         self.folder = folder

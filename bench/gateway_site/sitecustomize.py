@@ -1,0 +1,68 @@
+"""The benchmarks' hooks inside a ``bourse serve`` process: put this folder on the
+gateway's PYTHONPATH. Each hook answers SIGUSR1 (k = 0, 1, ... is the signal's number);
+any other Python process that sees this file does nothing.
+
+- ``SOAK_TRACEMALLOC_DIR`` (``python -m bench.soak --tracemalloc N``): starts
+  :mod:`tracemalloc` (``SOAK_TRACEMALLOC_FRAMES`` frames, default 10) and dumps a
+  snapshot to ``$SOAK_TRACEMALLOC_DIR/snap-<k>.pickle``.
+- ``BENCH_CPROFILE_OUT`` (``python -m bench.calls``): profiles the main thread (the
+  event loop's, where a request's Python runs) with :mod:`cProfile`, writes what it
+  counted since the last signal to ``$BENCH_CPROFILE_OUT.<k>`` and counts afresh.
+"""
+
+import os
+import sys
+
+
+def _is_gateway() -> bool:
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        argv = [a.encode() for a in sys.argv]
+    return b"bourse" in argv and b"serve" in argv
+
+
+def _tracemalloc(folder: str) -> None:
+    import gc
+    import signal
+    import tracemalloc
+
+    tracemalloc.start(int(os.environ.get("SOAK_TRACEMALLOC_FRAMES", "10")))
+    taken = [0]
+
+    def dump(signum: int, frame: object) -> None:
+        gc.collect()
+        path = os.path.join(folder, f"snap-{taken[0]}.pickle")
+        tracemalloc.take_snapshot().dump(path + ".part")
+        os.replace(path + ".part", path)  # whole or absent
+        taken[0] += 1
+
+    signal.signal(signal.SIGUSR1, dump)
+
+
+def _cprofile(prefix: str) -> None:
+    import cProfile
+    import signal
+
+    current = [cProfile.Profile()]
+    taken = [0]
+
+    def dump(signum: int, frame: object) -> None:
+        current[0].disable()
+        path = f"{prefix}.{taken[0]}"
+        current[0].dump_stats(path + ".part")
+        os.replace(path + ".part", path)  # whole or absent
+        taken[0] += 1
+        current[0] = cProfile.Profile()
+        current[0].enable()
+
+    signal.signal(signal.SIGUSR1, dump)
+    current[0].enable()
+
+
+if _is_gateway():
+    if os.environ.get("SOAK_TRACEMALLOC_DIR"):
+        _tracemalloc(os.environ["SOAK_TRACEMALLOC_DIR"])
+    elif os.environ.get("BENCH_CPROFILE_OUT"):
+        _cprofile(os.environ["BENCH_CPROFILE_OUT"])
