@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from bench import harness as H
-from bench.common import ADMIN_KEY, free_port, funded_key, observe_per_tree, process
+from bench.common import ADMIN_KEY, free_port, funded_key, observe_per_tree, process, tree_arguments
 
 WARMUP_S = 8.0
 WRK_TIMEOUT_S = 120
@@ -85,26 +85,11 @@ def measure(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("srcs", nargs="+", help="each tree's src folder (the first is the base)")
-    ap.add_argument("--conns", type=int, default=64)
-    ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--upstream", default="fast", choices=("fast", "delay"), help="the product's upstream")
-    ap.add_argument("--out", default=str(H.LOGS / "callgrind"), help="where the dumps and logs go")
-    ap.add_argument(
-        "--observe",
-        default="",
-        help="metrics and access log of each tree in order, on or off (default: all on)",
-    )
+    tree_arguments(ap, conns=64, seconds=30.0, out=str(H.LOGS / "callgrind"))
     args = ap.parse_args()
-    try:
-        observe = observe_per_tree(args.observe, len(args.srcs))
-    except ValueError as exc:
-        ap.error(str(exc))
+    observe = observe_per_tree(ap, args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    H.raise_nofile()
-    H.LOGS.mkdir(parents=True, exist_ok=True)
-    stack = H.Stack()
+    stack = H.tool_stack(out)
     results: list[tuple[str, dict[str, float]]] = []
     with contextlib.ExitStack() as es:
         es.enter_context(H.nginx(stack))

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from bench import harness as H
-from bench.common import ADMIN_KEY, free_port, funded_key, observe_per_tree, process
+from bench.common import ADMIN_KEY, free_port, funded_key, observe_per_tree, process, tree_arguments
 
 SITE = Path(__file__).with_name("gateway_site")
 WARMUP_S = 4.0
@@ -135,27 +135,12 @@ def report(results: list[tuple[str, Counts]], top: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("srcs", nargs="+", help="each tree's src folder (the first is the base)")
-    ap.add_argument("--conns", type=int, default=1)
-    ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--upstream", default="fast", choices=("fast", "delay"), help="the product's upstream")
-    ap.add_argument("--out", default=str(H.LOGS / "calls"), help="where the dumps and logs go")
-    ap.add_argument(
-        "--observe",
-        default="",
-        help="metrics and access log of each tree in order, on or off (default: all on)",
-    )
+    tree_arguments(ap, conns=1, seconds=10.0, out=str(H.LOGS / "calls"))
     ap.add_argument("--top", type=int, default=40, help="functions listed per tree")
     args = ap.parse_args()
-    try:
-        observe = observe_per_tree(args.observe, len(args.srcs))
-    except ValueError as exc:
-        ap.error(str(exc))
+    observe = observe_per_tree(ap, args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    H.raise_nofile()
-    H.LOGS.mkdir(parents=True, exist_ok=True)
-    stack = H.Stack()
+    stack = H.tool_stack(out)
     results: list[tuple[str, Counts]] = []
     with H.nginx(stack):
         for i, (src, on) in enumerate(zip(args.srcs, observe, strict=True)):

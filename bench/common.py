@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -167,11 +168,27 @@ def pct(values: list[float], p: float) -> float:
     return s[k]
 
 
-def observe_per_tree(spec: str, trees: int) -> list[bool]:
-    """``--observe on,off,...`` of a tool measuring several trees: metrics and the access
-    log on or off for each tree in order (an empty spec: all on). ValueError if the spec
-    does not name one of on/off per tree."""
+def tree_arguments(ap: argparse.ArgumentParser, *, conns: int, seconds: float, out: str) -> None:
+    """The arguments of a tool that measures one gateway per source tree, in turn (the
+    trees, wrk's connections and seconds, the product's upstream, the output folder and
+    each tree's observing); :func:`observe_per_tree` reads ``--observe``."""
+    ap.add_argument("srcs", nargs="+", help="each tree's src folder (the first is the base)")
+    ap.add_argument("--conns", type=int, default=conns)
+    ap.add_argument("--seconds", type=float, default=seconds)
+    ap.add_argument("--upstream", default="fast", choices=("fast", "delay"), help="the product's upstream")
+    ap.add_argument("--out", default=out, help="where the dumps and logs go")
+    ap.add_argument(
+        "--observe",
+        default="",
+        help="metrics and access log of each tree in order, on or off (default: all on)",
+    )
+
+
+def observe_per_tree(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[bool]:
+    """``--observe on,off,...`` (see :func:`tree_arguments`): metrics and the access log
+    on or off for each tree in order (empty: all on); a usage error otherwise."""
+    spec, trees = args.observe, len(args.srcs)
     words = [w.strip() for w in spec.split(",")] if spec else ["on"] * trees
     if len(words) != trees or not set(words) <= {"on", "off"}:
-        raise ValueError(f"--observe takes one of on/off per tree ({trees}), not {spec!r}")
+        ap.error(f"--observe takes one of on/off per tree ({trees}), not {spec!r}")
     return [w == "on" for w in words]

@@ -1185,6 +1185,15 @@ def raise_nofile() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def tool_stack(out: Path) -> Stack:
+    """A measuring tool's start (bench.callgrind, bench.calls): its output folder and the
+    harness's logs folder made, the open-files limit raised; a new :class:`Stack`."""
+    out.mkdir(parents=True, exist_ok=True)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    raise_nofile()
+    return Stack()
+
+
 def start_targets(es: contextlib.ExitStack, stack: Stack, only: set[str], *, peers: bool) -> None:
     """nginx, and for (a)-(d) bourse (twice for (a), (b): observing on and off) and the peers."""
     log("starting nginx")
