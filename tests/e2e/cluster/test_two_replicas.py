@@ -213,7 +213,13 @@ class Holder:
 
 
 class Order:
-    """A short streamed request, read in a thread; records when its content began."""
+    """A short streamed request, read in a thread; records when its content began.
+
+    Its 3 tokens come at 5 a second, so it holds its slot for about 0.6 s: an order
+    admitted after it waits for a slot that long, and the two highest bids, admitted as
+    the two holders close, show their first content first. (Streamed at once, the
+    highest bid's answer could end, and a lower bid's start in its slot, before the
+    second-highest's first chunk reached its client: once in CI.)"""
 
     def __init__(self, url: str, key: str, bid: float) -> None:
         self.url, self.key, self.bid = url, key, bid
@@ -227,7 +233,7 @@ class Order:
 
     def _run(self) -> None:
         body = {"model": "shared", "messages": USER, "stream": True, "max_price": self.bid,
-                "stream_options": {"include_usage": True}, "sim": {"output_tokens": 3}}  # fmt: skip
+                "stream_options": {"include_usage": True}, "sim": {"output_tokens": 3, "tokens_per_s": 5}}  # fmt: skip
         try:
             with httpx.Client(timeout=60) as c, c.stream(
                 "POST", self.url + "/v1/chat/completions", json=body,
