@@ -32,9 +32,16 @@ import time
 from pathlib import Path
 
 from bench import harness as H
-from bench.common import ADMIN_KEY, free_port, funded_key, observe_per_tree, process, tree_arguments
+from bench.common import (
+    ADMIN_KEY,
+    GATEWAY_SITE,
+    free_port,
+    funded_key,
+    observe_per_tree,
+    process,
+    tree_arguments,
+)
 
-SITE = Path(__file__).with_name("gateway_site")
 WARMUP_S = 4.0
 
 Counts = dict[str, float]
@@ -78,7 +85,7 @@ def measure(
         cmd = [sys.executable, "-m", "bourse", "serve", "--config", str(cfg), "--port", str(port), "--data-dir", d]  # fmt: skip
         env = {
             "BOURSE_ADMIN_KEY": ADMIN_KEY,
-            "PYTHONPATH": f"{Path(src).resolve()}{os.pathsep}{SITE}",
+            "PYTHONPATH": f"{Path(src).resolve()}{os.pathsep}{GATEWAY_SITE}",
             "BENCH_CPROFILE_OUT": prefix,
         }
         base = f"http://127.0.0.1:{port}"

@@ -19,6 +19,11 @@ import httpx
 ADMIN_KEY = "bk_admin_bench"
 
 
+GATEWAY_SITE = Path(__file__).with_name("gateway_site")
+"""The benchmarks' hooks inside a gateway process (put on its PYTHONPATH; see its
+``sitecustomize.py``): soak's tracemalloc, bench.calls' cProfile."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

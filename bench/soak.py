@@ -44,11 +44,12 @@ from tests.faults.load import Load, Tally, config
 from tests.faults.served import ADMIN_KEY, Served
 from tests.support.processes import serve_process
 
+from bench.common import GATEWAY_SITE
+
 MIB = 1024 * 1024
 ACCOUNTS = 8
 WARM_UP_SAMPLES = 2
 """Samples left out of the flatness summary (the first minute)."""
-TRACEMALLOC_SITE = Path(__file__).with_name("gateway_site")
 TOP_GROWERS = 15
 
 
@@ -96,7 +97,7 @@ class Tracing:
         os.environ["SOAK_TRACEMALLOC_DIR"] = str(folder)  # read by the gateway process only
         os.environ["SOAK_TRACEMALLOC_FRAMES"] = str(frames)
         os.environ["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(TRACEMALLOC_SITE), os.environ.get("PYTHONPATH")])
+            filter(None, [str(GATEWAY_SITE), os.environ.get("PYTHONPATH")])
         )
 
     def ask(self, pid: int) -> None:
