@@ -9,7 +9,11 @@ for 8 s, has its counters zeroed (``callgrind_control -z``), serves wrk for
 ``--seconds``, and is dumped (``callgrind_control -d``): the dump's instruction count
 over the requests wrk saw answered is the tree's instructions per request. valgrind
 counts instructions, not seconds, so two runs of one tree agree within 1-2 % however
-loaded the machine is, where timed runs of the harness here scatter by 10 % and more.
+loaded the machine is when they answer about as many requests (three c=1 runs of one
+tree: 1.818M-1.828M), where timed runs of the harness here scatter by 10 % and more.
+Work done per second rather than per request (timers, the database threads' wake-ups)
+is shared among the requests answered, so two runs that answer different numbers differ
+more: two 20 s c=64 runs of one tree, 872 and 1,094 requests, read 1.791M and 1.713M.
 It is the judge of a change of a few per cent in CPU per request; what it does not see
 is time spent waiting on memory, on the GIL or on the kernel. Under valgrind a gateway
 serves ~50 requests/s, so wrk's timeout is raised to 120 s (c=256 lost ~10 % of its
@@ -19,7 +23,6 @@ requests to the usual 10 s). Needs valgrind (Debian's ``valgrind`` package).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import glob
 import os
 import re
@@ -91,14 +94,13 @@ def main() -> None:
     out = Path(args.out)
     stack = H.tool_stack(out)
     results: list[tuple[str, dict[str, float]]] = []
-    with contextlib.ExitStack() as es:
-        es.enter_context(H.nginx(stack))
-        for i, src in enumerate(args.srcs):
-            res = measure(stack, src, f"tree{i}", args, out, observe[i])
+    with H.nginx(stack):
+        for i, (src, on) in enumerate(zip(args.srcs, observe, strict=True)):
+            res = measure(stack, src, f"tree{i}", args, out, on)
             results.append((src, res))
             print(
-                f"{src} (observing {'on' if observe[i] else 'off'}): {res['requests']:.0f} requests ({res['errors']:.0f} errors), "
-                f"{res['per_request']:,.0f} instructions per request",
+                f"{src} (observing {'on' if on else 'off'}): {res['requests']:.0f} requests "
+                f"({res['errors']:.0f} errors), {res['per_request']:,.0f} instructions per request",
                 flush=True,
             )
     base = results[0][1]["per_request"]

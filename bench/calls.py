@@ -114,6 +114,7 @@ def _signal_and_wait(pid: int, path: str, timeout_s: float = 30.0) -> None:
 
 
 def by_module(c: Counts) -> Counts:
+    """Calls per request summed by module."""
     out: collections.defaultdict[str, float] = collections.defaultdict(float)
     for name, n in c.items():
         out[name.rsplit(":", 1)[0]] += n
