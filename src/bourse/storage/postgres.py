@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -178,11 +178,11 @@ class PostgresStore(SqlStore):
                 return await loop.run_in_executor(threads, self._tx, fn, args, write)
         raise AssertionError("unreachable: retrying re-raises the last failure")
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self._unavailable_as_such(fn, args, True)
+    def _run(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        return self._unavailable_as_such(fn, args, True)
 
-    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self._unavailable_as_such(fn, args, False)
+    def _read(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        return self._unavailable_as_such(fn, args, False)
 
     async def _unavailable_as_such(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool) -> T:
         """A transaction whose connection failure outlasted the retries is :class:`StoreUnavailable`."""

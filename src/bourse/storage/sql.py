@@ -11,10 +11,11 @@ ledger change, however many statements it takes. Adapters supply
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import orjson
@@ -329,9 +330,12 @@ class BatchShort(Exception):
     each of its holds is placed alone, to find which ones it can cover)."""
 
 
-def values_list(rows: int, columns: int, cast: Sequence[str] = (), *, start: int = 0) -> str:
+@functools.lru_cache(maxsize=1024)
+def values_list(rows: int, columns: int, cast: tuple[str, ...] = (), *, start: int = 0) -> str:
     """``($1, $2), ($3, $4)``: the parameters of a multi-row VALUES list, numbered
-    after ``start`` (``cast``, if given, types each column, as ``CAST($n AS type)``)."""
+    after ``start`` (``cast``, if given, types each column, as ``CAST($n AS type)``).
+    Kept once made: a batch of writes asks for one on every transaction, with a few
+    shapes (batches are at most :data:`~bourse.storage.batching.MAX_BATCH` long)."""
     out = []
     for r in range(rows):
         cells = [f"${start + r * columns + c + 1}" for c in range(columns)]
@@ -906,13 +910,15 @@ class SqlStore:
 
     # -- adapter hooks ----------------------------------------------------------------
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(executor, *args)`` in one transaction on the database thread."""
+    def _run(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        """Run ``fn(executor, *args)`` in one transaction on the database thread: what the
+        caller awaits (a plain method, not a coroutine: no frame of its own, which every
+        suspension of a ledger write would resume)."""
         raise NotImplementedError
 
-    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+    def _read(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         """Run ``fn(executor, *args)`` for reads (no write transaction)."""
-        return await self._run(fn, *args)
+        return self._run(fn, *args)
 
     secret_box: Sealer | None = None
     """Seals webhook secrets at rest (set by the composition root); None keeps them in clear."""
@@ -1005,11 +1011,10 @@ class SqlStore:
             self._hold_accounts = {}
         return self._writes, self._hold_accounts
 
-    async def _write_one(self, item: LedgerWrite) -> Hold | None:
+    def _write_one(self, item: LedgerWrite) -> Awaitable[Hold | None]:
         if isinstance(item, Hold):
-            await self._run(_place_hold, item)
-            return None
-        return await self._run(_close_hold, *item)
+            return self._run(_place_hold, item)  # None: placed
+        return self._run(_close_hold, *item)
 
     async def _write_many(self, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
         # a hold is in at most one batch, and after its placement: its close takes it
