@@ -140,6 +140,10 @@ class Observability:
 
     # -- runs and requests ----------------------------------------------------------------
 
+    @property
+    def hears_runs(self) -> bool:
+        return self.instruments is not None or self.access is not None
+
     def run_finished(self, report: RunReport) -> None:
         if self.instruments is None and self.access is None:
             return

@@ -130,6 +130,12 @@ class Observer(Protocol):
 
     # -- runs ------------------------------------------------------------------------
 
+    @property
+    def hears_runs(self) -> bool:
+        """Whether :meth:`run_finished` counts or writes anything now: when it does not,
+        a run builds no report (metrics and the access log off)."""
+        ...
+
     def run_finished(self, report: RunReport) -> None: ...
 
     def refused(self, caller: Caller, status: int, code: str) -> None:
@@ -186,6 +192,10 @@ class NullObserver:
 
     def start_span(self, name: str, parent: Span | str | None = None, started: float | None = None) -> Span:
         return NULL_SPAN
+
+    @property
+    def hears_runs(self) -> bool:
+        return False
 
     def run_finished(self, report: RunReport) -> None:
         return None

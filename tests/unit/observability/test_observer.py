@@ -248,3 +248,38 @@ async def test_webhook_deliveries_are_counted_and_a_failed_one_is_a_warning(
         assert len(failed) == (1 if status != 200 else 0)
     finally:
         await container.stop()
+
+
+async def test_with_nothing_observed_a_run_builds_no_report_and_starts_no_child_span(
+    exchange: Exchange, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metrics, the access log and tracing off: the run settles as ever, asks for its own
+    span once (the null span) and nothing more, and hands the observer no report."""
+    obs = exchange.container.observer
+    assert isinstance(obs, Observability)
+    obs.drain()
+    spans: list[str] = []
+    reports: list[object] = []
+    start_span = obs.start_span
+
+    def counted_span(name: str, parent: Any = None, started: float | None = None) -> Any:
+        spans.append(name)
+        return start_span(name, parent, started)
+
+    monkeypatch.setattr(obs, "start_span", counted_span)
+    monkeypatch.setattr(obs, "run_finished", reports.append)
+    monkeypatch.setattr(obs, "instruments", None)
+    monkeypatch.setattr(obs, "access", None)
+    monkeypatch.setattr(obs, "tracer", None)
+    assert not obs.hears_runs
+    caller = Caller(
+        new_request_id("chat"), "/v1/chat/completions", time.perf_counter(), traceparent=TRACEPARENT
+    )
+    _, fin = await run_to_end(await _open(exchange, "plain", caller=caller))
+    assert fin.outcome == "completed" and fin.cost_micros > 0
+    assert spans == ["bourse.run"] and reports == []
+
+    monkeypatch.setattr(obs, "access", AccessLog(json=True, stream=io.StringIO()))  # heard again
+    assert obs.hears_runs
+    _, fin = await run_to_end(await _open(exchange, "plain"))
+    assert len(reports) == 1 and spans == ["bourse.run", "bourse.run"]

@@ -18,7 +18,7 @@ from bourse.observability import observer
 from bourse.observability.access_log import AccessLog
 from bourse.observability.metrics import Instruments, LiveState, Metrics
 from bourse.observability.observer import Observability
-from bourse.ports.observer import RunReport
+from bourse.ports.observer import NullObserver, RunReport
 
 pytestmark = pytest.mark.anyio
 
@@ -127,3 +127,11 @@ async def test_a_batched_line_carries_the_time_its_run_ended() -> None:
     (line,) = out.getvalue().splitlines()
     ts = datetime.datetime.strptime(orjson.loads(line)["ts"], "%Y-%m-%dT%H:%M:%S.%fZ")
     assert abs(ts.replace(tzinfo=datetime.UTC).timestamp() - ended) < 0.5
+
+
+def test_an_observer_hears_runs_when_it_counts_or_logs_them() -> None:
+    assert not NullObserver().hears_runs
+    assert not Observability().hears_runs
+    assert Observability(access=AccessLog(json=True, stream=io.StringIO())).hears_runs
+    metrics = Metrics(Instruments(), LiveState({}, _Store(), lambda *a: None), process=False)
+    assert Observability(metrics=metrics).hears_runs
