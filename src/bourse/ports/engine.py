@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, final, runtime_checkable
 
 Kind = Literal["chat", "completion"]
 
@@ -51,6 +51,7 @@ class GenerationRequest:
     attempt's span when bourse traces), or None."""
 
 
+@final
 @dataclass(slots=True)
 class ChunkEvent:
     """One OpenAI-shaped stream chunk; ``tokens`` is the engine's count of
@@ -63,6 +64,7 @@ class ChunkEvent:
     for I/O (they arrived together): the relay may write both in one send."""
 
 
+@final
 @dataclass(slots=True)
 class UsageEvent:
     prompt_tokens: int

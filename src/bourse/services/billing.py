@@ -244,22 +244,22 @@ class Billing:
 
     async def settle(self, closing: Closing) -> Settlement:
         """Close the hold per policy with its usage record; the settlement. Never raises
-        for the store: a hold it cannot close stays open, to be reconciled at the next start."""
-        settlement = assess(closing)
-        if closing.hold_id is not None:
-            record = UsageRecord(
-                request_id=closing.request_id,
-                account_id=closing.account_id,
-                product=closing.product,
-                created_at=closing.created_at,
-                outcome=settlement.outcome,
-                cost_micros=settlement.cost_micros,
-                record=usage_document(closing, settlement),
-            )
-            await self._close(closing.hold_id, closing.request_id, settlement, record)
-        return settlement
-
-    async def _close(self, hold_id: str, request_id: str, s: Settlement, record: UsageRecord) -> None:
+        for the store: a hold it cannot close stays open, to be reconciled at the next start.
+        (One coroutine, with the write's below it: every suspension of the write resumes
+        each coroutine above it.)"""
+        s = assess(closing)
+        hold_id, request_id = closing.hold_id, closing.request_id
+        if hold_id is None:
+            return s
+        record = UsageRecord(
+            request_id=request_id,
+            account_id=closing.account_id,
+            product=closing.product,
+            created_at=closing.created_at,
+            outcome=s.outcome,
+            cost_micros=s.cost_micros,
+            record=usage_document(closing, s),
+        )
         now = time.time()
         store, observer = self.store, self.observer
 
@@ -298,6 +298,7 @@ class Billing:
                 hold_id,
                 SETTLE_ATTEMPTS,
             )
+        return s
 
     # -- lifecycle ------------------------------------------------------------------
 

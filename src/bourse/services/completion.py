@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
 from enum import IntEnum
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from bourse.domain.book import Admission, Order
 from bourse.domain.charging import Outcome, RecordedOutcome
@@ -196,10 +196,11 @@ class CompletionService:
         await self._check_fits(ask, prompt, fail_fast)
         quote = quote_for(prompt, ask.max_output_tokens, ask.bid)
         grant = await self._acquire(principal, quote.tokens)
+        account_id = principal.key.account_id
         try:
             hold_id = await self.billing.hold(
                 quote,
-                account_id=principal.account_id,
+                account_id=account_id,
                 request_id=request_id,
                 product=ask.market.product,
                 key=principal.key,
@@ -214,7 +215,7 @@ class CompletionService:
             t0,
             prompt,
             quote,
-            principal.account_id,
+            account_id,
             hold_id,
             grant,
             engine_stream,
@@ -318,12 +319,16 @@ class CompletionService:
     ) -> Finished:
         """Settlement and limiter bookkeeping, detached from the client's connection;
         the run (when given) then reports its end to the observer."""
-        span = self.observer.start_span("bourse.settle", None if run is None else run.span)
+        observer = self.observer
+        span: Span = NULL_SPAN
+        if run is None or run.span is not NULL_SPAN:  # a run not traced has no child spans
+            span = observer.start_span("bourse.settle", None if run is None else run.span)
         try:
             s = await self.billing.settle(closing)
         finally:
             await self._limits_done(grant, int(closing.usage.get("total_tokens") or 0))
-            span.end()
+            if span is not NULL_SPAN:
+                span.end()
         fin = Finished(s.outcome, error, s.usage, s.receipt, text_tokens, s.cost_micros)
         if run is not None:
             run.report(fin, closing)
@@ -509,6 +514,7 @@ class Run:
 
     __slots__ = (
         "_attempt_span",
+        "_clock",
         "_deadline",
         "_engine_iter",
         "_fut",
@@ -537,7 +543,9 @@ class Run:
         "max_output_tokens",
         "order",
         "phase",
+        "policy",
         "present",
+        "product",
         "prompt",
         "queued_ms",
         "quote",
@@ -568,7 +576,9 @@ class Run:
     ) -> None:
         # -- terms (fixed) --
         self.service = service
-        self.market = ask.market
+        self.market = market = ask.market
+        self.product = market.product
+        self.policy: Policy = market.policy
         self.kind = ask.kind
         self.body = ask.body
         self.bid = ask.bid
@@ -594,6 +604,8 @@ class Run:
         """Asks whether the client is still connected (the relay's; None for a job)."""
         self._present_at = -PRESENT_FRESH_S
         """When (loop time) ``present`` last found the client connected."""
+        self._clock = asyncio.get_running_loop().time
+        """The loop's time, as :meth:`Market.now` reads it (one call, not three)."""
         self.created_at = time.time()
         self.created = int(self.created_at)
         # -- state (written by the run only) --
@@ -622,14 +634,6 @@ class Run:
         self._task: asyncio.Task[Any] | None = None
         """The task reading :meth:`events` (where :meth:`interrupt` stops it)."""
         self._attempt_span: Span = NULL_SPAN
-
-    @property
-    def product(self) -> str:
-        return self.market.product
-
-    @property
-    def policy(self) -> Policy:
-        return self.market.policy
 
     @property
     def done(self) -> bool:
@@ -670,7 +674,7 @@ class Run:
         if self.client_left:
             return False
         if self.present is not None:
-            now = self.market.now()
+            now = self._clock()
             if now - self._present_at >= PRESENT_FRESH_S:
                 if not self.present():
                     self.client_left = True
@@ -685,7 +689,7 @@ class Run:
         order.present = self._still_there
         # its request was read from the client just now: an order admitted at once is
         # not asked (a client that left meanwhile is seen by the relay's listener)
-        self._present_at = m.now()
+        self._present_at = self._clock()
         self._deadline = order.arrived_at + self.timeout_s  # a requeue or re-entry keeps it
         self._fut = fut = await m.submit(order)
         if not fut.done():  # resting in the book: its client is asked when a slot comes
@@ -719,14 +723,21 @@ class Run:
                             chunk["id"] = rid
                             chunk["model"] = product
                             chunk["created"] = created
-                            if chat:
-                                self.reasoning_tokens += _renamed_reasoning(chunk, target, other, ev.tokens)
+                            # the reasoning field renamed and counted, inline (once per chunk;
+                            # a legacy completion's choices have no delta)
+                            for choice in chunk["choices"] if chat else ():
+                                delta = choice.get("delta")
+                                if delta is not None:
+                                    if other in delta:
+                                        delta[target] = delta.pop(other)
+                                    if delta.get(target):
+                                        self.reasoning_tokens += _reasoning_count(delta[target], ev.tokens)
                             if self.phase is not streaming:
                                 self._first_output()
                             self.tokens += ev.tokens
                             yield ev
                         else:
-                            self._usage_event = cast(UsageEvent, ev)
+                            self._usage_event = ev
                         clock.pull = 1
                 except (EngineFailure, asyncio.CancelledError) as exc:
                     clock.stop()
@@ -740,17 +751,21 @@ class Run:
                 self._engine_iter = None
                 yield await self._settled("disconnected" if self.client_left else "completed", None)
                 return
-        except (GatewayError, ClientGone) as exc:
+        except (GatewayError, ClientGone, asyncio.CancelledError, GeneratorExit) as exc:
             yield await self._ended(exc)
-        except (asyncio.CancelledError, GeneratorExit) as exc:
-            await self._abandon_unless_stopped(exc)
-            yield await self._interrupted()
         finally:
             self._task = None
 
-    async def _ended(self, exc: GatewayError | ClientGone) -> Finished:
+    async def _ended(
+        self, exc: GatewayError | ClientGone | asyncio.CancelledError | GeneratorExit
+    ) -> Finished:
         """The end of a run by an error: the book's or the engine's, or a drain's stop;
-        or a slot that came after the client left (no engine started on it)."""
+        or a slot that came after the client left (no engine started on it). Or its
+        consumer stopped it (``exc`` raised again once the run is abandoned), unless
+        ``exc`` is the cancellation a drain's stop sent."""
+        if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+            await self._abandon_unless_stopped(exc)
+            return await self._interrupted()
         if exc is self._stop:
             return await self._interrupted()
         if isinstance(exc, ClientGone):
@@ -777,8 +792,9 @@ class Run:
         m, order, fut = self.market, self.order, self._fut
         assert order is not None and fut is not None
         self.phase = Phase.QUEUED
-        observer = self.service.observer
-        wait = observer.start_span("bourse.book.wait", self.span)
+        observer, run_span = self.service.observer, self.span
+        traced = run_span is not NULL_SPAN  # else no child span either (nothing is traced)
+        wait = observer.start_span("bourse.book.wait", run_span) if traced else NULL_SPAN
         try:
             adm = await m.wait(order, fut, self._deadline)  # ClientGone: the book saw the client had left
         except BaseException as exc:
@@ -788,21 +804,24 @@ class Run:
                 # given): the abandonment must not withdraw it a second time
                 self._fut = None
             raise
-        wait.end()
+        if traced:
+            wait.end()
         if not self._still_there():  # left since: give the slot to the next order, start nothing
             m.release(adm)
             raise ClientGone(order.id)
         self.admission = self.cleared = adm
         self.phase = Phase.ADMITTED
         if self.queued_ms is None:
-            self.queued_ms = (m.now() - order.arrived_at) * 1000.0
+            self.queued_ms = (self._clock() - order.arrived_at) * 1000.0
             if on_admit is not None:
                 on_admit(self)
         self.body["model"] = self.service.models[adm.deployment]
-        span = self._attempt_span = observer.start_span("bourse.engine.attempt", self.span)
-        span.set("bourse.deployment", adm.deployment)
-        span.set("bourse.attempt", order.requeues)
-        traceparent = span.traceparent or (None if self.caller is None else self.caller.traceparent)
+        traceparent = None if self.caller is None else self.caller.traceparent
+        if traced:
+            span = self._attempt_span = observer.start_span("bourse.engine.attempt", run_span)
+            span.set("bourse.deployment", adm.deployment)
+            span.set("bourse.attempt", order.requeues)
+            traceparent = span.traceparent or traceparent
         engine = m.engines[adm.deployment]
         it = engine.generate(
             GenerationRequest(
@@ -935,7 +954,8 @@ class Run:
         self.phase = Phase.DONE
         self._unlink()
         self.service.live.discard(self)
-        self._end_attempt(None if error is None else error.message)
+        if self._attempt_span is not NULL_SPAN:
+            self._end_attempt(None if error is None else error.message)
         if self.admission is not None:
             self.market.release(self.admission)
             self.admission = None
@@ -951,11 +971,24 @@ class Run:
             self.order.present = None
 
     def _end_attempt(self, error: str | None) -> None:
+        """End the engine attempt's span (callers on the hot path look for one first)."""
         span, self._attempt_span = self._attempt_span, NULL_SPAN
         span.end(error)
 
     def report(self, fin: Finished, closing: Closing) -> None:
-        """Tell the observer how the run ended (once, after its settlement)."""
+        """Tell the observer how the run ended (once, after its settlement): its report,
+        if the observer hears runs, and the end of its span."""
+        observer = self.service.observer
+        if observer.hears_runs:
+            observer.run_finished(self._report(fin, closing))
+        span = self.span
+        if span is not NULL_SPAN:
+            span.set("bourse.outcome", fin.outcome)
+            span.set("bourse.product", self.product)
+            span.set("bourse.cost_micros", fin.cost_micros)
+            span.end(None if fin.error is None else fin.error.code)
+
+    def _report(self, fin: Finished, closing: Closing) -> RunReport:
         caller, usage, cleared = self.caller, fin.usage, self.cleared
         error = fin.error
         if self.stream and caller is not None:
@@ -964,7 +997,7 @@ class Run:
             status = error.status
         else:
             status = 499 if self.client_left else 200
-        report = RunReport(
+        return RunReport(
             method=None if caller is None else "POST",
             route=caller.route if caller is not None else ENDPOINTS[closing.kind],
             status=status,
@@ -988,13 +1021,6 @@ class Run:
             latency_ms=closing.receipt["latency_ms"],
             requeues=0 if self.order is None else self.order.requeues,
         )
-        self.service.observer.run_finished(report)
-        span = self.span
-        if span is not NULL_SPAN:
-            span.set("bourse.outcome", fin.outcome)
-            span.set("bourse.product", self.product)
-            span.set("bourse.cost_micros", fin.cost_micros)
-            span.end(None if error is None else error.code)
 
     def _closing(self, outcome: Outcome) -> Closing:
         usage = self._usage()
@@ -1064,20 +1090,6 @@ def _reasoning_details(usage: dict[str, Any], relayed: int) -> None:
     if not (isinstance(given, int) and given > 0):
         details["reasoning_tokens"] = relayed
     usage["completion_tokens_details"] = details
-
-
-def _renamed_reasoning(chunk: dict[str, Any], target: str, other: str, tokens: int) -> int:
-    """Rename the reasoning field ``other`` of each choice's delta to ``target``; the
-    reasoning tokens the chunk carries (of its ``tokens``)."""
-    reasoning = 0
-    for choice in chunk["choices"]:
-        delta = choice.get("delta")
-        if delta is not None:
-            if other in delta:
-                delta[target] = delta.pop(other)
-            if delta.get(target):
-                reasoning += _reasoning_count(delta[target], tokens)
-    return reasoning
 
 
 def _reasoning_count(text: Any, tokens: int) -> int:
