@@ -153,9 +153,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         return not any(ev & (_RDHUP | select.POLLHUP | select.POLLERR) for _, ev in poller.poll(0))
 
     def on_headers_complete(self) -> None:
-        self._disarm()
-        super().on_headers_complete()
-        # a request without a body completes at once (on_message_complete disarms)
+        super().on_headers_complete()  # starts the application's task; it runs later
+        # the headers' deadline gives way to the body's; a request without a body
+        # completes at once (on_message_complete disarms)
         self._arm(self.limits.body_timeout_s, self._body_late)
 
     def on_message_complete(self) -> None:
@@ -165,10 +165,15 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     # deadlines
 
     def _arm(self, seconds: float, late: Callable[[], None]) -> None:
-        self._disarm()
+        """The deadline ``late`` in ``seconds``, in place of any other (called twice per
+        request: one disarm of its own, not a call to :meth:`_disarm`)."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         if self._feeding:
             self._due = (seconds, late)
             return
+        self._due = None
         self._deadline = self.loop.call_later(seconds, late)
 
     def _disarm(self) -> None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import orjson
 from starlette.types import Message, Receive, Scope, Send
@@ -76,10 +76,6 @@ log = logging.getLogger("bourse.relay")
 
 OnDone = Callable[[int, dict[str, str], bytes | None], Awaitable[None]]
 """Called once with the final status, headers and body (None: no answer to keep)."""
-
-
-def _data_frame(chunk: dict[str, Any]) -> bytes:
-    return b"data: %b\n\n" % orjson.dumps(chunk)
 
 
 def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
@@ -122,7 +118,10 @@ Watch = Callable[[Callable[[], None] | None], None]
 def _watch_of(scope: Scope) -> Watch | None:
     ext = scope.get("extensions")
     present = ext.get("bourse.client_present") if ext else None
-    return None if present is None else cast(Watch | None, present.get("watch"))
+    if present is None:
+        return None
+    watch: Watch | None = present.get("watch")
+    return watch
 
 
 def _unless_client_left(group: BaseExceptionGroup[BaseException]) -> None:
@@ -405,13 +404,14 @@ class RunResponse:
         self._last = loop.time()
         self._arm()
         events = run.events()
-        frame_of = self._framer()
+        frame_of = self._framer()  # None: each chunk as it is, one frame, made inline
+        dumps = orjson.dumps
         together: list[bytes] = []  # frames of chunks that arrived with the next one
         try:
             async for ev in events:
                 if type(ev) is ChunkEvent:
                     if not self._gone:
-                        frame = frame_of(ev.chunk)
+                        frame = b"data: %b\n\n" % dumps(ev.chunk) if frame_of is None else frame_of(ev.chunk)
                         if not frame:  # held back
                             continue
                         if ev.more:
@@ -453,12 +453,13 @@ class RunResponse:
             together.clear()
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    def _framer(self) -> Callable[[dict[str, Any]], bytes]:
-        """How a chunk becomes its frames: as it is, or shaped by the policy (:meth:`_shaped`)."""
+    def _framer(self) -> Callable[[dict[str, Any]], bytes] | None:
+        """How a chunk becomes its frames: shaped by the policy (:meth:`_shaped`) or
+        another API's encoder; None: as it is (``data: <chunk>``, made in the loop)."""
         if self.encoder is not None:
             return self.encoder.frames
         shapes = self._hold_terminal or self.run.policy.split_role_and_finish
-        return self._shaped if shapes else _data_frame
+        return self._shaped if shapes else None
 
     def _shaped(self, chunk: dict[str, Any]) -> bytes:
         """The frames of ``chunk`` under the policy: split (role, content, finish), and
