@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.callgrind BASE_SRC CHANGED_SRC [--conns 64] [--upstream delay] [--seconds 30]
     .venv/bin/python -m bench.callgrind /tmp/base/src src --observe on,off   # each tree's observing
+    .venv/bin/python -m bench.callgrind /tmp/base/src src --sse --conns 32   # per stream
 
 Each tree's ``bourse serve`` runs under ``valgrind --tool=callgrind`` on the gateway
 core (the harness's config and nginx upstreams, one product), is warmed up with wrk
@@ -77,13 +78,12 @@ def measure(
                 tag, base + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
                 models={"fast": "bench"}, pid=proc.pid,
             )  # fmt: skip
-            H.wrk(gw, "fast", args.conns, WARMUP_S, 0, WRK_TIMEOUT_S)
+            H.load(gw, args.conns, WARMUP_S, streamed=args.sse, timeout_s=WRK_TIMEOUT_S)
             _control(proc.pid, "-z")
-            r = H.wrk(gw, "fast", args.conns, args.seconds, 0, WRK_TIMEOUT_S)
+            n, errors = H.load(gw, args.conns, args.seconds, streamed=args.sse, timeout_s=WRK_TIMEOUT_S)
             _control(proc.pid, "-d")  # returns once the dump is written
-    n = int(r["requests"])
     ins = _instructions(prefix)
-    return {"requests": n, "errors": int(r["errors"]), "instructions": ins, "per_request": ins / max(n, 1)}
+    return {"requests": n, "errors": errors, "instructions": ins, "per_request": ins / max(n, 1)}
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.calls BASE_SRC CHANGED_SRC [--conns 1] [--upstream delay] [--seconds 10]
     .venv/bin/python -m bench.calls /tmp/base/src src --observe on,off --top 60
+    .venv/bin/python -m bench.calls /tmp/base/src src --sse --conns 32   # per stream
 
 Each tree's ``bourse serve`` runs on the gateway core with
 ``bench/gateway_site/sitecustomize.py`` on its PYTHONPATH, which profiles the event
@@ -95,12 +96,11 @@ def measure(
                 tag, base + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
                 models={"fast": "bench"}, pid=proc.pid,
             )  # fmt: skip
-            H.wrk(gw, "fast", args.conns, WARMUP_S, 0)
+            H.load(gw, args.conns, WARMUP_S, streamed=args.sse)
             _signal_and_wait(proc.pid, f"{prefix}.0")
-            r = H.wrk(gw, "fast", args.conns, args.seconds, 0)
+            n, errors = H.load(gw, args.conns, args.seconds, streamed=args.sse)
             _signal_and_wait(proc.pid, f"{prefix}.1")
-    n = int(r["requests"])
-    return n, int(r["errors"]), counts(f"{prefix}.1", n)
+    return n, errors, counts(f"{prefix}.1", n)
 
 
 def _signal_and_wait(pid: int, path: str, timeout_s: float = 30.0) -> None:

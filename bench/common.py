@@ -175,12 +175,15 @@ def pct(values: list[float], p: float) -> float:
 
 def tree_arguments(ap: argparse.ArgumentParser, *, conns: int, seconds: float, out: str) -> None:
     """The arguments of a tool that measures one gateway per source tree, in turn (the
-    trees, wrk's connections and seconds, the product's upstream, the output folder and
-    each tree's observing); :func:`observe_per_tree` reads ``--observe``."""
+    trees, the load's connections and seconds, the product's upstream, wrk or streams,
+    the output folder and each tree's observing); :func:`observe_per_tree` reads ``--observe``."""
     ap.add_argument("srcs", nargs="+", help="each tree's src folder (the first is the base)")
     ap.add_argument("--conns", type=int, default=conns)
     ap.add_argument("--seconds", type=float, default=seconds)
     ap.add_argument("--upstream", default="fast", choices=("fast", "delay"), help="the product's upstream")
+    ap.add_argument(
+        "--sse", action="store_true", help="streamed requests (bench/sse_load.py, 16 chunks each), not wrk"
+    )
     ap.add_argument("--out", default=out, help="where the dumps and logs go")
     ap.add_argument(
         "--observe",

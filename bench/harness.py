@@ -440,6 +440,20 @@ def sse(gw: Gateway, variant: str, extra: list[str], timeout: float) -> dict[str
     return dict(json.loads(lines[-1]))
 
 
+def load(
+    gw: Gateway, conns: int, seconds: float, *, streamed: bool = False, timeout_s: int = 10
+) -> tuple[int, int]:
+    """``conns`` clients for ``seconds``: wrk (non-streamed requests), or ``streamed``,
+    the SSE client (16-chunk streams); the requests (streams) answered and the errors.
+    ``timeout_s``: wrk's (the SSE client waits as long as the round lasts)."""
+    if not streamed:
+        r = wrk(gw, "fast", conns, seconds, 0, timeout_s)
+        return int(r["requests"]), int(r["errors"])
+    extra = ["--concurrency", str(conns), "--duration", str(seconds)]
+    s = sse(gw, "fast", extra, seconds + 60 + timeout_s)
+    return int(s["streams_ok"]), sum(int(n) for n in s["errors"].values())
+
+
 def vm(pid: int | None) -> dict[str, int]:
     out: dict[str, int] = {}
     if pid is None:
