@@ -19,6 +19,10 @@ harness's SSE client (``bench/sse_load.py``, 16-chunk upstream streams: scenario
 with ``--conns 32``) instead of wrk, and compares streams/s and the gateway's CPU per
 stream.
 
+``--preload SECONDS`` first loads each gateway with wrk (c=64) for that long, so that
+its ledger holds what a gateway of bench/run.sh holds by its later scenarios (the
+ledger's threads spend more a request as it grows).
+
 ``--together`` loads both at the same time in each round instead: they share the
 gateway core, so their throughputs stand in the inverse ratio of their CPU per
 request, and whatever disturbs the machine falls on both in the same seconds. Two
@@ -58,6 +62,11 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--upstream", default="fast", choices=("fast", "delay"), help="the product's upstream")
     ap.add_argument("--sse", action="store_true", help="streamed requests (bench/sse_load.py), not wrk")
+    ap.add_argument(
+        "--preload", type=float, default=0.0,
+        help="seconds of wrk (c=64, non-streamed) on each gateway before the rounds: the ledger a gateway of "
+        "bench/run.sh has built up by its later scenarios",
+    )  # fmt: skip
     args = ap.parse_args()
     observe = [w.strip() for w in args.observe.split(",")]
     H.raise_nofile()
@@ -80,6 +89,10 @@ def main() -> None:
                 name, base + "/chat/completions", headers={"authorization": f"Bearer {key}"},
                 models={"fast": "bench"}, pid=proc.pid,
             )  # fmt: skip
+        for gw in gws.values():
+            if args.preload > 0:
+                served, _ = H.load(gw, 64, args.preload)
+                print(f"{gw.name}: preloaded with {served} requests", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
         for i in range(args.rounds):
             if args.sse:

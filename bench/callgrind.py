@@ -19,6 +19,16 @@ It is the judge of a change of a few per cent in CPU per request; what it does n
 is time spent waiting on memory, on the GIL or on the kernel. Under valgrind a gateway
 serves ~50 requests/s, so wrk's timeout is raised to 120 s (c=256 lost ~10 % of its
 requests to the usual 10 s). Needs valgrind (Debian's ``valgrind`` package).
+
+``--cache-sim`` also simulates the caches and the branch predictor (callgrind's
+``--cache-sim=yes --branch-sim=yes``; ``--ll BYTES`` sets the last-level cache's size)
+and prints each event a request (``D1mr``, ``DLmr``, ``Bcm``, ...) and cachegrind's
+estimate of cycles (an instruction each, 10 a first-level miss or mispredicted branch,
+100 a last-level miss). It runs ~5 times slower still: compare runs of equal length.
+On 2026-12-01 it found main's streams no worse than the tree before issue 12 in any
+miss (first-level 0.91-0.94, last-level with a 1 MiB LL 0.68-0.88, mispredicts 0.94),
+so the CPU per stream main spends over that tree alone is not Python work nor its
+memory as valgrind models it (see docs/design.md).
 """
 
 from __future__ import annotations
@@ -44,14 +54,26 @@ def _control(pid: int, flag: str) -> None:
     subprocess.run(["callgrind_control", flag, str(pid)], check=True, capture_output=True, timeout=300)
 
 
-def _instructions(prefix: str) -> int:
-    """The ``summary`` of the dumps callgrind_control -d wrote (``<prefix>.<pid>.<n>``)."""
-    total = 0
+def _events(prefix: str) -> dict[str, int]:
+    """The ``summary`` of the dumps callgrind_control -d wrote (``<prefix>.<pid>.<n>``),
+    by event (``Ir``: instructions; with ``--cache-sim`` the cache and branch events too)."""
+    total: dict[str, int] = {}
     for path in glob.glob(prefix + ".*.[0-9]*"):
-        m = re.search(r"^summary: (\d+)", Path(path).read_text(errors="replace"), re.M)
-        if m:
-            total += int(m.group(1))
+        text = Path(path).read_text(errors="replace")
+        names = re.search(r"^events: (.+)$", text, re.M)
+        values = re.search(r"^summary: (.+)$", text, re.M)
+        if names and values:
+            for name, value in zip(names.group(1).split(), values.group(1).split(), strict=False):
+                total[name] = total.get(name, 0) + int(value)
     return total
+
+
+def _cycles(ev: dict[str, int]) -> float:
+    """cachegrind's estimate of cycles: an instruction each, 10 for a first-level miss,
+    100 for a last-level one, 10 for a mispredicted branch."""
+    l1 = ev.get("I1mr", 0) + ev.get("D1mr", 0) + ev.get("D1mw", 0)
+    ll = ev.get("ILmr", 0) + ev.get("DLmr", 0) + ev.get("DLmw", 0)
+    return ev.get("Ir", 0) + 10 * l1 + 100 * ll + 10 * (ev.get("Bcm", 0) + ev.get("Bim", 0))
 
 
 def measure(
@@ -66,7 +88,10 @@ def measure(
         cfg = Path(d) / "bench.toml"
         cfg.write_text(H.bourse_config(stack, {"bench": args.upstream}, observe=observe))
         port = free_port()
-        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={prefix}.%p", sys.executable,
+        sim = ["--cache-sim=yes", "--branch-sim=yes"] if args.cache_sim else []
+        if args.cache_sim and args.ll:
+            sim.append(f"--LL={args.ll},16,64")
+        cmd = ["valgrind", "--tool=callgrind", *sim, f"--callgrind-out-file={prefix}.%p", sys.executable,
                "-m", "bourse", "serve", "--config", str(cfg), "--port", str(port), "--data-dir", d]  # fmt: skip
         env = {"BOURSE_ADMIN_KEY": ADMIN_KEY, "PYTHONPATH": str(Path(src).resolve())}
         base = f"http://127.0.0.1:{port}"
@@ -82,13 +107,32 @@ def measure(
             _control(proc.pid, "-z")
             n, errors = H.load(gw, args.conns, args.seconds, streamed=args.sse, timeout_s=WRK_TIMEOUT_S)
             _control(proc.pid, "-d")  # returns once the dump is written
-    ins = _instructions(prefix)
-    return {"requests": n, "errors": errors, "instructions": ins, "per_request": ins / max(n, 1)}
+    ev = _events(prefix)
+    per = max(n, 1)
+    out_: dict[str, float] = {
+        "requests": n,
+        "errors": errors,
+        "instructions": ev.get("Ir", 0),
+        "per_request": ev.get("Ir", 0) / per,
+    }
+    if args.cache_sim:
+        out_.update({f"{k}_per_request": v / per for k, v in ev.items()})
+        out_["cycles_per_request"] = _cycles(ev) / per
+    return out_
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     tree_arguments(ap, conns=64, seconds=30.0, out=str(H.LOGS / "callgrind"))
+    ap.add_argument(
+        "--cache-sim", action="store_true",
+        help="simulate the caches and branch predictor too: misses a request and an estimate of cycles",
+    )  # fmt: skip
+    ap.add_argument(
+        "--ll", type=int, default=0,
+        help="with --cache-sim: the last-level cache's size in bytes (16-way, 64-byte lines; default: this "
+        "machine's), e.g. 1048576 for a share of a busy host's L3",
+    )  # fmt: skip
     args = ap.parse_args()
     observe = observe_per_tree(ap, args)
     out = Path(args.out)
@@ -103,9 +147,23 @@ def main() -> None:
                 f"({res['errors']:.0f} errors), {res['per_request']:,.0f} instructions per request",
                 flush=True,
             )
-    base = results[0][1]["per_request"]
+            if args.cache_sim:
+                print(
+                    "  "
+                    + ", ".join(
+                        f"{k[: -len('_per_request')]} {v:,.0f}"
+                        for k, v in res.items()
+                        if k.endswith("_per_request") and k != "per_request"
+                    )
+                )
+    base = results[0][1]
     for src, res in results[1:]:
-        print(f"{src} over {results[0][0]}: instructions per request {res['per_request'] / base:.3f}")
+        print(
+            f"{src} over {results[0][0]}: instructions per request {res['per_request'] / base['per_request']:.3f}"
+        )
+        if args.cache_sim:
+            ratios = {k: res[k] / base[k] for k in res if k.endswith("_per_request") and base.get(k)}
+            print("  " + ", ".join(f"{k[: -len('_per_request')]} {v:.3f}" for k, v in ratios.items()))
 
 
 if __name__ == "__main__":
