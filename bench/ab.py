@@ -89,10 +89,9 @@ def main() -> None:
                 name, base + "/chat/completions", headers={"authorization": f"Bearer {key}"},
                 models={"fast": "bench"}, pid=proc.pid,
             )  # fmt: skip
-        for gw in gws.values():
-            if args.preload > 0:
-                served, _ = H.load(gw, 64, args.preload)
-                print(f"{gw.name}: preloaded with {served} requests", flush=True)
+        for gw in gws.values() if args.preload > 0 else ():
+            served, _ = H.load(gw, 64, args.preload)
+            print(f"{gw.name}: preloaded with {served} requests", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
         for i in range(args.rounds):
             if args.sse:

@@ -109,16 +109,16 @@ def measure(
             _control(proc.pid, "-d")  # returns once the dump is written
     ev = _events(prefix)
     per = max(n, 1)
-    out_: dict[str, float] = {
+    result: dict[str, float] = {
         "requests": n,
         "errors": errors,
         "instructions": ev.get("Ir", 0),
         "per_request": ev.get("Ir", 0) / per,
     }
     if args.cache_sim:
-        out_.update({f"{k}_per_request": v / per for k, v in ev.items()})
-        out_["cycles_per_request"] = _cycles(ev) / per
-    return out_
+        result.update({f"{k}_per_request": v / per for k, v in ev.items()})
+        result["cycles_per_request"] = _cycles(ev) / per
+    return result
 
 
 def main() -> None:
@@ -134,6 +134,8 @@ def main() -> None:
         "machine's), e.g. 1048576 for a share of a busy host's L3",
     )  # fmt: skip
     args = ap.parse_args()
+    if args.ll and not args.cache_sim:
+        ap.error("--ll sizes a simulated cache: give --cache-sim too")
     observe = observe_per_tree(ap, args)
     out = Path(args.out)
     stack = H.tool_stack(out)
