@@ -145,7 +145,7 @@ class Observability:
         return self.instruments is not None or self.access is not None
 
     def run_finished(self, report: RunReport) -> None:
-        if self.instruments is None and self.access is None:
+        if not self.hears_runs:
             return
         q = self._finished
         q.append((report, time.time()))

@@ -406,9 +406,7 @@ class SqliteStore(SqlStore):
         return out
 
     def _run(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
-        return self._submit(fn, args)
-
-    def _read(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        # reads too (SqlStore._read): one connection, one thread, reads and writes alike
         return self._submit(fn, args)
 
 
