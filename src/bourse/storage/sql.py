@@ -387,6 +387,11 @@ def _new_holds(db: Executor, holds: list[Hold]) -> list[Exception | None]:
     """The rows of a batch's holds (the capped ones in key order, the others in one
     statement), each hold's refusal or None; the caller debits the accounts."""
     out: list[Exception | None] = [None] * len(holds)
+    seen: set[str] = set()
+    for i, h in enumerate(holds):  # one row per id: a second hold of an id in the batch is refused
+        if h.id in seen:
+            out[i] = IntegrityError(f"hold {h.id} exists")
+        seen.add(h.id)
     for account_id in sorted({h.account_id for h in holds}):
         if db.fetchrow("SELECT 1 AS x FROM accounts WHERE id = $1", account_id) is None:
             for i, h in enumerate(holds):
@@ -508,7 +513,16 @@ def _ledger_batch(db: Executor, items: list[LedgerWrite]) -> list[Hold | Excepti
     a hold None, a refused write its exception."""
     out: list[Hold | Exception | None] = [None] * len(items)
     delta: dict[str, int] = {}
-    closes = [(i, item) for i, item in enumerate(items) if not isinstance(item, Hold)]
+    closes: list[tuple[int, Closing]] = []
+    closing: set[str] = set()
+    for i, item in enumerate(items):
+        if isinstance(item, Hold):
+            continue
+        if item[0] in closing:  # a second close of one hold in the batch finds it closed
+            out[i] = HoldNotOpen(item[0])
+            continue
+        closing.add(item[0])
+        closes.append((i, item))
     rows = {r["id"]: r for r in _close_rows(db, [c for _, c in closes])} if closes else {}
     for i, close in closes:
         row = rows.get(close[0])

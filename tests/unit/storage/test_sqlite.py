@@ -1,14 +1,19 @@
-"""The SQLite adapter's own mechanics: WAL checkpoints off the commit path."""
+"""The SQLite adapter's own mechanics: WAL checkpoints off the commit path, and the
+commit thread (a fault in a batch, closing)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
+from bourse.ports.stores import Hold, HoldNotOpen
+from bourse.storage import sql
 from bourse.storage.sql import Executor
 from bourse.storage.sqlite import SqliteStore
 
@@ -96,5 +101,80 @@ async def test_a_reset_under_writes_restarts_the_log_in_place_and_an_idle_one_em
                 break
             await anyio.sleep(0.05)
         assert modes[-1] == "TRUNCATE" and (await wal.stat()).st_size == 0
+    finally:
+        await store.close()
+
+
+# -- the commit thread --------------------------------------------------------------------
+
+
+def _hold(hold_id: str, amount: int, account_id: str = "a") -> Hold:
+    return Hold(
+        id=hold_id, account_id=account_id, request_id="req_" + hold_id, amount_micros=amount,
+        state="open", owner="gw", product="p", created_at=time.time(),
+    )  # fmt: skip
+
+
+async def test_a_fault_in_a_batch_fails_its_transactions_and_the_thread_serves_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = SqliteStore(":memory:")
+    await store.open()
+    try:
+        real = store._run_batch
+        faults = [RuntimeError("a bug in the batch")]
+
+        def faulty(batch: list[Any]) -> Any:
+            if faults:
+                assert store._conn is not None
+                store._conn.execute("BEGIN IMMEDIATE")  # left open by the fault: rolled back
+                raise faults.pop()
+            return real(batch)
+
+        monkeypatch.setattr(store, "_run_batch", faulty)
+        with anyio.fail_after(10), pytest.raises(RuntimeError, match="a bug in the batch"):
+            await store.create_account("a", 1_000, time.time())  # answered, not left waiting
+        assert await store.account("a") is None  # nothing of it stayed
+        await store.create_account("a", 1_000, time.time())
+        account = await store.account("a")
+        assert account is not None and account.balance_micros == 1_000
+    finally:
+        await store.close()
+
+
+async def test_close_answers_what_was_queued_before_it() -> None:
+    store = SqliteStore(":memory:")
+    await store.open()
+    pending = [asyncio.ensure_future(store.create_account(f"a{i}", i, time.time())) for i in range(20)]
+    await asyncio.sleep(0)  # each has queued its transaction
+    await store.close()
+    assert [p.exception() for p in pending] == [None] * 20
+    with pytest.raises(RuntimeError, match="not open"):
+        await store.create_account("late", 1, time.time())
+
+
+async def test_one_ledger_batch_places_an_id_once_and_closes_a_hold_once() -> None:
+    """Two holds of one id, or two closes of one hold, in one batch of ledger writes:
+    the second is refused, and the account is debited (or refunded) once. (SQLite's
+    UPDATE ... FROM a VALUES list with one id twice closed the row once, with either
+    row's values, and answered both closes with it: two refunds.)"""
+    store = SqliteStore(":memory:")
+    await store.open()
+    try:
+        now = time.time()
+        await store.create_account("a", 1_000, now)
+        out = await store._run(sql._ledger_batch, [_hold("h", 100), _hold("h", 100)])
+        assert out[0] is None and isinstance(out[1], sql.IntegrityError)
+        a = await store.account("a")
+        assert a is not None and (a.balance_micros, a.open_holds_micros) == (900, 100)
+        closes: list[sql.LedgerWrite] = [
+            ("h", "settled", 10, None, None, now),
+            ("h", "released", 0, None, None, now),
+        ]
+        out = await store._run(sql._ledger_batch, closes)
+        assert isinstance(out[0], Hold) and isinstance(out[1], HoldNotOpen)
+        a = await store.account("a")
+        assert a is not None and (a.balance_micros, a.open_holds_micros, a.spent_micros) == (990, 0, 10)
+        assert (await store.totals()).balanced
     finally:
         await store.close()
