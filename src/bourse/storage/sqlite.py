@@ -183,8 +183,12 @@ class SqliteStore(SqlStore):
 
     async def close(self) -> None:
         pool, conn = self._pool, self._conn
-        if self._committer is not None and pool is not None:
-            await asyncio.get_running_loop().run_in_executor(pool, self._stop_committer)
+        committer, self._committer, self._loop = self._committer, None, None
+        if committer is not None:
+            # put on the loop's thread: what was submitted before runs first, and a
+            # transaction submitted after is refused ("not open"), never left waiting
+            self._inbox.put(None)
+            await asyncio.get_running_loop().run_in_executor(pool, committer.join)
         if self._checkpointer is not None and pool is not None:
             await asyncio.get_running_loop().run_in_executor(pool, self._stop_checkpointer)
         self._pool = self._conn = self._exec = None
@@ -222,13 +226,6 @@ class SqliteStore(SqlStore):
         thread = threading.Thread(target=self._serve, args=(self._loop,), name="bourse-sqlite", daemon=True)
         thread.start()
         self._committer = thread
-
-    def _stop_committer(self) -> None:
-        """The transactions queued before are run and answered first."""
-        thread, self._committer, self._loop = self._committer, None, None
-        if thread is not None:
-            self._inbox.put(None)
-            thread.join()
 
     def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         """The commit thread: each batch of what is queued, in one transaction."""
