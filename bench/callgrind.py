@@ -54,17 +54,21 @@ def _control(pid: int, flag: str) -> None:
     subprocess.run(["callgrind_control", flag, str(pid)], check=True, capture_output=True, timeout=300)
 
 
-def _events(prefix: str) -> dict[str, int]:
-    """The ``summary`` of the dumps callgrind_control -d wrote (``<prefix>.<pid>.<n>``),
-    by event (``Ir``: instructions; with ``--cache-sim`` the cache and branch events too)."""
-    total: dict[str, int] = {}
+def _events(prefix: str) -> dict[str, dict[str, int]]:
+    """The ``summary`` of the dumps callgrind_control -d wrote, one per thread
+    (``<prefix>.<pid>.<n>-<thread>``, ``--separate-threads=yes``), by event (``Ir``:
+    instructions; with ``--cache-sim`` the cache and branch events too): ``all``, and
+    ``loop`` for the first thread (the event loop's, where a request's Python runs)."""
+    total: dict[str, dict[str, int]] = {"all": {}, "loop": {}}
     for path in glob.glob(prefix + ".*.[0-9]*"):
         text = Path(path).read_text(errors="replace")
         names = re.search(r"^events: (.+)$", text, re.M)
         values = re.search(r"^summary: (.+)$", text, re.M)
         if names and values:
+            into = [total["all"]] + ([total["loop"]] if path.endswith("-01") else [])
             for name, value in zip(names.group(1).split(), values.group(1).split(), strict=False):
-                total[name] = total.get(name, 0) + int(value)
+                for t in into:
+                    t[name] = t.get(name, 0) + int(value)
     return total
 
 
@@ -91,7 +95,7 @@ def measure(
         sim = ["--cache-sim=yes", "--branch-sim=yes"] if args.cache_sim else []
         if args.cache_sim and args.ll:
             sim.append(f"--LL={args.ll},16,64")
-        cmd = ["valgrind", "--tool=callgrind", *sim, f"--callgrind-out-file={prefix}.%p", sys.executable,
+        cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", *sim, f"--callgrind-out-file={prefix}.%p", sys.executable,
                "-m", "bourse", "serve", "--config", str(cfg), "--port", str(port), "--data-dir", d]  # fmt: skip
         env = {"BOURSE_ADMIN_KEY": ADMIN_KEY, "PYTHONPATH": str(Path(src).resolve())}
         base = f"http://127.0.0.1:{port}"
@@ -107,13 +111,15 @@ def measure(
             _control(proc.pid, "-z")
             n, errors = H.load(gw, args.conns, args.seconds, streamed=args.sse, timeout_s=WRK_TIMEOUT_S)
             _control(proc.pid, "-d")  # returns once the dump is written
-    ev = _events(prefix)
+    threads = _events(prefix)
+    ev = threads["all"]
     per = max(n, 1)
     result: dict[str, float] = {
         "requests": n,
         "errors": errors,
         "instructions": ev.get("Ir", 0),
         "per_request": ev.get("Ir", 0) / per,
+        "loop_per_request": threads["loop"].get("Ir", 0) / per,
     }
     if args.cache_sim:
         result.update({f"{k}_per_request": v / per for k, v in ev.items()})
@@ -146,7 +152,9 @@ def main() -> None:
             results.append((src, res))
             print(
                 f"{src} (observing {'on' if on else 'off'}): {res['requests']:.0f} requests "
-                f"({res['errors']:.0f} errors), {res['per_request']:,.0f} instructions per request",
+                f"({res['errors']:.0f} errors), {res['per_request']:,.0f} instructions per request "
+                f"(the event loop's thread {res['loop_per_request']:,.0f}, the others "
+                f"{res['per_request'] - res['loop_per_request']:,.0f})",
                 flush=True,
             )
             if args.cache_sim:
@@ -155,16 +163,22 @@ def main() -> None:
                     + ", ".join(
                         f"{k[: -len('_per_request')]} {v:,.0f}"
                         for k, v in res.items()
-                        if k.endswith("_per_request") and k != "per_request"
+                        if k.endswith("_per_request") and k not in ("per_request", "loop_per_request")
                     )
                 )
     base = results[0][1]
     for src, res in results[1:]:
+        others = (res["per_request"] - res["loop_per_request"]) / max(
+            base["per_request"] - base["loop_per_request"], 1
+        )
         print(
-            f"{src} over {results[0][0]}: instructions per request {res['per_request'] / base['per_request']:.3f}"
+            f"{src} over {results[0][0]}: instructions per request {res['per_request'] / base['per_request']:.3f} "
+            f"(the event loop's thread {res['loop_per_request'] / max(base['loop_per_request'], 1):.3f}, "
+            f"the others {others:.3f})"
         )
         if args.cache_sim:
-            ratios = {k: res[k] / base[k] for k in res if k.endswith("_per_request") and base.get(k)}
+            ratios = {k: res[k] / base[k] for k in res
+                      if k.endswith("_per_request") and k != "loop_per_request" and base.get(k)}  # fmt: skip
             print("  " + ", ".join(f"{k[: -len('_per_request')]} {v:.3f}" for k, v in ratios.items()))
 
 
