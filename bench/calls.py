@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import json
 import os
 import pstats
 import re
@@ -71,6 +72,15 @@ def counts(path: str, requests: int) -> Counts:
     return dict(out)
 
 
+def opcodes(path: str, requests: int) -> Counts:
+    """Bytecode instructions per request of each function in one dump of the
+    ``BENCH_OPCODES_OUT`` hook."""
+    out: collections.defaultdict[str, float] = collections.defaultdict(float)
+    for filename, _line, function, n in json.loads(Path(path).read_text()):
+        out[f"{_where(filename)}:{function}"] += n / max(requests, 1)
+    return dict(out)
+
+
 def measure(
     stack: H.Stack, src: str, tag: str, args: argparse.Namespace, out: Path, observe: bool = True
 ) -> tuple[int, int, Counts]:
@@ -87,7 +97,7 @@ def measure(
         env = {
             "BOURSE_ADMIN_KEY": ADMIN_KEY,
             "PYTHONPATH": f"{Path(src).resolve()}{os.pathsep}{GATEWAY_SITE}",
-            "BENCH_CPROFILE_OUT": prefix,
+            "BENCH_OPCODES_OUT" if args.opcodes else "BENCH_CPROFILE_OUT": prefix,
         }
         base = f"http://127.0.0.1:{port}"
         with process(cmd, base + "/healthz", env=env, cpu=H.GATEWAY_CPU, log=out / f"{tag}.log") as proc:
@@ -100,7 +110,7 @@ def measure(
             _signal_and_wait(proc.pid, f"{prefix}.0")
             n, errors = H.load(gw, args.conns, args.seconds, streamed=args.sse)
             _signal_and_wait(proc.pid, f"{prefix}.1")
-    return n, errors, counts(f"{prefix}.1", n)
+    return n, errors, (opcodes if args.opcodes else counts)(f"{prefix}.1", n)
 
 
 def _signal_and_wait(pid: int, path: str, timeout_s: float = 30.0) -> None:
@@ -121,18 +131,18 @@ def by_module(c: Counts) -> Counts:
     return dict(out)
 
 
-def report(results: list[tuple[str, Counts]], top: int) -> None:
+def report(results: list[tuple[str, Counts]], top: int, unit: str = "calls") -> None:
     """Totals, then for each later tree the modules and functions that changed most."""
     base_name, base = results[0]
     for name, c in results[1:]:
         print(
-            f"\n{name} over {base_name}: calls per request {sum(c.values()):.1f} vs {sum(base.values()):.1f}"
+            f"\n{name} over {base_name}: {unit} per request {sum(c.values()):.1f} vs {sum(base.values()):.1f}"
         )
         for title, a, b, n in (
             ("modules", by_module(base), by_module(c), top // 2),
             ("functions", base, c, top),
         ):
-            print(f"  {title} whose calls per request changed most (base, this, difference):")
+            print(f"  {title} whose {unit} per request changed most (base, this, difference):")
             keys = sorted(set(a) | set(b), key=lambda k: -abs(b.get(k, 0.0) - a.get(k, 0.0)))
             for k in keys[:n]:
                 x, y = a.get(k, 0.0), b.get(k, 0.0)
@@ -145,8 +155,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     tree_arguments(ap, conns=1, seconds=10.0, out=str(H.LOGS / "calls"))
     ap.add_argument("--top", type=int, default=40, help="functions listed per tree")
+    ap.add_argument(
+        "--opcodes", action="store_true",
+        help="count bytecode instructions per function (sys.settrace, ~50 times slower) instead of calls",
+    )  # fmt: skip
     args = ap.parse_args()
     observe = observe_per_tree(ap, args)
+    unit = "bytecodes" if args.opcodes else "calls"
     out = Path(args.out)
     stack = H.tool_stack(out)
     results: list[tuple[str, Counts]] = []
@@ -156,9 +171,9 @@ def main() -> None:
             n, errors, c = measure(stack, src, f"tree{i}", args, out, on)
             results.append((f"{src} (observing {word})", c))
             print(
-                f"{src} (observing {word}): {n} requests ({errors} errors), {sum(c.values()):.1f} calls per request"
+                f"{src} (observing {word}): {n} requests ({errors} errors), {sum(c.values()):.1f} {unit} per request"
             )
-    report(results, args.top)
+    report(results, args.top, unit)
 
 
 if __name__ == "__main__":
