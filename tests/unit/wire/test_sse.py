@@ -118,3 +118,81 @@ def test_what_is_written_is_read_back_however_it_is_split(
     pieces = [raw[a:b] for a, b in itertools.pairwise(points)]
     expected = [Event(data=t) if kind == "data" else Event(comment=t) for kind, t in frames]
     assert _events(*pieces) == expected
+
+
+# -- payloads: the HTTP engine's way -----------------------------------------------------
+
+
+def _payloads(*pieces: bytes) -> list[bytes]:
+    parser = SSEParser()
+    return [p for piece in pieces for p in parser.payloads(piece)] + parser.end()
+
+
+def test_payloads_of_a_read_of_whole_one_line_events() -> None:
+    raw = data_frame(b'{"a": 1}') + data_frame(b"") + data_frame(b"x y") + DONE
+    assert _payloads(raw) == [b'{"a": 1}', b"", b"x y", b"[DONE]"]
+
+
+def test_payloads_of_a_read_that_ends_an_event_begun_in_the_one_before() -> None:
+    # the first read leaves a data line waiting for its blank line: the second read's
+    # line belongs to the same event, though the second read alone is a whole event
+    assert _payloads(b"data: x\n", b"data: z\n\n") == [b"x\nz"]
+    assert _payloads(b"data: par", b"tial\n\n") == [b"partial"]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"data: a\r\n\r\n",  # CRLF
+        b"data:a\n\n",  # no space after the colon
+        b"data: a\ndata: b\n\n",  # two data lines
+        b": comment\n\ndata: a\n\n",  # a comment
+        b"data: a\n\n\ndata: b\n\n",  # a blank line between events
+        b"event: e\ndata: a\n\n",  # another field
+        b"\n\n",  # nothing but a blank line
+    ],
+)
+def test_payloads_of_other_shapes_are_the_events_data(raw: bytes) -> None:
+    expected = [ev.data.encode() for ev in _events(raw) if ev.data is not None]
+    assert _payloads(raw) == expected
+
+
+_EVENTS = st.lists(
+    st.one_of(
+        st.lists(_LINE_TEXT, min_size=1, max_size=3).map(lambda lines: ("data", lines)),
+        _COMMENT_TEXT.map(lambda t: ("comment", [t])),
+        st.just(("blank", [])),
+    ),
+    max_size=8,
+)
+
+
+def _written(events: list[tuple[str, list[str]]], crlf: bool, space: bool) -> bytes:
+    eol = "\r\n" if crlf else "\n"
+    out = ""
+    for kind, lines in events:
+        if kind == "data":
+            out += "".join(f"data:{' ' if space else ''}{line}{eol}" for line in lines) + eol
+        elif kind == "comment":
+            out += f": {lines[0]}{eol}{eol}"
+        else:
+            out += eol
+    return out.encode()
+
+
+@settings(deadline=None)
+@given(
+    events=_EVENTS,
+    crlf=st.booleans(),
+    space=st.booleans(),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=6),
+)
+def test_payloads_are_the_data_of_every_event_however_the_stream_is_written_and_split(
+    events: list[tuple[str, list[str]]], crlf: bool, space: bool, cuts: list[int]
+) -> None:
+    raw = _written(events, crlf, space)
+    points = sorted({0, len(raw), *(c for c in cuts if c < len(raw))})
+    pieces = [raw[a:b] for a, b in itertools.pairwise(points)]
+    expected = [ev.data.encode() for ev in _events(*pieces) if ev.data is not None]
+    assert _payloads(*pieces) == expected
+    assert expected == [("\n".join(lines)).encode() for kind, lines in events if kind == "data"]
