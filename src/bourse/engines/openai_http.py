@@ -26,6 +26,7 @@ import aiohttp
 import orjson
 import yarl
 
+from bourse.engines.upstream_reads import lean
 from bourse.ports.engine import (
     ChunkEvent,
     Engine,
@@ -295,8 +296,8 @@ class OpenAIHTTPEngine(Engine):
 
     def _open_session(self) -> aiohttp.ClientSession:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=self._max_connections, limit_per_host=0, keepalive_timeout=30.0
+            connector=lean(
+                aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0, keepalive_timeout=30.0)
             ),
             headers=self._headers,
             timeout=aiohttp.ClientTimeout(
