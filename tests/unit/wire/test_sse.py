@@ -195,4 +195,9 @@ def test_payloads_are_the_data_of_every_event_however_the_stream_is_written_and_
     pieces = [raw[a:b] for a, b in itertools.pairwise(points)]
     expected = [ev.data.encode() for ev in _events(*pieces) if ev.data is not None]
     assert _payloads(*pieces) == expected
-    assert expected == [("\n".join(lines)).encode() for kind, lines in events if kind == "data"]
+
+    # without the written space, each line's own leading space is the one the parser drops
+    def read(line: str) -> str:
+        return line[1:] if not space and line[:1] == " " else line
+
+    assert expected == ["\n".join(map(read, lines)).encode() for kind, lines in events if kind == "data"]
