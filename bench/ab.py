@@ -51,11 +51,12 @@ from bench import harness as H
 from bench.common import gateway_process
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def pair_arguments(ap: argparse.ArgumentParser, *, rounds: int) -> None:
+    """The arguments of a run that loads two trees' gateways (this tool's and
+    ``bench.perf``'s): the trees, rounds, load, observing and upstream."""
     ap.add_argument("a_src", help="tree A's src folder (the base)")
     ap.add_argument("b_src", help="tree B's src folder (the change)")
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--conns", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument(
@@ -63,13 +64,18 @@ def main() -> None:
         default="on,on",
         help="metrics and access log of A,B: on, off, metrics (metrics only) or log (access log only) each",
     )
+    ap.add_argument("--upstream", default="fast", choices=("fast", "delay"), help="the product's upstream")
+    ap.add_argument("--sse", action="store_true", help="streamed requests (bench/sse_load.py), not wrk")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pair_arguments(ap, rounds=6)
     ap.add_argument(
         "--together", action="store_true",
         help="load A and B at the same time in each round (they share the gateway core), not one after the other",
     )  # fmt: skip
-    ap.add_argument("--upstream", default="fast", choices=("fast", "delay"), help="the product's upstream")
     ap.add_argument("--threads", action="store_true", help="CPU per request by thread, user and kernel")
-    ap.add_argument("--sse", action="store_true", help="streamed requests (bench/sse_load.py), not wrk")
     ap.add_argument(
         "--preload", type=float, default=0.0,
         help="seconds of wrk (c=64, non-streamed) on each gateway before the rounds: the ledger a gateway of "

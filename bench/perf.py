@@ -45,15 +45,8 @@ Key = tuple[str, str, str]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("a_src", help="tree A's src folder (the base)")
-    ap.add_argument("b_src", help="tree B's src folder (the change)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--conns", type=int, default=64)
-    ap.add_argument("--seconds", type=float, default=6.0)
+    ab.pair_arguments(ap, rounds=3)
     ap.add_argument("--rate", type=int, default=2000, help="samples a second (perf record -F)")
-    ap.add_argument("--observe", default="on,on", help="as bench.ab's --observe")
-    ap.add_argument("--upstream", default="fast", choices=("fast", "delay"))
-    ap.add_argument("--sse", action="store_true", help="streamed requests (bench/sse_load.py), not wrk")
     ap.add_argument("--top", type=int, default=30, help="symbols listed")
     ap.add_argument(
         "--alone", action="store_true", help="load A and B one after the other (bench.ab's alternate rounds)"
