@@ -323,7 +323,10 @@ class SqliteStore(SqlStore):
 
     CHECKPOINT_EVERY = 64
     SIZE_EVERY = 16
-    WAL_LIMIT_BYTES = 8 * 1024 * 1024
+    WAL_LIMIT_BYTES = 32 * 1024 * 1024
+    """A reset holds the commit thread for its RESTART pass and fsync, a few ms: at c=1
+    (bench (a)) the ledger writes ~40 MB of log a second, so at 8 MiB resets came
+    several times a second and were the tail of (a)'s latency (docs/design.md)."""
     WAL_STEP_BYTES = 2 * 1024 * 1024
     IDLE_CHECKPOINT_S = 1.0
     CHECKPOINT_BUSY_MS = 250
