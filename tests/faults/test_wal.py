@@ -7,7 +7,7 @@ ran: under constant writes they never catch up with the writer, SQLite never res
 the log, and the WAL grew with every commit (73 MiB for 20,000 operations, 739 MiB for
 the same operations one at a time, 4.55 GB over a 12-minute soak) and never shrank,
 even idle. With the ledger's writes grouped by account, 20,000 operations now write
-only ~17 MiB of log: the store here resets past 8 MiB (the shipped limit is 32 MiB), so
+only ~17 MiB of log: the store here resets past 8 MiB (the shipped limit is 128 MiB), so
 that without resets these operations would pass the bound about twice over.
 
 The bound: a checkpoint pass resets the WAL once it is above

@@ -156,7 +156,7 @@ class SqliteStore(SqlStore):
         if self.path != ":memory:":
             # no checkpoint (and its fsyncs) inside a commit: _checkpoint does them
             conn.execute("PRAGMA wal_autocheckpoint=0")
-            conn.execute(f"PRAGMA journal_size_limit={int(self.WAL_LIMIT_BYTES)}")
+            conn.execute(f"PRAGMA journal_size_limit={int(2 * self.WAL_LIMIT_BYTES)}")
         self._exec = _SqliteExecutor(conn, self._cache)
 
     async def open(self) -> None:
@@ -318,15 +318,21 @@ class SqliteStore(SqlStore):
     # - when no commit came for IDLE_CHECKPOINT_S, empties a WAL that is not (TRUNCATE:
     #   nothing waits on it then), so an idle gateway keeps no log behind.
     #
-    # ``journal_size_limit`` (WAL_LIMIT_BYTES) trims the file whenever the log restarts
-    # and the file had grown past it. Closing the last connection checkpoints what is left.
+    # ``journal_size_limit`` (twice WAL_LIMIT_BYTES) trims the file when the log restarts
+    # and the file had grown past it: not at the limit itself, since a reset comes only
+    # once the log is past the limit, so every reset would trim the file and the next
+    # cycle allocate its blocks again (in the first commit after the reset: bench (a)'s
+    # p99 and ~15 % of its CPU a request). Closing the last connection checkpoints what
+    # is left.
 
     CHECKPOINT_EVERY = 64
     SIZE_EVERY = 16
-    WAL_LIMIT_BYTES = 32 * 1024 * 1024
-    """A reset holds the commit thread for its RESTART pass and fsync, a few ms: at c=1
-    (bench (a)) the ledger writes ~40 MB of log a second, so at 8 MiB resets came
-    several times a second and were the tail of (a)'s latency (docs/design.md)."""
+    WAL_LIMIT_BYTES = 128 * 1024 * 1024
+    """A reset holds the commit thread for its RESTART pass and its two fsyncs, 5-13 ms
+    here: at c=1 (bench (a)) the ledger writes ~40 MB of log a second, so at 32 MiB a
+    reset came every second and delayed ~1 % of the requests, (a)'s p99 (docs/design.md).
+    Past 128 MiB, one every ~3 s. Under writes the file holds up to twice this (the
+    commit thread waits for the pass beyond it); idle, it is emptied."""
     WAL_STEP_BYTES = 2 * 1024 * 1024
     IDLE_CHECKPOINT_S = 1.0
     CHECKPOINT_BUSY_MS = 250
