@@ -146,6 +146,8 @@ def test_payloads_of_a_read_that_ends_an_event_begun_in_the_one_before() -> None
         b"data: a\r\n\r\n",  # CRLF
         b"data:a\n\n",  # no space after the colon
         b"data: a\ndata: b\n\n",  # two data lines
+        b"data: a\n\ndata: b\ndata: c\n\n",  # two data lines in a later event
+        b"data: a\n\n\n\n",  # blank lines after the last event
         b": comment\n\ndata: a\n\n",  # a comment
         b"data: a\n\n\ndata: b\n\n",  # a blank line between events
         b"event: e\ndata: a\n\n",  # another field
