@@ -20,6 +20,14 @@ is time spent waiting on memory, on the GIL or on the kernel. Under valgrind a g
 serves ~50 requests/s, so wrk's timeout is raised to 120 s (c=256 lost ~10 % of its
 requests to the usual 10 s). Needs valgrind (Debian's ``valgrind`` package).
 
+``--functions N`` also prints, for each tree after the first, the N C functions whose
+own instructions a request on the event loop's thread moved most from the first tree's
+(self cost, read from the loop thread's dump; Python's own recursion suffixes folded).
+That is how a cost hidden in C shows: on 2026-12-02 it put ``PyUnicode_FromFormatV``
+at +12,000 instructions a stream, from ``_PyNumber_Index`` under ``_Py_bytes_contains``:
+CPython 3.11's ``sub in some_bytes`` formats and clears a ``TypeError`` before it searches
+(``wire/sse.py`` now uses ``find`` and ``count``).
+
 ``--cache-sim`` also simulates the caches and the branch predictor (callgrind's
 ``--cache-sim=yes --branch-sim=yes``; ``--ll BYTES`` sets the last-level cache's size)
 and prints each event a request (``D1mr``, ``DLmr``, ``Bcm``, ...) and cachegrind's
@@ -34,6 +42,7 @@ memory as valgrind models it (see docs/design.md).
 from __future__ import annotations
 
 import argparse
+import collections
 import glob
 import os
 import re
@@ -70,6 +79,56 @@ def _events(prefix: str) -> dict[str, dict[str, int]]:
                 for t in into:
                     t[name] = t.get(name, 0) + int(value)
     return total
+
+
+_NAME = re.compile(r"\((\d+)\)(?: (.*))?")
+
+
+def _self_costs(path: str) -> collections.Counter[str]:
+    """Each function's own instructions in one callgrind dump (not what it calls): cost
+    lines count to the current ``fn=``, except the one after each ``calls=`` (a call's
+    inclusive cost). Names are compressed (``(id) name`` once, ``(id)`` after) and a
+    recursion suffix (``'2``) is folded into the function."""
+    names: dict[str, str] = {}
+    cost: collections.Counter[str] = collections.Counter()
+    fn, after_call = "", False
+    with open(path, errors="replace") as f:
+        for line in f:
+            if line.startswith(("fn=", "cfn=")):
+                key, rest = line.rstrip("\n").split("=", 1)
+                m = _NAME.match(rest)
+                name = rest
+                if m:
+                    if m.group(2):
+                        names[m.group(1)] = m.group(2)
+                    name = names.get(m.group(1), m.group(1))
+                if key == "fn":
+                    fn = re.sub(r"'\d+$", "", re.sub(r" \[.*\]$", "", name))
+            elif line.startswith("calls="):
+                after_call = True
+            elif line[:1].isdigit() or line[:1] in "+-*":
+                parts = line.split()
+                if len(parts) >= 2:
+                    if after_call:
+                        after_call = False
+                    else:
+                        cost[fn] += int(parts[1])
+    return cost
+
+
+def _loop_dump(prefix: str) -> str | None:
+    found = sorted(glob.glob(prefix + ".*.[0-9]*-01"))
+    return found[-1] if found else None
+
+
+def _moved(
+    base: tuple[str, float], tree: tuple[str, float], top: int
+) -> list[tuple[float, float, float, str]]:
+    """The ``top`` functions whose own instructions a request (dump, requests) moved most."""
+    a, b = _self_costs(base[0]), _self_costs(tree[0])
+    rows = [(b[k] / tree[1] - a[k] / base[1], a[k] / base[1], b[k] / tree[1], k) for k in set(a) | set(b)]
+    rows.sort(key=lambda r: -abs(r[0]))
+    return rows[:top]
 
 
 def _cycles(ev: dict[str, int]) -> float:
@@ -139,6 +198,11 @@ def main() -> None:
         help="with --cache-sim: the last-level cache's size in bytes (16-way, 64-byte lines; default: this "
         "machine's), e.g. 1048576 for a share of a busy host's L3",
     )  # fmt: skip
+    ap.add_argument(
+        "--functions", type=int, default=0, metavar="N",
+        help="print the N C functions whose own instructions a request on the event loop's thread moved "
+        "most from the first tree's",
+    )  # fmt: skip
     args = ap.parse_args()
     if args.ll and not args.cache_sim:
         ap.error("--ll sizes a simulated cache: give --cache-sim too")
@@ -167,7 +231,7 @@ def main() -> None:
                     )
                 )
     base = results[0][1]
-    for src, res in results[1:]:
+    for i, (src, res) in enumerate(results[1:], start=1):
         others = (res["per_request"] - res["loop_per_request"]) / max(
             base["per_request"] - base["loop_per_request"], 1
         )
@@ -180,6 +244,19 @@ def main() -> None:
             ratios = {k: res[k] / base[k] for k in res
                       if k.endswith("_per_request") and k != "loop_per_request" and base.get(k)}  # fmt: skip
             print("  " + ", ".join(f"{k[: -len('_per_request')]} {v:.3f}" for k, v in ratios.items()))
+        if args.functions:
+            _print_moved(out, i, base, res, args.functions)
+
+
+def _print_moved(out: Path, i: int, base: dict[str, float], res: dict[str, float], top: int) -> None:
+    """:func:`_moved` of tree ``i`` against the first, on the event loop's thread."""
+    a, b = _loop_dump(str(out / "tree0")), _loop_dump(str(out / f"tree{i}"))
+    if a is None or b is None:
+        print("  (no loop-thread dump to compare)")
+        return
+    print(f"  own instructions a request on the event loop's thread, tree0 -> tree{i} (top {top} moved):")
+    for delta, x, y, name in _moved((a, max(base["requests"], 1)), (b, max(res["requests"], 1)), top):
+        print(f"    {delta:+9.0f} {x:9.0f} {y:9.0f}  {name[:100]}")
 
 
 if __name__ == "__main__":
