@@ -63,6 +63,10 @@ def _control(pid: int, flag: str) -> None:
     subprocess.run(["callgrind_control", flag, str(pid)], check=True, capture_output=True, timeout=300)
 
 
+LOOP_THREAD = "-01"
+"""How a dump of the event loop's thread (the first) ends (``--separate-threads=yes``)."""
+
+
 def _events(prefix: str) -> dict[str, dict[str, int]]:
     """The ``summary`` of the dumps callgrind_control -d wrote, one per thread
     (``<prefix>.<pid>.<n>-<thread>``, ``--separate-threads=yes``), by event (``Ir``:
@@ -74,7 +78,7 @@ def _events(prefix: str) -> dict[str, dict[str, int]]:
         names = re.search(r"^events: (.+)$", text, re.M)
         values = re.search(r"^summary: (.+)$", text, re.M)
         if names and values:
-            into = [total["all"]] + ([total["loop"]] if path.endswith("-01") else [])
+            into = [total["all"]] + ([total["loop"]] if path.endswith(LOOP_THREAD) else [])
             for name, value in zip(names.group(1).split(), values.group(1).split(), strict=False):
                 for t in into:
                     t[name] = t.get(name, 0) + int(value)
@@ -117,7 +121,7 @@ def _self_costs(path: str) -> collections.Counter[str]:
 
 
 def _loop_dump(prefix: str) -> str | None:
-    found = sorted(glob.glob(prefix + ".*.[0-9]*-01"))
+    found = sorted(glob.glob(prefix + ".*.[0-9]*" + LOOP_THREAD))
     return found[-1] if found else None
 
 
