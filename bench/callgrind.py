@@ -26,7 +26,7 @@ own instructions a request on the event loop's thread moved most from the first 
 That is how a cost hidden in C shows: on 2026-12-02 it put ``PyUnicode_FromFormatV``
 at +12,000 instructions a stream, from ``_PyNumber_Index`` under ``_Py_bytes_contains``:
 CPython 3.11's ``sub in some_bytes`` formats and clears a ``TypeError`` before it searches
-(``wire/sse.py`` now uses ``find`` and ``count``).
+(``wire/sse.py`` now uses ``find``).
 
 ``--cache-sim`` also simulates the caches and the branch predictor (callgrind's
 ``--cache-sim=yes --branch-sim=yes``; ``--ll BYTES`` sets the last-level cache's size)
