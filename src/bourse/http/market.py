@@ -1,4 +1,5 @@
-"""Public views of the exchange: GET /v1/models, /v1/market, /v1/market/{product}."""
+"""Public views of the exchange: GET /v1/models, /v1/models/{model}, /v1/market,
+/v1/market/{product}."""
 
 from __future__ import annotations
 
@@ -107,31 +108,44 @@ def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, A
     return out
 
 
+def model_doc(name: str, m: Market) -> dict[str, Any]:
+    """The OpenAI model object of one product (``id``, ``object``, ``created``,
+    ``owned_by``) and bourse's own fields beside it, which the SDKs keep (openai-python:
+    ``model_extra``): ``context_length`` (as OpenRouter names it), ``max_output_tokens``,
+    ``pricing`` and the ``policy``. From the configuration alone: a product whose
+    engines are down is still described."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "bourse",
+        "description": m.description,
+        "context_length": m.context_length,
+        "max_output_tokens": m.max_output_tokens,
+        "pricing": {
+            "unit": "USD per 1M tokens",
+            "floor": m.min_floor,
+            "level": m.level(),
+            "default_bid": m.default_bid,
+        },
+        "policy": m.policy.name,
+    }
+
+
 def routes(services: Services) -> list[Route]:
     markets = services.completions.markets
 
     async def models(request: Request) -> Response:
-        data = []
-        for name, m in markets.items():
-            data.append(
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "bourse",
-                    "description": m.description,
-                    "context_length": m.context_length,
-                    "max_output_tokens": m.max_output_tokens,
-                    "pricing": {
-                        "unit": "USD per 1M tokens",
-                        "floor": m.min_floor,
-                        "level": m.level(),
-                        "default_bid": m.default_bid,
-                    },
-                    "policy": m.policy.name,
-                }
-            )
-        return JSON({"object": "list", "data": data})
+        return JSON({"object": "list", "data": [model_doc(n, m) for n, m in markets.items()]})
+
+    async def model_one(request: Request) -> Response:
+        # ``{model:path}``: a product may be named as a Hugging Face model is
+        # ("org/name"), sent with its "/" as is or percent-encoded (the SDKs: %2F)
+        name = check_id(request.path_params["model"], "model")
+        m = markets.get(name)
+        if m is None:
+            raise model_not_found(name)
+        return JSON(model_doc(name, m))
 
     async def market_all(request: Request) -> Response:
         return JSON(
@@ -147,6 +161,7 @@ def routes(services: Services) -> list[Route]:
 
     return [
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model_one, methods=["GET"]),
         Route("/v1/market", market_all, methods=["GET"]),
         Route("/v1/market/{product}", market_one, methods=["GET"]),
     ]

@@ -165,7 +165,14 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("POST", "/v1/responses/{response_id}/cancel"): Operation(
         "Cancel a background response (a queued one is never charged)", "responses", answer="Response"
     ),
-    ("GET", "/v1/models"): Operation("List the products", "market", auth="none", answer="List"),
+    ("GET", "/v1/models"): Operation("List the products", "market", auth="none", answer="ModelList"),
+    ("GET", "/v1/models/{model}"): Operation(
+        "One product (its id may hold a `/`, as is or percent-encoded)",
+        "market",
+        auth="none",
+        answer="Model",
+        errors=(400,),
+    ),
     ("GET", "/v1/market"): Operation(
         "Every product's market, without the book", "market", auth="none", answer="List"
     ),
@@ -425,6 +432,19 @@ ANSWERS: dict[str, dict[str, Any]] = {
     ),
     "List": _obj(
         ["object", "data"], object=_const("list"), data={"type": "array", "items": {"type": "object"}}
+    ),
+    "Model": _obj(
+        ["id", "object", "created", "owned_by"],
+        id=_STRING,
+        object=_const("model"),
+        created=_INT,
+        owned_by=_STRING,
+        context_length=_INT,
+        max_output_tokens=_INT,
+        pricing={"type": "object"},
+    ),
+    "ModelList": _obj(
+        ["object", "data"], object=_const("list"), data={"type": "array", "items": _ref("Model")}
     ),
     "Page": _obj(
         ["object", "data", "has_more", "next_after"],

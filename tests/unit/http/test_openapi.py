@@ -104,3 +104,25 @@ def test_authentication_is_declared(doc: dict[str, Any]) -> None:
     assert ops[("POST", "/admin/accounts")]["security"] == [{"adminKey": []}]
     assert ops[("GET", "/v1/models")]["security"] == []
     assert set(doc["components"]["securitySchemes"]) == {"apiKey", "adminKey"}
+
+
+def test_the_model_routes_answer_model_objects(doc: dict[str, Any]) -> None:
+    """``GET /v1/models/{model}`` answers a ``Model`` (no key), or 400 (an id that is no
+    id) or 404 (unknown); the list's entries are ``Model`` too, with ``context_length``."""
+    ops = _operations(doc)
+    one = ops[("GET", "/v1/models/{model}")]
+    assert one["security"] == []
+    assert one["parameters"] == [
+        {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+    ]
+    assert one["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": REF.format(model="Model")
+    }
+    assert {"200", "400", "404", "default"} == set(one["responses"])
+    listed = ops[("GET", "/v1/models")]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert listed == {"$ref": REF.format(model="ModelList")}
+    schemas = doc["components"]["schemas"]
+    assert schemas["ModelList"]["properties"]["data"]["items"] == {"$ref": REF.format(model="Model")}
+    model = schemas["Model"]
+    assert model["required"] == ["id", "object", "created", "owned_by"]
+    assert model["properties"]["context_length"] == {"type": "integer"}
