@@ -40,7 +40,11 @@ class Aggregator:
         self._refusal: list[str] = []
         self._tools: dict[int, dict[str, Any]] = {}
         self._finish: str | None = None
-        self._logprobs: list[Any] | None = None
+        self._logprobs: dict[str, list[Any]] | None = None
+        """Each list of the choices' ``logprobs`` objects, concatenated: ``content`` (and
+        ``refusal``) for chat; ``tokens``, ``token_logprobs``, ``top_logprobs`` and
+        ``text_offset`` for a legacy completion (whose streamed offsets already count
+        from the start of the text, so they are kept as they come)."""
         self._reasoning_key = reasoning_key
         self.fingerprint: str | None = None
 
@@ -91,9 +95,11 @@ class Aggregator:
 
     def _add_logprobs(self, lp: Any) -> None:
         if self._logprobs is None:
-            self._logprobs = []
-        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-            self._logprobs.extend(lp["content"])
+            self._logprobs = {}
+        if isinstance(lp, dict):
+            for key, values in lp.items():
+                if isinstance(values, list):
+                    self._logprobs.setdefault(key, []).extend(values)
 
     @property
     def text(self) -> str:
@@ -106,7 +112,7 @@ class Aggregator:
             choice: dict[str, Any] = {
                 "index": 0,
                 "text": self.text,
-                "logprobs": None,
+                "logprobs": self._logprobs,
                 "finish_reason": self._finish,
             }
             obj = TEXT
@@ -124,7 +130,7 @@ class Aggregator:
             choice = {
                 "index": 0,
                 "message": message,
-                "logprobs": {"content": self._logprobs} if self._logprobs is not None else None,
+                "logprobs": None if self._logprobs is None else {"content": [], **self._logprobs},
                 "finish_reason": self._finish,
             }
             obj = CHAT

@@ -19,8 +19,19 @@ def _chat_chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) 
     return {"id": "up", "object": CHAT_CHUNK, "choices": [choice]}
 
 
-def _text_chunk(text: str, finish: str | None = None) -> dict[str, Any]:
-    return {"id": "up", "object": TEXT, "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+def _text_chunk(text: str, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": finish, **extra}
+    return {"id": "up", "object": TEXT, "choices": [choice]}
+
+
+def _text_logprobs(token: str, offset: int, logprob: float) -> dict[str, list[Any]]:
+    """A legacy completion chunk's ``logprobs``: one token (as llama-cpp-python and vLLM stream them)."""
+    return {
+        "tokens": [token],
+        "token_logprobs": [logprob],
+        "top_logprobs": [{token: logprob}],
+        "text_offset": [offset],
+    }
 
 
 # -- Aggregator ------------------------------------------------------------------------------
@@ -117,6 +128,32 @@ def test_legacy_completion_text_is_joined() -> None:
     doc = agg.build("cmpl-1", "p", CREATED, None)
     assert doc["object"] == TEXT
     assert doc["choices"] == [{"index": 0, "text": "Once upon", "logprobs": None, "finish_reason": "length"}]
+
+
+def test_legacy_completion_logprobs_are_concatenated_list_by_list() -> None:
+    """OpenAI's non-streamed legacy shape: one ``logprobs`` object whose four lists run
+    over the whole text (the streamed ``text_offset``s already count from the same start)."""
+    agg = Aggregator("completion")
+    agg.add(_text_chunk("Once", logprobs=_text_logprobs("Once", 5, -0.5)))
+    agg.add(_text_chunk(" upon", logprobs=_text_logprobs(" upon", 9, -0.25)))
+    agg.add(_text_chunk("", "length"))  # the finish chunk carries none
+    choice = agg.build("cmpl-1", "p", CREATED, None)["choices"][0]
+    assert choice["text"] == "Once upon"
+    assert choice["logprobs"] == {
+        "tokens": ["Once", " upon"],
+        "token_logprobs": [-0.5, -0.25],
+        "top_logprobs": [{"Once": -0.5}, {" upon": -0.25}],
+        "text_offset": [5, 9],
+    }
+
+
+def test_a_non_streamed_legacy_answers_logprobs_are_kept_whole() -> None:
+    """The ``openai`` engine hands a non-streamed answer on as one chunk: its lists as they are."""
+    whole = {"tokens": ["a", "b"], "token_logprobs": [None, -1.0], "top_logprobs": [None, {"b": -1.0}],
+             "text_offset": [0, 1]}  # fmt: skip
+    agg = Aggregator("completion")
+    agg.add(_text_chunk("ab", "stop", logprobs=whole))
+    assert agg.build("cmpl-1", "p", CREATED, None)["choices"][0]["logprobs"] == whole
 
 
 def test_an_empty_answer_is_empty_content() -> None:
