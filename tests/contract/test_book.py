@@ -23,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from bourse.coordination.book_local import LocalBook
 from bourse.coordination.book_redis import RedisBook
 from bourse.domain.book import Admission, BookFull, Deployment, Order, ProductBook
+from bourse.domain.breaker import CircuitBreaker
 from bourse.ports.book import BookUnavailable, BookView, ClientGone, DeploymentView
 from tests.contract.cluster import Replicas, eventually
 
@@ -693,6 +694,63 @@ async def test_requeue_at_once_after_the_admission_gets_the_new_terms(
     assert now_admitted(f2).deployment == "a"
     book.release(r1)
     book.release(f2.result())
+    await settled(book, waiting=0, busy_total=0)
+
+
+def breaker_of(book: Any, name: str) -> CircuitBreaker:
+    deps = book.book.deployments if isinstance(book, LocalBook) else book.deployments
+    [d] = [d for d in deps if d.name == name]
+    b: CircuitBreaker = d.breaker
+    return b
+
+
+@pytest.mark.anyio
+async def test_requeues_of_one_order_count_once_on_the_breaker(make_book: Books) -> None:
+    """One request that fails on every attempt counts one failure on its deployment's
+    breaker (threshold 3 here): requeued three times, the breaker stays closed."""
+    book = await make_book([("d", 1.0, 1)])
+    o, f = await submit(book, "bad", 3.0)
+    adm = now_admitted(f)
+    for _ in range(3):
+        adm = await admitted(book, o, await book.requeue(o, adm))
+    book.report_failure("d", o)  # its last attempt failed too: the run gives up
+    assert (breaker_of(book, "d").failures, o.requeues) == (1, 3)
+    book.release(adm)
+    other, fo = await submit(book, "next", 3.0)  # the next client is admitted
+    book.release(await admitted(book, other, fo))
+    await settled(book, waiting=0, busy_total=0)
+
+
+@pytest.mark.anyio
+async def test_a_delayed_requeue_gives_the_slot_away_and_rests_after_the_delay(make_book: Books) -> None:
+    book = await make_book([("d", 1.0, 1)])
+    o1, f1 = await submit(book, "first", 5.0)
+    a1 = now_admitted(f1)
+    o2, f2 = await submit(book, "second", 3.0)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    fr = await book.requeue(o1, a1, 0.3)
+    a2 = await admitted(book, o2, f2)  # meanwhile the slot goes to the order waiting
+    assert loop.time() - t0 < 0.3 and not fr.done()
+    book.release(a2)
+    r1 = await admitted(book, o1, fr)
+    assert loop.time() - t0 >= 0.29
+    assert (r1.deployment, o1.requeues, o1.position_at_entry) == ("d", 1, 0)
+    book.release(r1)
+    await settled(book, waiting=0, busy_total=0)
+
+
+@pytest.mark.anyio
+async def test_an_order_withdrawn_during_its_requeue_delay_never_rests(make_book: Books) -> None:
+    book = await make_book([("d", 1.0, 1)])
+    o1, f1 = await submit(book, "first", 5.0)
+    fr = await book.requeue(o1, now_admitted(f1), 0.2)
+    book.withdraw(o1, fr)
+    await asyncio.sleep(0.4)
+    await quiet(book)
+    await settled(book, waiting=0, busy_total=0)
+    _, f2 = await submit(book, "second", 3.0)
+    book.release(now_admitted(f2))
     await settled(book, waiting=0, busy_total=0)
 
 

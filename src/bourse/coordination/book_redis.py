@@ -31,7 +31,7 @@ import orjson
 from redis.exceptions import RedisError
 
 from bourse.coordination.redis_hub import RedisHub
-from bourse.domain.book import Admission, BookFull, Deployment, Order
+from bourse.domain.book import Admission, BookFull, Deployment, Order, counts_against
 from bourse.ports.book import BookUnavailable, BookView, Clear, ClientGone, DeploymentView, Pace
 
 log = logging.getLogger("bourse.coordination")
@@ -286,29 +286,60 @@ class RedisBook:
         except BookUnavailable:
             self._orphans.add(oid)  # given back once Redis answers again
 
-    async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
+    async def requeue(
+        self, order: Order, admission: Admission, delay_s: float = 0.0
+    ) -> asyncio.Future[Admission]:
         dep = admission.deployment
-        self._held.pop(order.id, None)
-        cool_until = self._record_failure(dep)
+        oid = order.id
+        self._held.pop(oid, None)
+        cool_until = self._record_failure(dep, order)
         order.avoid = dep
         order.requeues += 1
         fut: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
-        await self._submit(order, fut, cool_until)  # gives the slot back in the same step
+        if delay_s <= 0:
+            await self._submit(order, fut, cool_until)  # gives the slot back in the same step
+            return fut
+        # the slot goes back now, the order rests again (its seq, so its place, kept)
+        # after the delay; registered meanwhile (not resting: no heartbeat renews it), so
+        # that a withdrawal or the deadline finds it
+        self._waiting[oid] = (order, fut)
+        try:
+            if cool_until:
+                await self._call("COOL", dep, cool_until)
+            await self._call("RELEASE", oid)
+        except BaseException:
+            self._waiting.pop(oid, None)
+            raise
+        self.hub.spawn(self._rest_later(order, fut, delay_s))
         return fut
+
+    async def _rest_later(self, order: Order, fut: asyncio.Future[Admission], delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        entry = self._waiting.get(order.id)
+        if entry is None or entry[1] is not fut or fut.done():
+            return  # withdrawn or timed out meanwhile
+        try:
+            await self._submit(order, fut)
+        except (BookFull, BookUnavailable) as exc:
+            if not fut.done():
+                fut.set_exception(exc)
 
     # -- breakers -------------------------------------------------------------------
 
-    def _record_failure(self, dep: str) -> int:
-        """Record a failure on the local breaker; the cooling end (ms, wall clock) to share, or 0."""
+    def _record_failure(self, dep: str, order: Order | None = None) -> int:
+        """Record a failure on the local breaker (of ``order``: as :func:`counts_against`
+        says); the cooling end (ms, wall clock) to share, or 0."""
         br = self._breakers[dep]
         now = self.now()
+        if order is not None and not counts_against(order, dep, br):
+            return 0
         br.record_failure(now)
         if br.available(now):
             return 0
         return int((time.time() + (br.open_until - now)) * 1000)
 
-    def report_failure(self, deployment: str) -> None:
-        until = self._record_failure(deployment)
+    def report_failure(self, deployment: str, order: Order | None = None) -> None:
+        until = self._record_failure(deployment, order)
         if until:
             self.hub.spawn(self._call("COOL", deployment, until))
 

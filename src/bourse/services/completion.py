@@ -880,7 +880,7 @@ class Run:
                 m.withdraw(order, fut)
                 return await self._settled("error", cooling)
             return Requeued(adm.deployment)
-        m.report_failure(adm.deployment)
+        m.report_failure(adm.deployment, order)
         return await self._settled("error", self._engine_error(m.failure_after_requeues(failure.message)))
 
     def _engine_error(self, err: GatewayError) -> GatewayError:

@@ -14,7 +14,7 @@ import asyncio
 import math
 from collections.abc import Iterable
 
-from bourse.domain.book import Admission, BookFull, Order, expected_wait_s
+from bourse.domain.book import Admission, BookFull, Order, expected_wait_s, requeue_delay_s
 from bourse.domain.breaker import CircuitBreaker, cooling_for
 from bourse.domain.errors import GatewayError, book_timeout, no_capacity
 from bourse.domain.policy import Policy
@@ -106,6 +106,8 @@ class Market:
             raise book_timeout(self.now() - order.arrived_at) from None
         except BookUnavailable as exc:
             raise self.unavailable(exc) from None
+        except BookFull:  # a requeued order that found the book full when it came to rest again
+            raise self._full_on_requeue() from None
 
     def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None:
         """The order's client left: take it out of the book, or give back its slot."""
@@ -116,16 +118,21 @@ class Market:
         self.book.release(admission)
 
     async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
-        """The engine failed before any output: cool the deployment, give the slot
-        back and put the order in the book again with its original arrival."""
+        """The engine failed before any output: count the failure on the deployment's
+        breaker (once per request), give the slot back and, after a short wait that
+        grows with each requeue (:func:`~bourse.domain.book.requeue_delay_s`), put the
+        order in the book again with its original arrival."""
         try:
-            return await self.book.requeue(order, admission)
+            return await self.book.requeue(order, admission, requeue_delay_s(order.requeues))
         except BookUnavailable as exc:
             raise self.unavailable(exc) from None
         except BookFull:
-            raise no_capacity(
-                f"The book of '{self.product}' is full; the order could not be requeued.", retry_after_s=2
-            ) from None
+            raise self._full_on_requeue() from None
+
+    def _full_on_requeue(self) -> GatewayError:
+        return no_capacity(
+            f"The book of '{self.product}' is full; the order could not be requeued.", retry_after_s=2
+        )
 
     def unavailable(self, exc: BaseException) -> GatewayError:
         self.observer.backend_error("redis", "book", exc)
@@ -134,8 +141,9 @@ class Market:
     def report_success(self, deployment: str) -> None:
         self.book.report_success(deployment)
 
-    def report_failure(self, deployment: str) -> None:
-        self.book.report_failure(deployment)
+    def report_failure(self, deployment: str, order: Order | None = None) -> None:
+        """A failure on ``deployment``; of ``order``: counted once per request and deployment."""
+        self.book.report_failure(deployment, order)
 
     # -- views -------------------------------------------------------------------
 
