@@ -550,7 +550,10 @@ class OpenAIHTTPEngine(Engine):
             # so the upstream sees it go and stops generating
             response.close()
             raise
-        response.release()  # read to its end: the connection goes back to the pool
+        if parse.done:
+            response.release()  # read to its end: the connection goes back to the pool
+        else:  # closed without [DONE] (llama-cpp-python then closes the connection too): not reused
+            response.close()
         usage = parse.finish()
         if usage is not None:
             yield usage
