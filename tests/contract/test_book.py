@@ -721,39 +721,6 @@ async def test_requeues_of_one_order_count_once_on_the_breaker(make_book: Books)
     await settled(book, waiting=0, busy_total=0)
 
 
-@pytest.mark.anyio
-async def test_a_delayed_requeue_gives_the_slot_away_and_rests_after_the_delay(make_book: Books) -> None:
-    book = await make_book([("d", 1.0, 1)])
-    o1, f1 = await submit(book, "first", 5.0)
-    a1 = now_admitted(f1)
-    o2, f2 = await submit(book, "second", 3.0)
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    fr = await book.requeue(o1, a1, 0.3)
-    a2 = await admitted(book, o2, f2)  # meanwhile the slot goes to the order waiting
-    assert loop.time() - t0 < 0.3 and not fr.done()
-    book.release(a2)
-    r1 = await admitted(book, o1, fr)
-    assert loop.time() - t0 >= 0.29
-    assert (r1.deployment, o1.requeues, o1.position_at_entry) == ("d", 1, 0)
-    book.release(r1)
-    await settled(book, waiting=0, busy_total=0)
-
-
-@pytest.mark.anyio
-async def test_an_order_withdrawn_during_its_requeue_delay_never_rests(make_book: Books) -> None:
-    book = await make_book([("d", 1.0, 1)])
-    o1, f1 = await submit(book, "first", 5.0)
-    fr = await book.requeue(o1, now_admitted(f1), 0.2)
-    book.withdraw(o1, fr)
-    await asyncio.sleep(0.4)
-    await quiet(book)
-    await settled(book, waiting=0, busy_total=0)
-    _, f2 = await submit(book, "second", 3.0)
-    book.release(now_admitted(f2))
-    await settled(book, waiting=0, busy_total=0)
-
-
 # -- 7. a full book --------------------------------------------------------------------------
 
 

@@ -76,41 +76,16 @@ class LocalBook:
         self.book.release(admission.deployment)
         self._dispatch()
 
-    async def requeue(
-        self, order: Order, admission: Admission, delay_s: float = 0.0
-    ) -> asyncio.Future[Admission]:
+    async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
         self.book.report_failure(admission.deployment, self.now(), order)
         self.book.release(admission.deployment)
         order.avoid = admission.deployment
         order.requeues += 1
-        if delay_s > 0:
-            return self._rest_later(order, delay_s)
         try:
             return self.submit_now(order)
         except BookFull:
             self._dispatch()  # the slot it gave back goes to the orders waiting
             raise
-
-    def _rest_later(self, order: Order, delay_s: float) -> asyncio.Future[Admission]:
-        """The requeued order's future; the order rests again (its seq, so its place,
-        kept) after ``delay_s``, unless its waiter is gone by then (withdrawn, timed out)."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Admission] = loop.create_future()
-        self._futures[order] = fut
-        self._dispatch()  # meanwhile the slot it gave back goes to the orders waiting
-        loop.call_later(delay_s, self._rest, order, fut)
-        return fut
-
-    def _rest(self, order: Order, fut: asyncio.Future[Admission]) -> None:
-        if self._futures.get(order) is not fut or fut.done():
-            return
-        try:
-            self.book.add(order)
-        except BookFull as exc:
-            del self._futures[order]
-            fut.set_exception(exc)
-            return
-        self._dispatch()
 
     def report_success(self, deployment: str) -> None:
         self.book.report_success(deployment)

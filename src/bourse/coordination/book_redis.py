@@ -286,43 +286,15 @@ class RedisBook:
         except BookUnavailable:
             self._orphans.add(oid)  # given back once Redis answers again
 
-    async def requeue(
-        self, order: Order, admission: Admission, delay_s: float = 0.0
-    ) -> asyncio.Future[Admission]:
+    async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
         dep = admission.deployment
-        oid = order.id
-        self._held.pop(oid, None)
+        self._held.pop(order.id, None)
         cool_until = self._record_failure(dep, order)
         order.avoid = dep
         order.requeues += 1
         fut: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
-        if delay_s <= 0:
-            await self._submit(order, fut, cool_until)  # gives the slot back in the same step
-            return fut
-        # the slot goes back now, the order rests again (its seq, so its place, kept)
-        # after the delay; registered meanwhile (not resting: no heartbeat renews it), so
-        # that a withdrawal or the deadline finds it
-        self._waiting[oid] = (order, fut)
-        try:
-            if cool_until:
-                await self._call("COOL", dep, cool_until)
-            await self._call("RELEASE", oid)
-        except BaseException:
-            self._waiting.pop(oid, None)
-            raise
-        self.hub.spawn(self._rest_later(order, fut, delay_s))
+        await self._submit(order, fut, cool_until)  # gives the slot back in the same step
         return fut
-
-    async def _rest_later(self, order: Order, fut: asyncio.Future[Admission], delay_s: float) -> None:
-        await asyncio.sleep(delay_s)
-        entry = self._waiting.get(order.id)
-        if entry is None or entry[1] is not fut or fut.done():
-            return  # withdrawn or timed out meanwhile
-        try:
-            await self._submit(order, fut)
-        except (BookFull, BookUnavailable) as exc:
-            if not fut.done():
-                fut.set_exception(exc)
 
     # -- breakers -------------------------------------------------------------------
 

@@ -17,8 +17,7 @@ The contract (``tests/contract/test_book.py`` runs it over both):
 - Every slot given is given back exactly once: :meth:`release`, :meth:`requeue`,
   or :meth:`withdraw` (client gone; gives back a slot granted at that instant).
 - :meth:`requeue` (the engine failed before any output) gives the slot back and rests
-  the order again with its arrival kept, at once or after ``delay_s`` (its wait may
-  then raise :class:`~bourse.domain.book.BookFull`); it and :meth:`report_failure` of
+  the order again with its arrival kept, in one step; it and :meth:`report_failure` of
   an order count a failure on the deployment's breaker once per request and
   deployment (:func:`~bourse.domain.book.counts_against`).
 - The client is asked at admission (:meth:`~bourse.domain.book.Order.still_wanted`):
@@ -109,9 +108,7 @@ class BookPort(Protocol):
 
     def release(self, admission: Admission) -> None: ...
 
-    async def requeue(
-        self, order: Order, admission: Admission, delay_s: float = 0.0
-    ) -> asyncio.Future[Admission]: ...
+    async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]: ...
 
     def report_success(self, deployment: str) -> None: ...
 

@@ -106,8 +106,6 @@ class Market:
             raise book_timeout(self.now() - order.arrived_at) from None
         except BookUnavailable as exc:
             raise self.unavailable(exc) from None
-        except BookFull:  # a requeued order that found the book full when it came to rest again
-            raise self._full_on_requeue() from None
 
     def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None:
         """The order's client left: take it out of the book, or give back its slot."""
@@ -119,20 +117,21 @@ class Market:
 
     async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
         """The engine failed before any output: count the failure on the deployment's
-        breaker (once per request), give the slot back and, after a short wait that
-        grows with each requeue (:func:`~bourse.domain.book.requeue_delay_s`), put the
-        order in the book again with its original arrival."""
+        breaker (once per request and deployment), back off (a short wait that grows with
+        each requeue, :func:`~bourse.domain.book.requeue_delay_s`), then give the slot
+        back and put the order in the book again with its original arrival, in one step.
+        The slot is held through the wait so that the order keeps its place (no later
+        order passes it) while the engine that failed is not asked again at once."""
+        self.book.report_failure(admission.deployment, order)
+        await asyncio.sleep(requeue_delay_s(order.requeues))
         try:
-            return await self.book.requeue(order, admission, requeue_delay_s(order.requeues))
+            return await self.book.requeue(order, admission)
         except BookUnavailable as exc:
             raise self.unavailable(exc) from None
         except BookFull:
-            raise self._full_on_requeue() from None
-
-    def _full_on_requeue(self) -> GatewayError:
-        return no_capacity(
-            f"The book of '{self.product}' is full; the order could not be requeued.", retry_after_s=2
-        )
+            raise no_capacity(
+                f"The book of '{self.product}' is full; the order could not be requeued.", retry_after_s=2
+            ) from None
 
     def unavailable(self, exc: BaseException) -> GatewayError:
         self.observer.backend_error("redis", "book", exc)
