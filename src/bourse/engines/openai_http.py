@@ -6,10 +6,12 @@ a client that asked for one answer, one non-streamed upstream answer, handed on 
 chunk whose ``delta`` is the message, then its usage), the mapping of
 upstream statuses and error envelopes to :class:`EngineFailure` (transient before
 any output for connect errors, timeouts, 5xx and 429, except a non-streamed answer
-that the upstream ran and failed, 500 or 502; a refusal such as a context length
-error is final), and the stream's three steps: connect (send, status, first
+that the upstream ran and failed, 500 or 502, or did not give in time: it may still
+be running it; a refusal such as a context length error, however it is worded, is
+final), and the stream's three steps: connect (send, status, first
 bytes), parse (the project's SSE parser, on the hot path, hands each upstream chunk on
-as it arrives and keeps the upstream's usage aside) and finish (``[DONE]`` seen, the
+as it arrives and keeps the upstream's usage aside) and finish (``[DONE]`` seen, after
+a ``finish_reason`` if output began, else the generation was interrupted; the
 usage as a :class:`UsageEvent`). Closing the generator closes the upstream response, so the
 upstream sees its connection go away and aborts the generation.
 
