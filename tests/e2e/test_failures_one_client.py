@@ -29,6 +29,7 @@ from bourse.engines.sim import SimSettings
 from bourse.engines.sim_server import create_sim_app
 from tests.support.gateway import Gateway, running_gateway
 from tests.support.servers import serve_app_in_thread
+from tests.support.sse import collect_sse
 
 MESSAGES = [{"role": "user", "content": "Tell me about the market."}]
 
@@ -215,3 +216,79 @@ always_stream = true
             assert info.value.response.headers["x-should-retry"] == "false"
             [record] = records
             assert record["usage"]["completion_tokens"] == 3
+
+
+# -- an empty 200 stream after a prompt over the engine's context --------------------------
+
+
+@pytest.fixture(scope="module")
+def empty() -> Iterator[tuple[Gateway, Upstream]]:
+    """An upstream that answers every request 200 and closes the stream empty, as
+    llama-cpp-python's server answers a streamed prompt over its ``n_ctx``."""
+    upstream = Upstream(status=200, body=b"")
+    with serve_app_in_thread(upstream) as up:
+        config = f"""
+[products.small]
+context_length = 64
+[[products.small.deployments]]
+engine = "openai"
+base_url = "{up}/v1"
+model = "m"
+breaker_threshold = 3
+cooldown_s = 60
+"""
+        with running_gateway(config) as gw:
+            yield gw, upstream
+
+
+def test_an_empty_stream_after_a_prompt_over_the_context_is_the_clients_400(
+    empty: tuple[Gateway, Upstream],
+) -> None:
+    gw, upstream = empty
+    seen = len(upstream.posts)
+    # 500 bytes: past the pre-check (500 / 8 = 62 < 64), over the context by the estimate (130)
+    messages = [{"role": "user", "content": "word " * 100}]
+    streamed = collect_sse(gw, {"model": "small", "stream": True, "messages": messages})
+    [frame] = [c for c in streamed.chunks if "error" in c]
+    assert frame["error"]["code"] == "context_length_exceeded", frame
+    assert "about 130 tokens" in frame["error"]["message"], frame  # the gateway's estimate
+    assert len(upstream.posts) - seen == 1  # a refusal: not requeued
+    assert breaker_openings(gw) == 0
+
+
+def test_an_empty_stream_after_a_prompt_the_engine_counts_over_its_context_is_a_400(
+    empty: tuple[Gateway, Upstream], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine with its own tokenizer (a TokenCounter): its count decides."""
+    gw, upstream = empty
+    engine = gw.engine("small/0")
+    counted: list[int] = []
+
+    async def count_prompt_tokens(kind: str, body: dict[str, Any]) -> int:
+        counted.append(1)
+        return 11
+
+    monkeypatch.setattr(engine, "context_length", 10, raising=False)
+    monkeypatch.setattr(engine, "count_prompt_tokens", count_prompt_tokens, raising=False)
+    seen = len(upstream.posts)
+    streamed = collect_sse(
+        gw, {"model": "small", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    )
+    [frame] = [c for c in streamed.chunks if "error" in c]
+    assert frame["error"]["code"] == "context_length_exceeded", frame
+    assert "is 11 tokens" in frame["error"]["message"] and "context of 10" in frame["error"]["message"]
+    assert counted and len(upstream.posts) - seen == 1  # a refusal: not requeued
+
+
+def test_an_empty_stream_after_a_prompt_that_fits_is_transient_and_counted_once(
+    empty: tuple[Gateway, Upstream],
+) -> None:
+    gw, upstream = empty
+    seen = len(upstream.posts)
+    streamed = collect_sse(
+        gw, {"model": "small", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    )
+    [frame] = [c for c in streamed.chunks if "error" in c]
+    assert frame["error"]["code"] == "upstream_error" and "on every attempt" in frame["error"]["message"]
+    assert len(upstream.posts) - seen == 4  # the first attempt and max_requeues = 3
+    assert breaker_openings(gw) == 0  # one request: one failure
