@@ -929,6 +929,17 @@ class Run:
             kind="refused",
         )
 
+    def _after_output(self, err: GatewayError) -> GatewayError:
+        """``err`` as the end of this run: once output began, ``x-should-retry: false``
+        (sent again, the request would run, and by its policy be charged, again)."""
+        if self.phase is not Phase.STREAMING or err.headers.get("x-should-retry") == "false":
+            return err
+        headers = {k: v for k, v in err.headers.items() if k != "x-should-retry"}
+        return GatewayError(
+            err.status, err.code, err.message, param=err.param, error_type=err.error_type, headers=headers,
+            retry=False,
+        )  # fmt: skip
+
     def _engine_error(self, err: GatewayError) -> GatewayError:
         """An engine failure as the client sees it: the policy may name its code and type."""
         code, error_type = self.policy.engine_error(err.code, err.error_type)
@@ -981,7 +992,7 @@ class Run:
         assert self._stop is not None
         await self._halt()
         if not self.detached:
-            return await self._settled("error", self._stop)
+            return await self._settled("error", self._after_output(self._stop))
         self.phase = Phase.DONE
         self._unlink()
         if self.admission is not None:
