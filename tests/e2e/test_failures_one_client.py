@@ -292,3 +292,44 @@ def test_an_empty_stream_after_a_prompt_that_fits_is_transient_and_counted_once(
     assert frame["error"]["code"] == "upstream_error" and "on every attempt" in frame["error"]["message"]
     assert len(upstream.posts) - seen == 4  # the first attempt and max_requeues = 3
     assert breaker_openings(gw) == 0  # one request: one failure
+
+
+# -- an interrupted generation is an error, charged by charge_on_error --------------------
+
+
+def _sse(*chunks: dict[str, Any]) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(("policy", "charged"), [("default", False), ("gopuram", True)])
+def test_done_without_a_finish_reason_is_an_error_charged_by_charge_on_error(
+    policy: str, charged: bool
+) -> None:
+    """What llama-cpp-python's server sends a stream it interrupts: content, then
+    ``[DONE]`` with no ``finish_reason``."""
+    chunk = {
+        "id": "up", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": {"content": "Once upon"}, "finish_reason": None}],
+    }  # fmt: skip
+    cut = Upstream(status=200, body=_sse(chunk, chunk))
+    with serve_app_in_thread(cut) as up:
+        config = f"""
+[products.cut]
+policy = "{policy}"
+[[products.cut.deployments]]
+engine = "openai"
+base_url = "{up}/v1"
+model = "m"
+floor = 10.0
+"""
+        with running_gateway(config) as gw:
+            res = collect_sse(gw, {"model": "cut", "stream": True, "messages": MESSAGES})
+            assert res.status == 200
+            assert res.text() == "Once uponOnce upon"
+            [frame] = [c for c in res.chunks if "error" in c]
+            assert "interrupted" in frame["error"]["message"], frame
+            assert res.kinds()[-1] == "DONE"
+            [record] = usage_records(gw, gw.api_key)
+            assert record["outcome"] == "error", record
+            assert (record["receipt"]["cost_micros"] > 0) is charged, record
+            assert len(cut.posts) == 1
