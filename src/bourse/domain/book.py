@@ -105,16 +105,17 @@ def counts_against(order: Order, deployment: str, breaker: CircuitBreaker) -> bo
 
 
 REQUEUE_BACKOFF_S = 0.05
-"""The wait before a requeued order rests in the book again after its first requeue;
-it doubles with each further requeue (0.05, 0.1, 0.2 s, ...)."""
+"""The wait between an order's first failure and its requeue; it doubles with each
+further requeue (0.05, 0.1, 0.2 s, ...)."""
 REQUEUE_BACKOFF_MAX_S = 1.0
-"""The longest wait before a requeued order rests again."""
+"""The longest wait before a requeue."""
 
 
 def requeue_delay_s(requeues: int) -> float:
-    """The wait before an order requeued ``requeues`` times so far rests again (its
-    first attempt never waits): short, growing, bounded, so a failing engine is not
-    asked again within milliseconds while the slot goes to the orders waiting."""
+    """The wait before the requeue of an order requeued ``requeues`` times so far (its
+    first attempt never waits): short, growing, bounded, so that a failing engine is
+    not asked again within milliseconds (the market holds the order's slot meanwhile,
+    so that the order keeps its place)."""
     return min(REQUEUE_BACKOFF_MAX_S, REQUEUE_BACKOFF_S * 2.0 ** min(requeues, 32))
 
 

@@ -137,8 +137,9 @@ class _StreamParse:
     It keeps what the finish step needs: whether ``[DONE]`` came, whether output began
     (a failure after that is final), whether a choice ended with a ``finish_reason``
     (``[DONE]`` after output without one is an interrupted generation) and the
-    upstream's usage, popped off the chunk that carried it. An upstream error or a malformed chunk ends a read's events and is kept
-    in ``failure`` for the caller to raise once those events are relayed.
+    upstream's usage, popped off the chunk that carried it. An upstream error or a
+    malformed chunk ends a read's events and is kept in ``failure`` for the caller to
+    raise once those events are relayed.
     """
 
     __slots__ = ("_failure_of", "_sse", "done", "failure", "finished", "output_began", "usage")
