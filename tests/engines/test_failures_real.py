@@ -95,6 +95,12 @@ def test_a_prompt_over_the_context_is_refused_in_band_and_opens_no_breaker(
         assert error["code"] == "context_length_exceeded", error
         assert not any(c.get("choices") for c in result.chunks)
         assert breaker_openings(gw) == 0
+        # not streamed, the server says it with a 400 of its own: the client's 400
+        r = httpx.post(
+            gw.v1 + "/chat/completions", headers=gw.headers, json={**body, "stream": False}, timeout=120
+        )
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        assert r.headers["x-should-retry"] == "false"
         ok = served_to_another_client(gw)
         assert ok.status_code == 200, ok.text
         assert breaker_openings(gw) == 0
