@@ -23,6 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from bourse.coordination.book_local import LocalBook
 from bourse.coordination.book_redis import RedisBook
 from bourse.domain.book import Admission, BookFull, Deployment, Order, ProductBook
+from bourse.domain.breaker import CircuitBreaker
 from bourse.ports.book import BookUnavailable, BookView, ClientGone, DeploymentView
 from tests.contract.cluster import Replicas, eventually
 
@@ -693,6 +694,30 @@ async def test_requeue_at_once_after_the_admission_gets_the_new_terms(
     assert now_admitted(f2).deployment == "a"
     book.release(r1)
     book.release(f2.result())
+    await settled(book, waiting=0, busy_total=0)
+
+
+def breaker_of(book: Any, name: str) -> CircuitBreaker:
+    deps = book.book.deployments if isinstance(book, LocalBook) else book.deployments
+    [d] = [d for d in deps if d.name == name]
+    b: CircuitBreaker = d.breaker
+    return b
+
+
+@pytest.mark.anyio
+async def test_requeues_of_one_order_count_once_on_the_breaker(make_book: Books) -> None:
+    """One request that fails on every attempt counts one failure on its deployment's
+    breaker (threshold 3 here): requeued three times, the breaker stays closed."""
+    book = await make_book([("d", 1.0, 1)])
+    o, f = await submit(book, "bad", 3.0)
+    adm = now_admitted(f)
+    for _ in range(3):
+        adm = await admitted(book, o, await book.requeue(o, adm))
+    book.report_failure("d", o)  # its last attempt failed too: the run gives up
+    assert (breaker_of(book, "d").failures, o.requeues) == (1, 3)
+    book.release(adm)
+    other, fo = await submit(book, "next", 3.0)  # the next client is admitted
+    book.release(await admitted(book, other, fo))
     await settled(book, waiting=0, busy_total=0)
 
 

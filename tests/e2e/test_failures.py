@@ -127,13 +127,15 @@ def test_legacy_completion_error_after_output(env: Env) -> None:
 def test_non_streamed_error_after_output_is_http_502(env: Env) -> None:
     """The engine fails after output: final, no requeue. The openai engine asked its
     upstream for one answer, so the upstream says the failure with HTTP 502 (it ran the
-    request and failed): final too, the engines agree (tests/e2e/test_sdk_contract.py)."""
+    request and failed): final too, the engines agree (tests/e2e/test_sdk_contract.py).
+    Sent again it would run (and, by its policy, be charged) again: ``x-should-retry:
+    false``, which the SDKs obey."""
     started = env.stats("late-a")["started"]
     r = env.post(
         "/v1/chat/completions",
         {"model": "late", "messages": USER, "seed": 2, "sim": {"fail_after_tokens": 3}},
     )
-    assert_error_envelope(r, 502, "upstream_error")
+    assert_error_envelope(r, 502, "upstream_error", should_retry="false")
     assert env.stats("late-a")["started"] - started == 1
 
 

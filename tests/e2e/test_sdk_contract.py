@@ -112,10 +112,15 @@ def test_every_error_status_states_x_should_retry(env: Env) -> None:
         (404, "false", httpx.get(url + "/v1/nowhere", headers=auth)),
         (405, "false", httpx.get(chat, headers=auth)),
         (413, "false", httpx.post(chat, content=b" " * (4 * 1024 * 1024 + 1), headers=auth)),
-        (
+        (  # failed after output: sent again it would run (and may be charged) again
+            502,
+            "false",
+            httpx.post(chat, json={**ok, "sim": {"fail_after_tokens": 1}}, headers=auth, timeout=30),
+        ),
+        (  # failed before any output, on every attempt: nothing ran to the end, a retry may pass
             502,
             "true",
-            httpx.post(chat, json={**ok, "sim": {"fail_after_tokens": 1}}, headers=auth, timeout=30),
+            httpx.post(chat, json={**ok, "sim": {"fail_before_output": -1}}, headers=auth, timeout=30),
         ),
     ]
     first = httpx.post(chat, json=ok, headers=limited.auth, timeout=30)

@@ -121,14 +121,15 @@ async def test_non_streamed_legacy_completion(gw: InProcessGateway) -> None:
 @pytest.mark.parametrize("product", PRESETS)
 async def test_non_streamed_error_after_output_is_an_http_502(gw: InProcessGateway, product: str) -> None:
     """The engine failed: 502 with the product's code and type for an engine failure,
-    the request id in the product's headers, ``x-should-retry: true``."""
+    the request id in the product's headers, ``x-should-retry: false`` (it ran and
+    produced: sent again, it would run, and by its policy be charged, again)."""
     r = await _chat(gw, product, seed=2, sim={"fail_after_tokens": 3, "output_tokens": 10})
     code, error_type = ENGINE_ERROR.get(product, ("upstream_error", "upstream_error"))
-    err = assert_error_envelope(r, 502, code)
+    err = assert_error_envelope(r, 502, code, should_retry="false")
     assert err["type"] == error_type, err
     assert "3 tokens" in err["message"]
     _assert_id_headers(r, product)
-    assert r.headers["x-should-retry"] == "true"
+    assert r.headers["x-should-retry"] == "false"
     prefix = PREFIX.get(product, "x-bourse-")
     assert int(r.headers[f"{prefix}quote-micros"]) > 0
 

@@ -77,7 +77,7 @@ class LocalBook:
         self._dispatch()
 
     async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
-        self.book.report_failure(admission.deployment, self.now())
+        self.book.report_failure(admission.deployment, self.now(), order)
         self.book.release(admission.deployment)
         order.avoid = admission.deployment
         order.requeues += 1
@@ -90,8 +90,8 @@ class LocalBook:
     def report_success(self, deployment: str) -> None:
         self.book.report_success(deployment)
 
-    def report_failure(self, deployment: str) -> None:
-        self.book.report_failure(deployment, self.now())
+    def report_failure(self, deployment: str, order: Order | None = None) -> None:
+        self.book.report_failure(deployment, self.now(), order)
 
     def _dispatch(self) -> None:
         now = asyncio.get_running_loop().time()  # self.now(), without its call (twice per request)

@@ -31,7 +31,7 @@ import orjson
 from redis.exceptions import RedisError
 
 from bourse.coordination.redis_hub import RedisHub
-from bourse.domain.book import Admission, BookFull, Deployment, Order
+from bourse.domain.book import Admission, BookFull, Deployment, Order, counts_against
 from bourse.ports.book import BookUnavailable, BookView, Clear, ClientGone, DeploymentView, Pace
 
 log = logging.getLogger("bourse.coordination")
@@ -289,7 +289,7 @@ class RedisBook:
     async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
         dep = admission.deployment
         self._held.pop(order.id, None)
-        cool_until = self._record_failure(dep)
+        cool_until = self._record_failure(dep, order)
         order.avoid = dep
         order.requeues += 1
         fut: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
@@ -298,17 +298,20 @@ class RedisBook:
 
     # -- breakers -------------------------------------------------------------------
 
-    def _record_failure(self, dep: str) -> int:
-        """Record a failure on the local breaker; the cooling end (ms, wall clock) to share, or 0."""
+    def _record_failure(self, dep: str, order: Order | None = None) -> int:
+        """Record a failure on the local breaker (of ``order``: as :func:`counts_against`
+        says); the cooling end (ms, wall clock) to share, or 0."""
         br = self._breakers[dep]
         now = self.now()
+        if order is not None and not counts_against(order, dep, br):
+            return 0
         br.record_failure(now)
         if br.available(now):
             return 0
         return int((time.time() + (br.open_until - now)) * 1000)
 
-    def report_failure(self, deployment: str) -> None:
-        until = self._record_failure(deployment)
+    def report_failure(self, deployment: str, order: Order | None = None) -> None:
+        until = self._record_failure(deployment, order)
         if until:
             self.hub.spawn(self._call("COOL", deployment, until))
 

@@ -46,6 +46,8 @@ class Order:
     requeues: int = 0
     present: Callable[[], bool] | None = None
     """Asks whether its client is still connected (None: nobody to ask, e.g. a job)."""
+    failed_on: tuple[str, ...] = ()
+    """The deployments whose breakers already counted a failure of this order."""
 
     def rank(self) -> tuple[float, int]:
         return (-self.bid, self.seq)
@@ -88,6 +90,33 @@ def expected_wait_s(ahead: int, admissions: int, span_s: float) -> float | None:
     if admissions < 2 or span_s <= 0:
         return None
     return (ahead + 1) * span_s / admissions
+
+
+def counts_against(order: Order, deployment: str, breaker: CircuitBreaker) -> bool:
+    """Whether a failure of ``order`` on ``deployment`` counts on its breaker: once per
+    request and deployment, however many attempts the order made there (one request
+    that keeps failing, say a prompt the engine cannot take, must not open the breaker
+    for everyone by itself), and always when it was the half-open trial (the trial's
+    verdict reopens it). Records the count on the order."""
+    if deployment in order.failed_on:
+        return breaker.trial_running
+    order.failed_on = (*order.failed_on, deployment)
+    return True
+
+
+REQUEUE_BACKOFF_S = 0.05
+"""The wait between an order's first failure and its requeue; it doubles with each
+further requeue (0.05, 0.1, 0.2 s, ...)."""
+REQUEUE_BACKOFF_MAX_S = 1.0
+"""The longest wait before a requeue."""
+
+
+def requeue_delay_s(requeues: int) -> float:
+    """The wait before the requeue of an order requeued ``requeues`` times so far (its
+    first attempt never waits): short, growing, bounded, so that a failing engine is
+    not asked again within milliseconds (the market holds the order's slot meanwhile,
+    so that the order keeps its place)."""
+    return min(REQUEUE_BACKOFF_MAX_S, REQUEUE_BACKOFF_S * 2.0 ** min(requeues, 32))
 
 
 class BookFull(Exception):
@@ -163,8 +192,11 @@ class ProductBook:
         d.busy -= 1
         d.breaker.trial_running = False
 
-    def report_failure(self, name: str, now: float) -> None:
-        self._by_name[name].breaker.record_failure(now)
+    def report_failure(self, name: str, now: float, order: Order | None = None) -> None:
+        """A failure on ``name``; of ``order``: counted as :func:`counts_against` says."""
+        breaker = self._by_name[name].breaker
+        if order is None or counts_against(order, name, breaker):
+            breaker.record_failure(now)
 
     def report_success(self, name: str) -> None:
         self._by_name[name].breaker.record_success()

@@ -18,7 +18,8 @@ it into the OpenAI envelope before the 200, and into the error frame after it
      ├─ 429 rate_limited
      ├─ 500 internal_error
      ├─ 502 upstream_error
-     └─ 503 no_capacity / draining
+     ├─ 503 no_capacity / draining
+     └─ 504 upstream_timeout
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _TYPES: dict[int, str] = {
     500: "server_error",
     502: "upstream_error",
     503: "service_unavailable",
+    504: "timeout_error",
 }
 _RETRIED = frozenset({429, 500, 502, 503})
 """The statuses a client may send again as they are (unless the error says otherwise)."""

@@ -6,10 +6,12 @@ a client that asked for one answer, one non-streamed upstream answer, handed on 
 chunk whose ``delta`` is the message, then its usage), the mapping of
 upstream statuses and error envelopes to :class:`EngineFailure` (transient before
 any output for connect errors, timeouts, 5xx and 429, except a non-streamed answer
-that the upstream ran and failed, 500 or 502; a refusal such as a context length
-error is final), and the stream's three steps: connect (send, status, first
+that the upstream ran and failed, 500 or 502, or did not give in time: it may still
+be running it; a refusal such as a context length error, however it is worded, is
+final), and the stream's three steps: connect (send, status, first
 bytes), parse (the project's SSE parser, on the hot path, hands each upstream chunk on
-as it arrives and keeps the upstream's usage aside) and finish (``[DONE]`` seen, the
+as it arrives and keeps the upstream's usage aside) and finish (``[DONE]`` seen, after
+a ``finish_reason`` if output began, else the generation was interrupted; the
 usage as a :class:`UsageEvent`). Closing the generator closes the upstream response, so the
 upstream sees its connection go away and aborts the generation.
 
@@ -78,22 +80,31 @@ def _error_details(error: object) -> tuple[str, str | None, str | None]:
 def _refusal_code(message: str, code: str | None, error_type: str | None) -> str:
     if code:
         return code
-    lowered = message.lower()
-    if (
-        error_type == "exceed_context_size_error"
-        or "context length" in lowered
-        or "context_length" in lowered
-    ):
+    if error_type == "exceed_context_size_error" or _says_context(message):
         return "context_length_exceeded"
     return "invalid_request"
 
 
-def _is_refusal(error: object, code: str | None, error_type: str | None) -> bool:
-    """An in-stream error that says the request itself is wrong (retrying won't help)."""
+_CONTEXT_WORDS = ("context length", "context_length", "context window", "context size")
+"""How engines word a prompt over their context: vLLM's "maximum context length",
+llama-server's "exceeds the available context size", llama-cpp-python's "maximum
+context length", an OpenAI-like ``context_length_exceeded``."""
+
+
+def _says_context(message: str) -> bool:
+    lowered = message.lower()
+    return any(w in lowered for w in _CONTEXT_WORDS)
+
+
+def _is_refusal(error: object, code: str | None, error_type: str | None, message: str = "") -> bool:
+    """An in-stream error that says the request itself is wrong (retrying won't help):
+    by its code or type, or by its words when it says the prompt is over the context."""
     if code == "context_length_exceeded" or error_type in (
         "invalid_request_error",
         "exceed_context_size_error",
     ):
+        return True
+    if _says_context(message):
         return True
     if isinstance(error, dict):
         inner = error.get("error", error)
@@ -124,17 +135,21 @@ class _StreamParse:
     """The parse step of one upstream stream: each read's SSE payloads into chunk events.
 
     It keeps what the finish step needs: whether ``[DONE]`` came, whether output began
-    (a failure after that is final) and the upstream's usage, popped off the chunk that
-    carried it. An upstream error or a malformed chunk ends a read's events and is kept
-    in ``failure`` for the caller to raise once those events are relayed.
+    (a failure after that is final), whether a choice ended with a ``finish_reason``
+    (``[DONE]`` after output without one is an interrupted generation) and the
+    upstream's usage, popped off the chunk that carried it. An upstream error or a
+    malformed chunk ends a read's events and is kept in ``failure`` for the caller to
+    raise once those events are relayed.
     """
 
-    __slots__ = ("_failure_of", "_sse", "done", "failure", "output_began", "usage")
+    __slots__ = ("_failure_of", "_sse", "done", "failure", "finished", "output_began", "usage")
 
     def __init__(self, failure_of: Callable[[object, bool], EngineFailure]) -> None:
         self._sse = SSEParser()
         self._failure_of = failure_of
         self.done = False
+        self.finished = False
+        """A choice came with its ``finish_reason``."""
         self.output_began = False
         self.usage: dict[str, Any] | None = None
         self.failure: EngineFailure | None = None
@@ -175,6 +190,8 @@ class _StreamParse:
             choices = chunk.get("choices")
             if not choices:
                 return None
+            if not self.finished:
+                self.finished = any(c.get("finish_reason") for c in choices)
             tokens = _carries_tokens(choices)
         except (orjson.JSONDecodeError, TypeError, AttributeError):
             self.failure = EngineFailure(
@@ -185,11 +202,23 @@ class _StreamParse:
         return ChunkEvent(chunk, tokens)
 
     def finish(self) -> UsageEvent | None:
-        """The finish step, at the end of the stream: it must have said ``[DONE]``; its usage."""
+        """The finish step, at the end of the stream: it must have said ``[DONE]``, after
+        a ``finish_reason`` if output began (an engine that stops a generation to serve
+        another, as llama-cpp-python's ``interrupt_requests`` does, sends ``[DONE]``
+        without one: the answer is cut short, not complete); its usage. A stream closed
+        empty, without ``[DONE]``, is kind ``empty``: transient, unless the run finds the
+        prompt over the engine's context (llama-cpp-python's answer to such a prompt)."""
         if not self.done:
             if self.output_began:
                 raise EngineFailure("upstream closed the stream early", transient=False, kind="stream")
-            raise EngineFailure("upstream closed the stream before any output", transient=True, kind="stream")
+            raise EngineFailure("upstream closed the stream before any output", transient=True, kind="empty")
+        if self.output_began and not self.finished:
+            raise EngineFailure(
+                "upstream ended the stream without a finish_reason: the generation was interrupted "
+                "(the engine stopped it, e.g. to serve another request) and the answer is incomplete",
+                transient=False,
+                kind="interrupted",
+            )
         return None if self.usage is None else _usage_event(self.usage)
 
 
@@ -218,7 +247,7 @@ class _ResponsesParse(_StreamParse):
         if up.error is not None:
             self.failure = self._failure_of({"error": up.error}, self.output_began)
             return None
-        self.done = up.done
+        self.done = self.finished = up.done  # response.completed / .incomplete end the answer
         if up.usage is not None:
             self.usage = up.usage
         if chunk is None:
@@ -352,7 +381,7 @@ class OpenAIHTTPEngine(Engine):
     def _stream_failure(self, error: object, output_began: bool) -> EngineFailure:
         message, code, error_type = _error_details(error)
         message = self._scrub(message or "upstream reported an error")
-        if not output_began and _is_refusal(error, code, error_type):
+        if not output_began and _is_refusal(error, code, error_type, message):
             return EngineFailure(
                 message,
                 transient=False,
@@ -362,6 +391,21 @@ class OpenAIHTTPEngine(Engine):
                 kind="refused",
             )
         return EngineFailure(f"upstream error: {message}", transient=not output_began, kind="stream")
+
+    @staticmethod
+    def _answer_timeout(timeout_s: float) -> EngineFailure:
+        """A non-streamed request sent and not answered in time: final. The upstream may
+        still be generating it (an engine does not stop a non-streamed generation when
+        its client goes), so sending it again would run it twice on the same engine."""
+        return EngineFailure(
+            f"upstream did not answer within {timeout_s:g}s; the request was not sent again "
+            "(the engine may still be running it)",
+            transient=False,
+            status=504,
+            code="upstream_timeout",
+            error_type="timeout_error",
+            kind="timeout",
+        )
 
     def _early_failure(self, exc: BaseException, waited: str) -> EngineFailure:
         """A failure before any output (connect, status, first bytes): always transient.
@@ -467,6 +511,8 @@ class OpenAIHTTPEngine(Engine):
         except BaseException as exc:
             if response is not None:
                 response.close()  # (an error answer, read to its end, is already back in the pool)
+            if json and isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError):
+                raise self._answer_timeout(timeout_s) from None
             if isinstance(exc, TimeoutError | aiohttp.ClientError):
                 waited = f"no answer within {timeout_s:g}s" if json else f"nothing within {timeout_s:g}s"
                 raise self._early_failure(exc, waited) from None
@@ -507,7 +553,10 @@ class OpenAIHTTPEngine(Engine):
             # so the upstream sees it go and stops generating
             response.close()
             raise
-        response.release()  # read to its end: the connection goes back to the pool
+        if parse.done:
+            response.release()  # read to its end: the connection goes back to the pool
+        else:  # closed without [DONE] (llama-cpp-python then closes the connection too): not reused
+            response.close()
         usage = parse.finish()
         if usage is not None:
             yield usage

@@ -16,6 +16,10 @@ The contract (``tests/contract/test_book.py`` runs it over both):
   :class:`TimeoutError` with the order taken out of the book.
 - Every slot given is given back exactly once: :meth:`release`, :meth:`requeue`,
   or :meth:`withdraw` (client gone; gives back a slot granted at that instant).
+- :meth:`requeue` (the engine failed before any output) gives the slot back and rests
+  the order again with its arrival kept, in one step; it and :meth:`report_failure` of
+  an order count a failure on the deployment's breaker once per request and
+  deployment (:func:`~bourse.domain.book.counts_against`).
 - The client is asked at admission (:meth:`~bourse.domain.book.Order.still_wanted`):
   an order whose client has left is not admitted; its wait raises :class:`ClientGone`
   and the slot goes to the next order.
@@ -108,7 +112,7 @@ class BookPort(Protocol):
 
     def report_success(self, deployment: str) -> None: ...
 
-    def report_failure(self, deployment: str) -> None: ...
+    def report_failure(self, deployment: str, order: Order | None = None) -> None: ...
 
     def level(self) -> float: ...
 

@@ -84,7 +84,10 @@ class EngineFailure(Exception):
     the gateway reports when it gives up (400 for an engine's refusal such as a
     context-length error, 502 otherwise); ``code`` the OpenAI error code; ``kind`` a
     word for the operator's metrics (``connect``, ``timeout``, ``status``, ``refused``,
-    ``stream``, ``malformed``, ``stall`` (the run's stall clock), else ``other``).
+    ``stream``, ``empty`` (a stream closed before any output and ``[DONE]``: the run
+    makes it a refusal when the prompt is over the engine's context), ``interrupted``
+    (``[DONE]`` after output without a ``finish_reason``), ``malformed``, ``stall``
+    (the run's stall clock), else ``other``).
     """
 
     def __init__(

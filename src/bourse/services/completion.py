@@ -37,7 +37,15 @@ from bourse.domain.policy import Policy
 from bourse.domain.ratelimit import retry_after_header
 from bourse.domain.values import immutable
 from bourse.ports.book import ClientGone
-from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind, UsageEvent
+from bourse.ports.engine import (
+    ChunkEvent,
+    EngineEvent,
+    EngineFailure,
+    GenerationRequest,
+    Kind,
+    TokenCounter,
+    UsageEvent,
+)
 from bourse.ports.limits import KeyLimits, LimiterUnavailable, RateLimiter
 from bourse.ports.observer import NULL_OBSERVER, NULL_SPAN, Caller, Observer, RunReport, Span
 from bourse.services.auth import Authenticator, Principal
@@ -859,16 +867,24 @@ class Run:
 
     async def _failed(self, failure: EngineFailure) -> Requeued | Finished:
         """The engine failed: requeue a transient failure before any output (up to
-        ``max_requeues``), else finish with the error."""
+        ``max_requeues``), else finish with the error. A final failure says
+        ``x-should-retry: false``: it ran (perhaps produced, perhaps was charged), or
+        refused the request, or may still be running; sent again, it would run again."""
         self._engine_iter = None
         m, order, adm = self.market, self.order, self.admission
         assert order is not None and adm is not None
+        if failure.kind == "empty" and self.phase is not Phase.STREAMING:
+            failure = await self._empty_refusal(adm.deployment, failure)
         self._end_attempt(failure.message)
         self.service.observer.upstream_failed(
             m.product, adm.deployment, failure.kind, failure.message, self.request_id
         )
         if self.phase is Phase.STREAMING or not failure.transient:
-            err = GatewayError(failure.status, failure.code, failure.message, error_type=failure.error_type)
+            if failure.kind == "timeout" and self.phase is not Phase.STREAMING:
+                m.report_failure(adm.deployment, order)  # no answer in time: the deployment's, once
+            err = GatewayError(
+                failure.status, failure.code, failure.message, error_type=failure.error_type, retry=False
+            )
             return await self._settled("error", self._engine_error(err))
         if order.requeues < m.policy.max_requeues:
             self.service.observer.requeued(m.product, adm.deployment)
@@ -880,8 +896,49 @@ class Run:
                 m.withdraw(order, fut)
                 return await self._settled("error", cooling)
             return Requeued(adm.deployment)
-        m.report_failure(adm.deployment)
+        m.report_failure(adm.deployment, order)
         return await self._settled("error", self._engine_error(m.failure_after_requeues(failure.message)))
+
+    async def _empty_refusal(self, deployment: str, failure: EngineFailure) -> EngineFailure:
+        """An upstream stream closed empty (no output, no ``[DONE]``): a refusal of the
+        request when its prompt is over the engine's context (llama-cpp-python answers
+        such a prompt so), counted by the engine's tokenizer if it has one, else by the
+        gateway's estimate against the product's context length; else ``failure``
+        (transient, counted once per request on the breaker)."""
+        engine, context, n = self.market.engines.get(deployment), self.market.context_length, None
+        if isinstance(engine, TokenCounter) and engine.loaded:
+            try:
+                n = await engine.count_prompt_tokens(self.kind, self.body)
+            except Exception:  # the count is a best effort: the failure stays what it was
+                log.warning(
+                    "counting the prompt of %s on %s failed", self.request_id, deployment, exc_info=True
+                )
+            context = engine.context_length
+        counted = "" if n is not None else "about "
+        if n is None:
+            n = self.prompt.estimated_tokens
+        if n < context:
+            return failure
+        return EngineFailure(
+            f"The prompt is {counted}{n} tokens; the engine of '{self.product}' has a context of {context} "
+            "tokens and closed the stream without an answer. Shorten the prompt.",
+            transient=False,
+            status=400,
+            code="context_length_exceeded",
+            error_type="invalid_request_error",
+            kind="refused",
+        )
+
+    def _after_output(self, err: GatewayError) -> GatewayError:
+        """``err`` as the end of this run: once output began, ``x-should-retry: false``
+        (sent again, the request would run, and by its policy be charged, again)."""
+        if self.phase is not Phase.STREAMING or err.headers.get("x-should-retry") == "false":
+            return err
+        headers = {k: v for k, v in err.headers.items() if k != "x-should-retry"}
+        return GatewayError(
+            err.status, err.code, err.message, param=err.param, error_type=err.error_type, headers=headers,
+            retry=False,
+        )  # fmt: skip
 
     def _engine_error(self, err: GatewayError) -> GatewayError:
         """An engine failure as the client sees it: the policy may name its code and type."""
@@ -935,7 +992,7 @@ class Run:
         assert self._stop is not None
         await self._halt()
         if not self.detached:
-            return await self._settled("error", self._stop)
+            return await self._settled("error", self._after_output(self._stop))
         self.phase = Phase.DONE
         self._unlink()
         if self.admission is not None:

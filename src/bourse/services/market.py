@@ -14,7 +14,7 @@ import asyncio
 import math
 from collections.abc import Iterable
 
-from bourse.domain.book import Admission, BookFull, Order, expected_wait_s
+from bourse.domain.book import Admission, BookFull, Order, expected_wait_s, requeue_delay_s
 from bourse.domain.breaker import CircuitBreaker, cooling_for
 from bourse.domain.errors import GatewayError, book_timeout, no_capacity
 from bourse.domain.policy import Policy
@@ -116,8 +116,14 @@ class Market:
         self.book.release(admission)
 
     async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
-        """The engine failed before any output: cool the deployment, give the slot
-        back and put the order in the book again with its original arrival."""
+        """The engine failed before any output: count the failure on the deployment's
+        breaker (once per request and deployment), back off (a short wait that grows with
+        each requeue, :func:`~bourse.domain.book.requeue_delay_s`), then give the slot
+        back and put the order in the book again with its original arrival, in one step.
+        The slot is held through the wait so that the order keeps its place (no later
+        order passes it) while the engine that failed is not asked again at once."""
+        self.book.report_failure(admission.deployment, order)
+        await asyncio.sleep(requeue_delay_s(order.requeues))
         try:
             return await self.book.requeue(order, admission)
         except BookUnavailable as exc:
@@ -134,8 +140,9 @@ class Market:
     def report_success(self, deployment: str) -> None:
         self.book.report_success(deployment)
 
-    def report_failure(self, deployment: str) -> None:
-        self.book.report_failure(deployment)
+    def report_failure(self, deployment: str, order: Order | None = None) -> None:
+        """A failure on ``deployment``; of ``order``: counted once per request and deployment."""
+        self.book.report_failure(deployment, order)
 
     # -- views -------------------------------------------------------------------
 

@@ -66,7 +66,7 @@ def test_a_non_streamed_provider_failure_is_provider_failed(env: Env) -> None:
         "/v1/chat/completions",
         {"model": AIGRID, "messages": [{"role": "user", "content": "hi"}], "sim": FAIL_AFTER_3},
     )
-    assert_error_envelope(r, 502, "provider_failed")
+    assert_error_envelope(r, 502, "provider_failed", should_retry="false")  # after output: not again
     assert r.headers["x-aigrid-invocation"] == r.headers["x-request-id"]
 
 

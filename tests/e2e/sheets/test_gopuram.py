@@ -76,7 +76,7 @@ def test_mid_stream_error_frame_is_the_sheets(env: Env) -> None:
     assert frame["error"]["type"] == "api_error" and frame["error"]["code"] == "provider_error", frame
     assert frame["id"] == res.headers["x-gopuram-request-id"]
     r = env.post("/v1/chat/completions", {"model": "gopuram", "messages": HI, "sim": FAIL_AFTER_3})
-    err = assert_error_envelope(r, 502, "provider_error")
+    err = assert_error_envelope(r, 502, "provider_error", should_retry="false")  # after output: not again
     assert err["type"] == "api_error"
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bourse.domain.book import BookFull, Deployment, Order, ProductBook, expected_wait_s
+from bourse.domain.book import BookFull, Deployment, Order, ProductBook, expected_wait_s, requeue_delay_s
 
 
 def book(*deps: tuple[str, float, int], max_waiting: int = 1000) -> ProductBook:
@@ -294,3 +294,41 @@ def test_expected_wait_is_the_time_of_the_admissions_ahead_at_the_recent_pace() 
     assert expected_wait_s(3, 1, 5.0) is None  # one admission is no pace
     assert expected_wait_s(0, 10, 5.0) == 0.5  # 2 admissions a second: the next one in 0.5 s
     assert expected_wait_s(3, 10, 5.0) == 2.0  # four admissions
+
+
+def test_a_request_counts_once_on_a_breaker_however_many_attempts_it_made() -> None:
+    """One request that fails on every attempt (a prompt the engine cannot take) must not
+    open the breaker for everyone by itself: its failures count once per deployment."""
+    b = book(("a", 0.0, 1), ("b", 0.0, 1))
+    breaker = b.deployment("a").breaker
+    breaker.threshold = 3
+    bad = order(b, "bad", 1)
+    for t in range(4):  # the first attempt and three requeues, all on a
+        b.report_failure("a", float(t), bad)
+    assert breaker.failures == 1 and breaker.state == "closed"
+    b.report_failure("b", 5.0, bad)  # once on each deployment it failed on
+    assert (breaker.failures, b.deployment("b").breaker.failures) == (1, 1)
+    for i in range(2):  # two other requests that fail there: three requests, it opens
+        b.report_failure("a", 6.0, order(b, f"other{i}", 1))
+    assert breaker.state == "open"
+
+
+def test_a_failed_half_open_trial_always_counts() -> None:
+    b = book(("a", 0.0, 1))
+    breaker = b.deployment("a").breaker
+    breaker.threshold, breaker.cooldown_s = 1, 5.0
+    o = order(b, "o", 1)
+    b.report_failure("a", 0.0, o)
+    assert not breaker.available(1.0)
+    b.add(o)
+    [adm] = b.dispatch(5.0)  # the cool-down is over: o is the trial
+    assert adm.order is o and breaker.trial_running
+    b.report_failure("a", 5.0, o)  # o failed there before, but the trial's verdict counts
+    assert not breaker.available(6.0)
+
+
+def test_requeue_delays_grow_and_are_bounded() -> None:
+    delays = [requeue_delay_s(n) for n in range(8)]
+    assert delays[:4] == [0.05, 0.1, 0.2, 0.4]
+    assert delays == sorted(delays) and max(delays) == 1.0
+    assert requeue_delay_s(10_000) == 1.0

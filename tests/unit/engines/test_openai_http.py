@@ -582,6 +582,80 @@ async def test_empty_stream_is_transient() -> None:
     assert info.value.transient
 
 
+async def test_empty_stream_is_kind_empty() -> None:
+    """An empty 200 (llama-cpp-python's answer to a streamed prompt over its context): the
+    run decides whether it is a refusal (prompt over the context) or transient."""
+    async with _fake(_answer(200, b"")) as engine:
+        with pytest.raises(EngineFailure) as info:
+            await _collect(engine, _request(CHAT))
+    assert (info.value.transient, info.value.kind) == (True, "empty")
+
+
+async def test_done_without_a_finish_reason_after_content_is_an_interrupted_generation() -> None:
+    """llama-cpp-python's ``interrupt_requests``: a running stream ends with ``[DONE]`` and
+    no ``finish_reason`` when another request arrives; the answer is cut short."""
+    received = 0
+    async with _fake(_answer(200, _sse(_chunk("Hel"), _chunk("lo")))) as engine:
+        with pytest.raises(EngineFailure) as info:
+            async for _ in engine.generate(_request(CHAT)):
+                received += 1
+    assert received == 2  # what came is relayed, then the failure
+    assert (info.value.transient, info.value.kind) == (False, "interrupted")
+    assert "interrupted" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [_chunk("Hel"), _chunk("lo", "stop")],
+        [_chunk("Hel"), _chunk("", "length")],
+        [_chunk("Hel", "stop"), {"id": "x", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}],
+    ],
+)  # fmt: skip
+async def test_done_after_a_finish_reason_is_a_complete_answer(chunks: list[dict[str, Any]]) -> None:
+    async with _fake(_answer(200, _sse(*chunks))) as engine:
+        relayed, _ = await _collect(engine, _request(CHAT))
+    assert relayed
+
+
+def test_stream_parse_needs_a_finish_reason_after_output() -> None:
+    from bourse.engines.openai_http import _StreamParse
+
+    def failure_of(error: object, output_began: bool) -> EngineFailure:
+        return EngineFailure("error", transient=not output_began)
+
+    cut = _StreamParse(failure_of)
+    assert len(cut.events(_sse(_chunk("a")))) == 1 and cut.done
+    with pytest.raises(EngineFailure) as info:
+        cut.finish()
+    assert info.value.kind == "interrupted"
+    whole = _StreamParse(failure_of)
+    whole.events(_sse(_chunk("a"), _chunk("", "stop")))
+    assert whole.finish() is None
+    nothing = _StreamParse(failure_of)  # [DONE] alone: no output, nothing cut short
+    nothing.events(_sse())
+    assert nothing.finish() is None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        {"error": {"message": "Requested tokens (4900) exceed context window of 2048"}},
+        {"error": {"message": "the request exceeds the available context size, try increasing it", "code": 500}},
+        {"error": "This model's maximum context length is 2048 tokens"},
+    ],
+)  # fmt: skip
+async def test_an_in_band_context_refusal_is_a_400_however_it_is_worded(error: dict[str, Any]) -> None:
+    async with _fake(_answer(200, _sse(error, done=False))) as engine:
+        with pytest.raises(EngineFailure) as info:
+            await _collect(engine, _request(CHAT))
+    assert (info.value.transient, info.value.status, info.value.code) == (
+        False,
+        400,
+        "context_length_exceeded",
+    )
+
+
 async def test_error_event_before_output_is_transient_and_after_output_final() -> None:
     error = {"error": {"message": "engine overloaded", "type": "server_error", "code": "upstream_error"}}
     async with _fake(_answer(200, _sse(error, done=False))) as before:
@@ -818,7 +892,9 @@ async def test_a_failed_non_streamed_answer_is_mapped(
     assert info.value.code == code
 
 
-async def test_a_non_streamed_answer_that_takes_too_long_is_transient(upstream: str) -> None:
+async def test_a_non_streamed_answer_that_takes_too_long_is_final(upstream: str) -> None:
+    """Sent and not answered in time: the engine may still be running it (an engine does
+    not stop a non-streamed generation when its client goes), so it is not sent again."""
     engine = OpenAIHTTPEngine(upstream + "/v1", "sim-upstream", first_byte_timeout_s=0.1, read_timeout_s=0.2)
     try:
         t0 = time.monotonic()
@@ -827,7 +903,9 @@ async def test_a_non_streamed_answer_that_takes_too_long_is_transient(upstream: 
         assert 0.15 < time.monotonic() - t0 < 1.5  # bounded by the larger of the two timeouts
     finally:
         await engine.aclose()
-    assert info.value.transient
+    assert not info.value.transient
+    assert (info.value.status, info.value.code, info.value.kind) == (504, "upstream_timeout", "timeout")
+    assert "not sent again" in info.value.message
 
 
 async def test_a_non_streamed_answer_equals_the_aggregated_stream(upstream: str) -> None:

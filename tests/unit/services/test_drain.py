@@ -107,6 +107,8 @@ async def test_at_the_deadline_a_running_run_ends_with_the_error_settled_by_its_
     fin = finished(seen)
     assert fin.error is not None and fin.error.code == "draining" and "drain_timeout_s" in fin.error.message
     assert fin.outcome == "error" and fin.cost_micros == MICROS_PER_TOKEN * fin.usage["total_tokens"] > 0
+    # it produced (and was charged): sent again it would run, and be charged, again
+    assert fin.error.headers["x-should-retry"] == "false"
     hold = await exchange.hold(run)
     assert (hold.state, hold.charged_micros) == ("settled", fin.cost_micros)
     assert (await exchange.record(run)).cost_micros == fin.cost_micros

@@ -1,0 +1,154 @@
+"""Failures that stay one client's, against llama-cpp-python's own server (n_ctx 2048,
+``interrupt_requests`` on, the session fixture):
+
+- a streamed prompt over the engine's context (the server answers 200 and closes the
+  stream empty) opens no breaker: the client gets an in-band ``context_length_exceeded``
+  when the product's context length says the prompt cannot fit, else an upstream error
+  counted once; either way the next client is served;
+- a stream the server interrupts to serve another request (``[DONE]`` without a
+  ``finish_reason``) ends with an error frame, recorded as an error, never completed.
+
+The server refuses an ``x-request-id`` that is not a UUID (400, empty body); until the
+deployment's flavour decides the headers, the gateway's ids are sent here as UUIDs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bourse.engines.openai_http import OpenAIHTTPEngine
+from bourse.ports.engine import GenerationRequest
+from tests.support.gateway import Gateway, running_gateway
+from tests.support.real_engines import RealEngine
+from tests.support.sse import SSEResult, collect_sse, open_sse
+
+
+@pytest.fixture(scope="module", autouse=True)
+def uuid_request_ids() -> Iterator[None]:
+    original = OpenAIHTTPEngine._post
+
+    def post(self: OpenAIHTTPEngine, request: GenerationRequest, body: dict[str, Any], *, json: bool) -> Any:
+        rid = str(uuid.uuid5(uuid.NAMESPACE_URL, request.request_id))
+        return original(self, dataclasses.replace(request, request_id=rid), body, json=json)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(OpenAIHTTPEngine, "_post", post)
+        yield
+
+
+def config(engine: RealEngine, *, context_length: int | None = None, slots: int = 1) -> str:
+    context = "" if context_length is None else f"context_length = {context_length}\n"
+    return f"""
+[products.real]
+{context}[[products.real.deployments]]
+engine = "openai"
+base_url = "{engine.base_url}"
+model = "{engine.model}"
+slots = {slots}
+breaker_threshold = 3
+cooldown_s = 60
+"""
+
+
+def breaker_openings(gw: Gateway) -> float:
+    text = httpx.get(gw.url + "/metrics", timeout=30).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "bourse_breaker_transitions_total" and s.labels.get("state") == "open"
+    )
+
+
+def served_to_another_client(gw: Gateway) -> httpx.Response:
+    other = gw.new_key()
+    return httpx.post(
+        gw.v1 + "/completions", headers={"authorization": f"Bearer {other}"}, timeout=120,
+        json={"model": "real", "prompt": "Once upon a time", "max_tokens": 4},
+    )  # fmt: skip
+
+
+def error_of(result: SSEResult) -> dict[str, Any]:
+    [frame] = [c for c in result.chunks if "error" in c]
+    error: dict[str, Any] = frame["error"]
+    return error
+
+
+def test_a_prompt_over_the_context_is_refused_in_band_and_opens_no_breaker(
+    llama_cpp_python: RealEngine,
+) -> None:
+    # ~4,900 tokens in 9,800 bytes: past bourse's pre-check (bytes / 8 = 1,225 < 2,048)
+    prompt = "a " * 4900
+    with running_gateway(config(llama_cpp_python, context_length=llama_cpp_python.n_ctx)) as gw:
+        body = {"model": "real", "stream": True, "messages": [{"role": "user", "content": prompt}]}
+        result = collect_sse(gw, body)
+        assert result.status == 200
+        error = error_of(result)
+        assert error["code"] == "context_length_exceeded", error
+        assert not any(c.get("choices") for c in result.chunks)
+        assert breaker_openings(gw) == 0
+        # not streamed, the server says it with a 400 of its own: the client's 400
+        r = httpx.post(
+            gw.v1 + "/chat/completions", headers=gw.headers, json={**body, "stream": False}, timeout=120
+        )
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        assert r.headers["x-should-retry"] == "false"
+        ok = served_to_another_client(gw)
+        assert ok.status_code == 200, ok.text
+        assert breaker_openings(gw) == 0
+
+
+def test_a_prompt_over_an_unknown_context_is_counted_once_and_opens_no_breaker(
+    llama_cpp_python: RealEngine,
+) -> None:
+    """The product does not know the engine's context (the default 8192): the empty 200
+    stays an upstream failure, requeued, but one request counts once on the breaker."""
+    prompt = "The market opens at nine and closes at five. " * 445  # ~4,900 tokens, 20,000 bytes
+    with running_gateway(config(llama_cpp_python)) as gw:
+        body = {"model": "real", "stream": True, "messages": [{"role": "user", "content": prompt}]}
+        result = collect_sse(gw, body)
+        assert result.status == 200
+        error = error_of(result)
+        openings = breaker_openings(gw)
+        assert openings == 0, (openings, error)
+        assert error["code"] == "upstream_error" and "on every attempt" in error["message"], error
+        ok = served_to_another_client(gw)
+        assert ok.status_code == 200, ok.text
+
+
+def test_an_interrupted_stream_ends_with_an_error_frame(llama_cpp_python: RealEngine) -> None:
+    """Two streamed clients through a product of 2 slots on the one engine: the second's
+    arrival makes the server stop the first (``[DONE]``, no ``finish_reason``)."""
+    with running_gateway(config(llama_cpp_python, slots=2)) as gw:
+        long = {"model": "real", "stream": True, "prompt": "Once upon a time", "max_tokens": 200}
+        short = {"model": "real", "stream": True, "prompt": "The sea is", "max_tokens": 8}
+        second: list[SSEResult] = []
+        thread = threading.Thread(
+            target=lambda: second.append(collect_sse(gw, short, path="/v1/completions", timeout=120))
+        )
+        with open_sse(gw, long, path="/v1/completions", timeout=120) as stream:
+            for frame in stream.frames():
+                began = frame.data is not None and not frame.is_done and bool(frame.json.get("choices"))
+                if began and thread.ident is None:  # output began: now another client arrives
+                    thread.start()
+            first = stream.result()
+        thread.join(timeout=120)
+        assert first.status == 200
+        assert first.text(), "the first stream produced output before it was interrupted"
+        assert not any(c["choices"][0].get("finish_reason") for c in first.content_chunks)
+        error = error_of(first)
+        assert "interrupted" in error["message"], error
+        [done] = second
+        assert done.status == 200
+        assert any(c["choices"][0].get("finish_reason") for c in done.content_chunks)
+        records = httpx.get(gw.v1 + "/usage", headers=gw.headers, timeout=30).json()["data"]
+        outcomes = sorted(r["receipt"]["outcome"] for r in records)
+        assert outcomes == ["completed", "error"], records
