@@ -407,7 +407,8 @@ class OpenAIHTTPEngine(Engine):
             reason = f"the upstream has no route for {self._path or '/'}/… (HTTP 404"
             reason += f": {message})" if message else "); is base_url right (it usually ends in /v1)?"
         else:
-            reason = f"the upstream refused bourse's credentials (HTTP {status}); check api_key_env"
+            detail = f": {message}" if message else ""
+            reason = f"the upstream refused bourse's credentials (HTTP {status}{detail}); check api_key_env"
         reason = self._scrub(reason)
         self._misrouted = (reason, time.monotonic())
         if self.availability is not None:

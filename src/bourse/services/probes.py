@@ -73,10 +73,11 @@ class Prober:
     def changed(self, product: str, deployment: str, reason: str | None) -> None:
         """A deployment's availability changed (a probe, or a request that met a
         configuration error): say it, and tell the book."""
+        fields = {"fields": {"product": product, "deployment": deployment, "reason": reason}}
         if reason is None:
-            log.info("deployment %s of %s is available again", deployment, product)
+            log.info("deployment %s of %s is available again", deployment, product, extra=fields)
         else:
-            log.warning("deployment %s of %s is unavailable: %s", deployment, product, reason)
+            log.warning("deployment %s of %s is unavailable: %s", deployment, product, reason, extra=fields)
         self._tell_book(product, deployment)
 
     def _tell_book(self, product: str, deployment: str) -> None:
