@@ -330,6 +330,11 @@ class OpenAIHTTPEngine(Engine):
         return self._flavor
 
     @property
+    def upstream(self) -> str:
+        """The server's root URL (deployments on one server share it; never shown to clients)."""
+        return self._root
+
+    @property
     def answers_whole(self) -> bool:
         """A non-streamed request is one unary upstream call, bounded by the answer timeout."""
         return self._unary

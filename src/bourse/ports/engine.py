@@ -201,4 +201,9 @@ class Probed(Protocol):
     @property
     def flavor(self) -> str: ...
 
+    @property
+    def upstream(self) -> str:
+        """The server it fronts (its root URL): deployments on one server share it."""
+        ...
+
     async def probe(self) -> Probe: ...

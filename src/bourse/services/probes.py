@@ -17,7 +17,8 @@ capacity: availability is then never marked by probes.
 A probe that would disturb the engine is skipped: llama-cpp-python's server answers
 ``/v1/models`` only between generations and, with its ``interrupt_requests`` on,
 ends the running stream when another request arrives; while this replica runs a
-generation there, that generation is proof enough that the upstream serves.
+generation there (on any of its deployments on that server), that generation is proof
+enough that the upstream serves.
 """
 
 from __future__ import annotations
@@ -141,10 +142,13 @@ class Prober:
                 continue
             self.apply(target, await target.engine.probe())
 
-    @staticmethod
-    def _disturbs(target: ProbeTarget) -> bool:
-        """A probe now would hold up or end a generation this replica runs there."""
-        return target.engine.flavor == "llama-cpp-python" and target.deployment.busy > 0
+    def _disturbs(self, target: ProbeTarget) -> bool:
+        """A probe now would hold up or end a generation this replica runs on that server
+        (any deployment on it: several products may share one engine)."""
+        if target.engine.flavor != "llama-cpp-python":
+            return False
+        server = target.engine.upstream
+        return any(t.deployment.busy > 0 for t in self._targets if t.engine.upstream == server)
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []

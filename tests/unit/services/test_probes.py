@@ -13,11 +13,14 @@ from bourse.services.probes import Prober, ProbeTarget
 
 
 class FakeEngine:
-    def __init__(self, probe: Probe) -> None:
+    def __init__(self, probe: Probe, upstream: str = "http://h:1") -> None:
         self.next = probe
         self.flavor = probe.flavor
+        self.upstream = upstream
+        self.probes = 0
 
     async def probe(self) -> Probe:
+        self.probes += 1
         return self.next
 
 
@@ -76,3 +79,24 @@ async def test_start_probes_then_no_loop_when_off() -> None:
     assert t.deployment.slots == 1
     assert prober._tasks == []
     await prober.stop()
+
+
+def test_a_llama_cpp_python_server_running_a_generation_here_is_not_probed() -> None:
+    """Its /v1/models waits for the generation and, with interrupt_requests, ends it."""
+    prober = Prober()
+    busy = _target(1, probe=Probe(None, "llama-cpp-python"))
+    idle = _target(1, probe=Probe(None, "llama-cpp-python"))  # another product, same server
+    other = ProbeTarget(
+        "q", Deployment("o", 0.0, 1), FakeEngine(Probe(None, "llama-cpp-python"), "http://h:2"), 10, 1
+    )
+    for t in (busy, idle, other):
+        prober.add(t)
+    busy.deployment.busy = 1
+    assert prober._disturbs(busy) and prober._disturbs(idle)
+    assert not prober._disturbs(other)
+    busy.deployment.busy = 0
+    assert not prober._disturbs(idle)
+    vllm = _target(1, probe=Probe(None, "vllm"))
+    vllm.deployment.busy = 1
+    prober.add(vllm)
+    assert not prober._disturbs(vllm)  # its probes do not disturb it
