@@ -274,6 +274,7 @@ floor = 0.02
                 time.sleep(0.25)  # past its cool-down: an idle breaker would read half-open
             ready = httpx.get(gw.url + "/readyz", timeout=30).json()
             assert [u["deployment"] for u in ready["unavailable"]] == ["dead"], ready
+            assert ready["unavailable"][0]["reason"] == "the upstream is unreachable (Connection refused)"
 
 
 def test_time_to_mark_a_deployment_that_dies_unavailable() -> None:

@@ -89,12 +89,11 @@ async def _get(fetch: Fetch, url: str, body: bytes | None = None) -> tuple[int, 
         return 0, b""
 
 
-async def detect(fetch: Fetch, root: str) -> Flavor | None:
-    """The flavour of the server at ``root``; None when it cannot be reached (its first
-    call fails: the rest are not tried, so an unreachable upstream costs one timeout)."""
-    status, body = await _get(fetch, root + "/props")
-    if status == 0:
-        return None
+async def detect(fetch: Fetch, root: str) -> Flavor:
+    """The flavour of the server at ``root``. Its first call's transport failure is
+    raised (the server cannot be reached: the rest are not tried, so an unreachable
+    upstream costs one timeout); a later one reads as "no such endpoint"."""
+    status, body = await fetch("GET", root + "/props", None)
     props = _json(body) if status == 200 else None
     if isinstance(props, dict) and "total_slots" in props:
         return "llama.cpp"

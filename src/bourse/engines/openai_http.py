@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import urllib.parse
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -599,22 +600,29 @@ class OpenAIHTTPEngine(Engine):
     async def probe(self) -> Probe:
         """Find the flavour (``auto``, once the upstream answers), check that the upstream
         serves this deployment's model, read what it says of its capacity. Never raises."""
-        if self._flavor == "auto":
-            found = await flavors.detect(self._fetch, self._root)
-            if found is None:  # one failed call already: not another timeout
-                return Probe("the upstream is unreachable", self._flavor)
-            self._flavor = found
         try:
+            if self._flavor == "auto":
+                self._flavor = await flavors.detect(self._fetch, self._root)
             reason, listing = await self._check()
-        except TimeoutError:
-            reason, listing = f"the upstream did not answer a probe within {self._probe_timeout_s:g} s", None
-        except aiohttp.ClientError as exc:
-            reason, listing = f"the upstream is unreachable ({type(exc).__name__})", None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            reason, listing = self._unreachable(exc), None
         if reason is not None:
             return Probe(self._scrub(reason), self._flavor)
         cap = await flavors.read_capacity(self._fetch, self._root, self._flavor)
         context = cap.context_length or flavors.context_of(listing, self._model)
         return Probe(None, self._flavor, cap.slots, cap.waiting, context)
+
+    def _unreachable(self, exc: BaseException) -> str:
+        """A probe's transport failure, in one line (no address)."""
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return f"the upstream did not accept a connection within {self._connect_timeout_s:g} s"
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            errno = exc.os_error.errno  # its strerror names the address: the errno's words only
+            cause = os.strerror(errno) if errno else type(exc.os_error).__name__
+            return f"the upstream is unreachable ({cause})"
+        if isinstance(exc, TimeoutError):
+            return f"the upstream did not answer a probe within {self._probe_timeout_s:g} s"
+        return f"the upstream is unreachable ({type(exc).__name__})"
 
     async def _check(self) -> tuple[str | None, object]:
         """(why the upstream cannot serve this deployment or None, its model listing)."""

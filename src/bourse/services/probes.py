@@ -8,7 +8,10 @@ Owns what a probe's result does to a deployment (the check itself is the engine'
   takes no order (:mod:`bourse.domain.availability`), and the book is told at each
   probe (a shared book holds it out on the other replicas for ``hold_s``);
 - capacity: ``slots`` unset takes the engine's own (or 4 where it says none); a
-  configured ``slots`` above the engine's is capped to it, with a WARNING;
+  configured ``slots`` above the engine's is capped to it, with a WARNING; where the
+  engine says it queues requests itself (llama-server's deferred requests, vLLM's
+  waiting ones), the effective slots shrink by that many (a WARNING) and come back one
+  a probe while it queues none;
 - the flavour found is logged once, at start.
 
 With ``probe_interval_s = 0`` only the start probe runs, for the flavour and the
@@ -48,6 +51,8 @@ class ProbeTarget:
     configured_slots: int | None
     capped: int | None = None
     """The engine capacity a configured ``slots`` was last capped to (warned once each)."""
+    shrunk: int = 0
+    """Slots taken off because the engine was seen queueing requests itself."""
 
 
 class Prober:
@@ -115,11 +120,34 @@ class Prober:
                     "capped to %d",
                     d.name, target.product, configured, probe.flavor, engine, engine,
                 )  # fmt: skip
+        base, slots = slots, self._effective(target, slots, probe.waiting)
         if slots != d.slots:
-            log.info("deployment %s of %s: %d slots (%s)", d.name, target.product, slots,
-                     "its engine's" if configured is None and engine is not None else "configured")  # fmt: skip
+            source = "its engine's" if configured is None and engine is not None else "configured"
+            if slots < base:
+                source = f"of {base}: its engine queues requests itself"
+            log.info("deployment %s of %s: %d slots (%s)", d.name, target.product, slots, source)
             d.slots = slots
             self._tell_book(target.product, d.name)
+
+    @staticmethod
+    def _effective(target: ProbeTarget, base: int, waiting: int | None) -> int:
+        """The slots to give out of ``base`` when the engine says it has ``waiting``
+        requests queued itself: requests queued inside the engine wait by arrival, not by
+        bid, so the deployment takes that many fewer (never fewer than one), and takes
+        them back one a probe while the engine queues nothing."""
+        if waiting is not None and waiting > 0:
+            shrunk = min(base - 1, target.shrunk + waiting)
+            if shrunk > target.shrunk:
+                log.warning(
+                    "deployment %s of %s: its engine queues %d requests itself, behind bourse's book; "
+                    "effective slots %d (of %d)",
+                    target.deployment.name, target.product, waiting, base - shrunk, base,
+                )  # fmt: skip
+            target.shrunk = shrunk
+        elif waiting == 0 and target.shrunk > 0:
+            target.shrunk -= 1
+        target.shrunk = min(target.shrunk, base - 1)
+        return base - target.shrunk
 
     # -- the probing ----------------------------------------------------------------------
 

@@ -46,8 +46,9 @@ async def test_detect(answers: dict[str, tuple[int, bytes]], flavor: str) -> Non
 
 
 @pytest.mark.anyio
-async def test_detect_an_unreachable_server_is_none() -> None:
-    assert await flavors.detect(fake({}, unreachable=True), ROOT) is None
+async def test_detect_an_unreachable_server_raises_after_one_call() -> None:
+    with pytest.raises(ConnectionRefusedError):
+        await flavors.detect(fake({}, unreachable=True), ROOT)
 
 
 @pytest.mark.anyio

@@ -100,3 +100,22 @@ def test_a_llama_cpp_python_server_running_a_generation_here_is_not_probed() -> 
     vllm.deployment.busy = 1
     prober.add(vllm)
     assert not prober._disturbs(vllm)  # its probes do not disturb it
+
+
+def test_an_engine_queueing_behind_the_book_shrinks_the_slots_then_they_come_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    t, prober = _target(None), Prober()
+    with caplog.at_level(logging.WARNING, "bourse.probes"):
+        prober.apply(t, Probe(None, "llama.cpp", slots=4, waiting=0))
+        assert t.deployment.slots == 4
+        prober.apply(t, Probe(None, "llama.cpp", slots=4, waiting=2))
+        assert t.deployment.slots == 2
+        prober.apply(t, Probe(None, "llama.cpp", slots=4, waiting=5))
+        assert t.deployment.slots == 1  # never below one
+    assert sum("queues" in r.getMessage() for r in caplog.records) == 2
+    prober.apply(t, Probe(None, "llama.cpp", slots=4, waiting=None))  # not said: kept
+    assert t.deployment.slots == 1
+    for want in (2, 3, 4, 4):
+        prober.apply(t, Probe(None, "llama.cpp", slots=4, waiting=0))
+        assert t.deployment.slots == want
