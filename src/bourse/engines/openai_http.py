@@ -59,6 +59,7 @@ log = logging.getLogger("bourse.engines")
 _DONE = b"[DONE]"
 _MESSAGE_MAX = 300
 _TRANSIENT_CLIENT_STATUSES = frozenset({401, 403, 404, 408, 429})
+"""4xx answers that say the deployment is wrong or busy, not that the request is."""
 _CONFIG_STATUSES = frozenset({401, 403, 404})
 """Answers that say the deployment is set up wrong (its URL, its credentials, its model
 name): a configuration error, marked on the deployment's availability."""
@@ -67,7 +68,6 @@ _MISROUTE_HOLD_S = 60.0
 """A deployment whose generation route answered 404 (or refused the credentials) stays
 unavailable this long, though its probes pass: a probe cannot try that route without
 generating. Then one request tries it again."""
-"""4xx answers that say the deployment is wrong or busy, not that the request is."""
 _FAILED_ANSWER_STATUSES = frozenset({500, 502})
 """Answers to a non-streamed request that say the upstream ran the generation and it
 failed, perhaps after some output: final, as a failure after output is in a stream
@@ -409,11 +409,13 @@ class OpenAIHTTPEngine(Engine):
         not serve) or refused credentials: the deployment is set up wrong. It is marked
         unavailable until a probe passes; the failure is transient (another deployment may
         serve the request) and not counted by the breaker (the deployment is unavailable)."""
+        detail = f": {message}" if message else ""
         if status == 404:
-            reason = f"the upstream has no route for {self._path or '/'}/… (HTTP 404"
-            reason += f": {message})" if message else "); is base_url right (it usually ends in /v1)?"
+            reason = (
+                f"the upstream answered HTTP 404 to a generation request{detail}; check base_url "
+                "(it usually ends in /v1), api and model"
+            )
         else:
-            detail = f": {message}" if message else ""
             reason = f"the upstream refused bourse's credentials (HTTP {status}{detail}); check api_key_env"
         reason = self._scrub(reason)
         self._misrouted = (reason, time.monotonic())
