@@ -138,3 +138,52 @@ probe_interval_s = 0.5
         while _market(gw)["slots"] != 2:  # nothing queued there: given back, one a probe
             assert time.monotonic() < deadline, "the slots never came back"
             time.sleep(0.1)
+
+
+def _post(gw: Gateway, body: dict[str, Any], done: dict[str, float], name: str) -> None:
+    r = httpx.post(f"{gw.v1}/completions", json=body, headers=gw.headers, timeout=300)
+    assert r.status_code == 200, r.text
+    done[name] = time.monotonic()
+
+
+def test_the_highest_bidder_that_arrived_last_is_admitted_next_on_a_one_slot_server(
+    tmp_path: Path,
+) -> None:
+    """Defect 5 against llama-server ``--parallel 1`` (which takes bourse's request id):
+    with ``slots`` 4 (the old default) the orders went to the engine at once and waited
+    there by arrival, so the 5x bidder that came last was served last."""
+    with llama_server(tmp_path, parallel=1) as root:
+        config = f"""
+[server]
+book_timeout_s = 300
+[products.ls]
+[[products.ls.deployments]]
+engine = "openai"
+name = "ls-main"
+base_url = "{root}/v1"
+model = "{SERVED_MODEL}"
+"""
+        with running_gateway(config) as gw:
+            base = {"model": "ls", "prompt": "Once upon a time", "ignore_eos": True}
+            done: dict[str, float] = {}
+            first = threading.Thread(
+                target=_post, args=(gw, {**base, "max_tokens": 32, "max_price": 1.0}, done, "a")
+            )
+            first.start()
+            deadline = time.monotonic() + 60
+            while httpx.get(f"{gw.v1}/market/ls", timeout=30).json()["slots"]["busy"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            threads = [first]
+            for name, bid in (("b", 1.0), ("c", 1.0), ("d", 1.0), ("e", 5.0)):
+                t = threading.Thread(
+                    target=_post, args=(gw, {**base, "max_tokens": 2, "max_price": bid}, done, name)
+                )
+                t.start()
+                threads.append(t)
+                time.sleep(0.15)  # arrivals in this order
+            for t in threads:
+                t.join(timeout=300)
+            assert set(done) == {"a", "b", "c", "d", "e"}, done
+            order = sorted(done, key=done.__getitem__)
+            assert order[:2] == ["a", "e"], order
