@@ -153,7 +153,7 @@ class Prober:
 
     async def start(self) -> None:
         """The start probes, all at once (the gateway serves after them), then the loops."""
-        probes = await asyncio.gather(*(t.engine.probe() for t in self._targets))
+        probes = await asyncio.gather(*(self._probe(t) for t in self._targets))
         for target, probe in zip(self._targets, probes, strict=True):
             self.apply(target, probe)
             d = target.deployment
@@ -168,7 +168,16 @@ class Prober:
             await asyncio.sleep(target.interval_s)
             if self._disturbs(target):
                 continue
-            self.apply(target, await target.engine.probe())
+            self.apply(target, await self._probe(target))
+
+    @staticmethod
+    async def _probe(target: ProbeTarget) -> Probe:
+        """The engine's probe; one that breaks (it should not) reads as a failed probe."""
+        try:
+            return await target.engine.probe()
+        except Exception as exc:  # the probing must go on: say it, and keep the deployment out
+            log.exception("the probe of deployment %s failed", target.deployment.name)
+            return Probe(f"its probe failed ({type(exc).__name__})", target.engine.flavor)
 
     def _disturbs(self, target: ProbeTarget) -> bool:
         """A probe now would hold up or end a generation this replica runs on that server

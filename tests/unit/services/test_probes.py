@@ -119,3 +119,18 @@ def test_an_engine_queueing_behind_the_book_shrinks_the_slots_then_they_come_bac
     for want in (2, 3, 4, 4):
         prober.apply(t, Probe(None, "llama.cpp", slots=4, waiting=0))
         assert t.deployment.slots == want
+
+
+class BrokenEngine(FakeEngine):
+    async def probe(self) -> Probe:
+        raise ValueError("a bug")
+
+
+@pytest.mark.anyio
+async def test_a_probe_that_raises_reads_as_a_failed_one() -> None:
+    prober = Prober()
+    t = ProbeTarget("p", Deployment("d", 0.0, 1), BrokenEngine(Probe(None, "openai")), 10, 1)
+    prober.add(t)
+    await prober.start()
+    assert t.deployment.availability.reason == "its probe failed (ValueError)"
+    await prober.stop()
