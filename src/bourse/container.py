@@ -21,12 +21,13 @@ from starlette.types import ASGIApp
 
 from bourse.coordination.book_local import LocalBook
 from bourse.coordination.limits_local import MemoryRateLimiter
+from bourse.domain.availability import Availability
 from bourse.domain.book import Deployment, ProductBook
 from bourse.domain.breaker import CircuitBreaker
 from bourse.http.app import create_app
 from bourse.observability import build_observer
 from bourse.ports.book import BookPort
-from bourse.ports.engine import Engine
+from bourse.ports.engine import Engine, Probed
 from bourse.ports.limits import RateLimiter
 from bourse.ports.observer import NULL_OBSERVER, Observer
 from bourse.ports.reports import ReportStore
@@ -39,6 +40,7 @@ from bourse.services.drain import Drain
 from bourse.services.housekeeping import Housekeeping
 from bourse.services.jobs import JobLimits, JobService
 from bourse.services.market import Market
+from bourse.services.probes import Prober, ProbeTarget
 from bourse.services.request_feed import RequestFeed
 from bourse.services.responses import ResponseLimits, ResponseService
 from bourse.services.sessions import Sessions
@@ -52,7 +54,11 @@ log = logging.getLogger("bourse")
 
 
 def build_engine(
-    product: str, dep: DeploymentConfig, name: str | None = None, context_length: int = 8192
+    product: str,
+    dep: DeploymentConfig,
+    name: str | None = None,
+    context_length: int = 8192,
+    availability: Availability | None = None,
 ) -> tuple[Engine, str]:
     """The engine of one deployment (``name``: the deployment's, for its log lines;
     ``context_length``: the product's, which the sim engine enforces) and the model
@@ -66,7 +72,7 @@ def build_engine(
         from bourse.engines.llamacpp import LlamaCppEngine
 
         return LlamaCppEngine(
-            dep.model_path, slots=dep.slots, n_ctx=dep.n_ctx, n_threads=dep.n_threads,
+            dep.model_path, slots=dep.configured_slots(), n_ctx=dep.n_ctx, n_threads=dep.n_threads,
             chat_format=dep.chat_format, name=product,
         ), product  # fmt: skip
     from bourse.engines.openai_http import OpenAIHTTPEngine
@@ -83,6 +89,8 @@ def build_engine(
         unary=not dep.always_stream,
         name=name or product,
         api=dep.api,
+        flavor=dep.flavor,
+        availability=availability if dep.probe_interval_s > 0 else None,
     )
     return engine, dep.model
 
@@ -125,6 +133,7 @@ class Container:
     dashboard: Dashboard = field(kw_only=True)
     observer: Observer = field(default=NULL_OBSERVER, kw_only=True)
     responses: ResponseService = field(kw_only=True)
+    prober: Prober = field(default_factory=Prober, kw_only=True)
 
     @property
     def max_body_bytes(self) -> int:
@@ -142,6 +151,7 @@ class Container:
             await self.hub.start()
         for m in self.completions.markets.values():
             await m.book.start()
+        await self.prober.start()  # each upstream checked before the first request
         await self.billing.start()
         resumed = await self.jobs.start()
         if resumed:
@@ -154,6 +164,7 @@ class Container:
         log.info("bourse serving %d products from %s", len(self.completions.markets), self.config.source)
 
     async def stop(self) -> None:
+        await self.prober.stop()
         await self.dashboard.stop()
         await self.housekeeping.stop()
         await self.responses.stop()
@@ -284,33 +295,39 @@ def build(
     observer = build_observer(config.server, books=markets, store=store, instance=owner, database=kind)
     engines: dict[str, Engine] = {}
     models: dict[str, str] = {}
+    prober = Prober()
     for pname, pconf in config.products.items():
         deployments = []
         market_engines: dict[str, Engine] = {}
         for i, dconf in enumerate(pconf.deployments):
             name = deployment_name(pname, i, dconf)
-            engine, model = build_engine(pname, dconf, name, pconf.context_length)
+            availability = Availability(
+                hold_s=max(5.0, 3 * dconf.probe_interval_s), on_change=partial(prober.changed, pname, name)
+            )
+            engine, model = build_engine(pname, dconf, name, pconf.context_length, availability)
             engines[name] = market_engines[name] = engine
             models[name] = model
-            deployments.append(
-                Deployment(
-                    name,
-                    dconf.floor,
-                    dconf.slots,
-                    breaker=CircuitBreaker(
-                        threshold=dconf.breaker_threshold,
-                        cooldown_s=dconf.cooldown_s,
-                        on_change=partial(observer.breaker_changed, pname, name),
-                    ),
-                )
+            deployment = Deployment(
+                name,
+                dconf.floor,
+                dconf.configured_slots(),
+                breaker=CircuitBreaker(
+                    threshold=dconf.breaker_threshold,
+                    cooldown_s=dconf.cooldown_s,
+                    on_change=partial(observer.breaker_changed, pname, name),
+                ),
+                availability=availability,
             )
+            deployments.append(deployment)
+            if isinstance(engine, Probed):
+                prober.add(ProbeTarget(pname, deployment, engine, dconf.probe_interval_s, dconf.slots))
         book = make_book(pname, deployments, pconf.max_waiting)
         markets[pname] = Market(
             pname,
             book,
             market_engines,
             config.policy_for(pname),
-            default_bid=pconf.default_bid if pconf.default_bid is not None else book.min_floor,
+            default_bid=pconf.default_bid,  # None: the lowest available floor, order by order
             context_length=pconf.context_length,
             max_output_tokens=pconf.max_output_tokens,
             supports_tools=pconf.supports_tools
@@ -318,10 +335,12 @@ def build(
             else all(d.engine != "llamacpp" for d in pconf.deployments),
             description=pconf.description,
             breakers=[d.breaker for d in deployments],
+            deployments=deployments,
             observer=observer,
             sim_overrides=pconf.takes_sim_overrides(),
             stall_timeout_s=pconf.stall_timeout_s,
         )
+    prober.bind(markets)
     store.secret_box = SecretBox.for_folder(data, env.secret_key)
     if not store.single_node and not env.secret_key:
         log.warning("webhook secrets are sealed with this replica's key (%s); replicas sharing the "
@@ -372,5 +391,5 @@ def build(
     return Container(
         config, service, auth, admin, store, billing, jobs,
         housekeeping=housekeeping, engines=engines, generated_admin_key=generated, hub=hub,
-        reports=reports, dashboard=dashboard, observer=observer, responses=responses,
+        reports=reports, dashboard=dashboard, observer=observer, responses=responses, prober=prober,
     )  # fmt: skip

@@ -39,6 +39,7 @@ def _casefold(value: Any) -> Any:
 AnyCase = BeforeValidator(_casefold)
 """An enum value in any case (``"INFO"`` reads as ``"info"``)."""
 EngineName = Annotated[Literal["sim", "openai", "llamacpp"], AnyCase]
+FlavorName = Annotated[Literal["auto", "vllm", "llama.cpp", "llama-cpp-python", "openai"], AnyCase]
 LogLevel = Annotated[Literal["debug", "info", "warning", "error"], AnyCase]
 PositiveFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 _ORIGIN = re.compile(r"https?://[^/\s?#@]+")
@@ -63,7 +64,11 @@ class _Strict(BaseModel):
 class DeploymentConfig(_Strict):
     engine: EngineName
     name: str | None = Field(default=None, min_length=1, max_length=128)
-    slots: int = Field(default=4, ge=1, le=100_000)
+    slots: int | None = Field(default=None, ge=1, le=100_000)
+    """Generations it runs at once. Unset: the engine's own capacity where it says it
+    (an ``openai`` deployment's probe: llama-server's ``total_slots``, 1 for
+    llama-cpp-python), else 4. Set above what the engine says: capped to it, with a
+    WARNING at start (see :meth:`configured_slots`)."""
     floor: PositiveFloat = 0.0
     breaker_threshold: int = Field(default=3, ge=1, le=1000)
     cooldown_s: float = Field(default=5.0, ge=0, le=3600)
@@ -80,6 +85,14 @@ class DeploymentConfig(_Strict):
     """Ask the upstream for a stream even when the client wants one answer (by default
     such a request gets one non-streamed upstream answer, which must then arrive within
     ``max(first_byte_timeout_s, read_timeout_s)``)."""
+    flavor: FlavorName = "auto"
+    """The kind of server ``base_url`` is (``engine = "openai"``): ``auto`` (found by
+    probing at start), ``vllm``, ``llama.cpp`` (llama-server), ``llama-cpp-python``,
+    ``openai`` (anything else). It decides the headers sent and how capacity is read."""
+    probe_interval_s: float = Field(default=10.0, ge=0, le=3600)
+    """How often the upstream is probed (health, its model list, its capacity); the first
+    probe runs at start. A deployment whose probe fails takes no order until one passes.
+    0: no probes (only the flavour and capacity are read at start)."""
     api: Literal["chat", "responses"] = "chat"
     """The upstream's API: ``chat`` (``/chat/completions``), or ``responses``: it speaks
     OpenAI's Responses API (``/responses``), to which chat and Responses requests are
@@ -117,7 +130,15 @@ class DeploymentConfig(_Strict):
                 raise ValueError("model: required for engine 'openai' (the upstream's own model name)")
         elif self.api != "chat":
             raise ValueError("api: only an engine 'openai' deployment speaks another API")
+        elif self.flavor != "auto":
+            raise ValueError("flavor: only an engine 'openai' deployment has a flavour")
+        if 0 < self.probe_interval_s < 0.5:
+            raise ValueError("probe_interval_s: expected 0 (off) or at least 0.5 s")
         return self
+
+    def configured_slots(self) -> int:
+        """``slots`` as set, else 4 (until the engine says its own)."""
+        return 4 if self.slots is None else self.slots
 
     def sim_settings(self) -> dict[str, Any]:
         keys = (

@@ -1213,3 +1213,79 @@ async def test_redis_unreachable_for_a_lease_fails_the_waiting_orders(
     assert view.bids == []
     book.release(holder)
     await settled(book, waiting=0, busy_total=0)
+
+
+# -- availability (the probes) and slots from the engine ------------------------------
+
+
+def _dep(book: Any, name: str) -> Deployment:
+    """This replica's deployment object (what the probes mark)."""
+    found: Deployment = book.book.deployment(name) if isinstance(book, LocalBook) else book._by_name[name]
+    return found
+
+
+@pytest.mark.anyio
+async def test_an_unavailable_deployment_takes_no_order_until_a_probe_passes(make_book: Books) -> None:
+    book = await make_book([("cheap", 1.0, 1), ("dear", 2.0, 1)])
+    cheap = _dep(book, "cheap")
+    cheap.availability.fail("the upstream is unreachable")
+    book.deployment_changed("cheap")
+    await quiet(book)
+    _, f = await submit(book, "a", 5.0)
+    assert now_admitted(f).deployment == "dear"  # the cheaper one is out
+    b, fb = await submit(book, "b", 5.0)
+    assert not fb.done()  # dear is busy; cheap is free but unavailable
+    view = await book.view()
+    by = {d.name: d for d in view.deployments}
+    assert by["cheap"].available is False and by["cheap"].reason == "the upstream is unreachable"
+    assert by["dear"].available is True and by["dear"].reason is None
+    assert book.healthy()  # dear can still take orders
+    cheap.availability.set(None)  # a probe passed
+    book.deployment_changed("cheap")
+    assert (await admitted(book, b, fb)).deployment == "cheap"
+
+
+@pytest.mark.anyio
+async def test_failures_on_an_unavailable_deployment_are_not_counted_by_its_breaker(make_book: Books) -> None:
+    book = await make_book([("d", 1.0, 1)])
+    d = _dep(book, "d")
+    d.breaker.threshold = 1
+    d.availability.fail("the upstream has no route (HTTP 404)")
+    book.deployment_changed("d")
+    book.report_failure("d")
+    assert d.breaker.failures == 0 and d.breaker.state == "closed"
+    assert not book.healthy()
+    await quiet(book)
+
+
+@pytest.mark.anyio
+async def test_slots_from_the_engine_apply_at_once(make_book: Books) -> None:
+    book = await make_book([("d", 1.0, 1)])
+    _, f1 = await submit(book, "a", 1.0)
+    now_admitted(f1)
+    b, fb = await submit(book, "b", 1.0)
+    assert not fb.done()
+    _dep(book, "d").slots = 2  # the probe read the engine's capacity
+    book.deployment_changed("d")
+    await admitted(book, b, fb)
+    assert (await book.view()).deployments[0].slots == 2
+
+
+@pytest.mark.anyio
+async def test_redis_a_replica_that_finds_a_deployment_unavailable_holds_it_out_for_all(
+    redis_books: Books,
+) -> None:
+    one = await redis_books([("cheap", 1.0, 1), ("dear", 2.0, 1)])
+    two = await redis_books([("cheap", 1.0, 1), ("dear", 2.0, 1)])
+    cheap = _dep(one, "cheap")
+    cheap.availability.hold_s = 30
+    cheap.availability.fail("the upstream is unreachable")
+    one.deployment_changed("cheap")
+    await quiet(one)
+    _, f = await submit(two, "a", 5.0)
+    assert now_admitted(f).deployment == "dear"
+    cheap.availability.set(None)
+    one.deployment_changed("cheap")
+    await quiet(one)
+    _, f = await submit(two, "b", 5.0)
+    assert now_admitted(f).deployment == "cheap"

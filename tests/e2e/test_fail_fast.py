@@ -89,6 +89,7 @@ base_url = "http://127.0.0.1:{slam_port}/v1"
 model = "m"
 breaker_threshold = 1
 cooldown_s = {COOLDOWN_S}
+probe_interval_s = 0  # not probed: the breaker is what is tested (a probe would rule it out first)
 
 [products.silent]
 max_requeues = 0
@@ -99,6 +100,7 @@ base_url = "http://127.0.0.1:{silent_port}/v1"
 model = "m"
 breaker_threshold = 1000
 connect_timeout_s = 0.5
+probe_interval_s = 0
 first_byte_timeout_s = 60
 """
 

@@ -347,6 +347,7 @@ base_url = "http://127.0.0.1:9/v1"
 model = "x"
 breaker_threshold = 1
 cooldown_s = 60
+probe_interval_s = 0  # not probed: its request meets the dead upstream
 """
     with serve_process(tmp_path, "dead", config, tmp_path / "data", ADMIN_KEY) as (url, proc):
         gw = Served(url, max(tmp_path.glob("dead-*.log")), proc, "", Recorder(None))

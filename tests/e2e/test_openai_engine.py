@@ -107,6 +107,7 @@ model = "{INTERNAL_MODEL}"
 floor = 0.01
 connect_timeout_s = 2
 breaker_threshold = 1000
+probe_interval_s = 0  # not probed: its requests meet the dead upstream (a probe would rule it out)
 [[products.fallback.deployments]]
 engine = "openai"
 name = "fallback-alive"

@@ -57,14 +57,18 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: f
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"the engine exited ({proc.returncode}):\n{log.read_text(errors='replace')[-4000:]}")
+            raise AssertionError(
+                f"the engine exited ({proc.returncode}):\n{log.read_text(errors='replace')[-4000:]}"
+            )
         try:
             if httpx.get(url, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
-    raise AssertionError(f"the engine did not answer {url} within {timeout_s:g}s:\n{log.read_text(errors='replace')[-4000:]}")
+    raise AssertionError(
+        f"the engine did not answer {url} within {timeout_s:g}s:\n{log.read_text(errors='replace')[-4000:]}"
+    )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

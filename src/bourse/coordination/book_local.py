@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections import deque
 
-from bourse.domain.book import Admission, BookFull, Order, ProductBook
+from bourse.domain.book import Admission, BookFull, Deployment, Order, ProductBook
 from bourse.ports.book import BookView, Clear, ClientGone, DeploymentView, Pace
 
 
@@ -93,6 +93,9 @@ class LocalBook:
     def report_failure(self, deployment: str, order: Order | None = None) -> None:
         self.book.report_failure(deployment, self.now(), order)
 
+    def deployment_changed(self, deployment: str) -> None:
+        self._dispatch()  # back, or given more slots: orders waiting may go now
+
     def _dispatch(self) -> None:
         now = asyncio.get_running_loop().time()  # self.now(), without its call (twice per request)
         again = True
@@ -153,13 +156,17 @@ class LocalBook:
             waiting=b.waiting,
             best_bid=b.best_bid(),
             admitted_total=self.admitted_total,
-            deployments=[
-                DeploymentView(d.name, d.floor, d.slots, d.busy, d.breaker.available(now), d.breaker.state)
-                for d in b.deployments
-            ],
+            deployments=[self._deployment_view(d, now) for d in b.deployments],
             bids=[o.bid for o in b.waiting_orders()],
             recent=list(reversed(self.recent)),
         )
+
+    @staticmethod
+    def _deployment_view(d: Deployment, now: float) -> DeploymentView:
+        return DeploymentView(
+            d.name, d.floor, d.slots, d.busy, d.breaker.available(now), d.breaker.state,
+            d.availability.ok, d.availability.reason,
+        )  # fmt: skip
 
     async def start(self) -> None:
         return None

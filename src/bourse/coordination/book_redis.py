@@ -17,7 +17,11 @@ unreachable for a lease, the orders waiting here fail with ``BookUnavailable``
 have forgotten them.
 
 Circuit breakers stay per replica; when one opens it publishes "cooling until" for
-its deployment, which every replica's clears respect.
+its deployment, which every replica's clears respect. Availability (the probes) is per
+replica too and shared the same way: while this replica finds a deployment
+unavailable it publishes "cooling until" ``availability.hold_s`` ahead at each probe
+(so a replica that stops probing holds it out no longer than that), and clears it
+when a probe passes again.
 """
 
 from __future__ import annotations
@@ -61,15 +65,10 @@ class RedisBook:
         self.max_waiting = max_waiting
         tag = f"{{{hub.prefix}:{product}}}"
         self._keys = [f"{tag}:{k}" for k in BOOK_KEYS] + [hub.key("replicas")]
-        self._head = [
-            orjson.dumps([[d.name, repr(float(d.floor)), d.slots] for d in deployments]).decode(),
-            hub.lease_ms,
-            hub.channel_prefix,
-            product,
-            hub.replica,
-            int(hub.take_up_s * 1000),
-            int(hub.park_s * 1000),
-        ]
+        self._head = self._make_head()
+        self._by_name = {d.name: d for d in deployments}
+        self._held_out: set[str] = set()
+        """Deployments this replica has published as unavailable."""
         self._breakers = {d.name: d.breaker for d in deployments}
         self._waiting: dict[str, tuple[Order, asyncio.Future[Admission]]] = {}
         self._held: dict[str, Admission] = {}
@@ -85,6 +84,19 @@ class RedisBook:
         self._answered_at: float | None = None
         """Loop time Redis last answered this book (None before the first call)."""
         self._sweep: asyncio.TimerHandle | None = None
+
+    def _make_head(self) -> list[Any]:
+        """The scripts' first arguments: the deployments (with their slots now), the hub's terms."""
+        hub = self.hub
+        return [
+            orjson.dumps([[d.name, repr(float(d.floor)), d.slots] for d in self.deployments]).decode(),
+            hub.lease_ms,
+            hub.channel_prefix,
+            self.product,
+            hub.replica,
+            int(hub.take_up_s * 1000),
+            int(hub.park_s * 1000),
+        ]
 
     @staticmethod
     def now() -> float:
@@ -301,6 +313,8 @@ class RedisBook:
     def _record_failure(self, dep: str, order: Order | None = None) -> int:
         """Record a failure on the local breaker (of ``order``: as :func:`counts_against`
         says); the cooling end (ms, wall clock) to share, or 0."""
+        if not self._by_name[dep].availability.ok:
+            return 0  # unavailable: held out by the probes, its failures explained already
         br = self._breakers[dep]
         now = self.now()
         if order is not None and not counts_against(order, dep, br):
@@ -323,6 +337,19 @@ class RedisBook:
         br.record_success()
         if was_open:
             self.hub.spawn(self._call("COOL", deployment, 0))
+
+    def deployment_changed(self, deployment: str) -> None:
+        self._head = self._make_head()  # its slots may have changed
+        d = self._by_name[deployment]
+        if not d.availability.ok:
+            self._held_out.add(deployment)
+            until = int((time.time() + d.availability.hold_s) * 1000)
+            self.hub.spawn(self._call("COOL", deployment, until))
+        elif deployment in self._held_out:
+            self._held_out.discard(deployment)
+            self.hub.spawn(self._call("COOL", deployment, 0))
+        else:
+            self.hub.spawn(self._call("STANDING", ""))  # a clear with the new slots
 
     # -- views ----------------------------------------------------------------------
 
@@ -347,7 +374,7 @@ class RedisBook:
 
     def healthy(self) -> bool:
         now = self.now()
-        return any(b.available(now) for b in self._breakers.values())
+        return any(d.can_take(now) for d in self.deployments)
 
     async def view(self) -> BookView:
         res = await self._call("VIEW", VIEW_BIDS)
@@ -356,8 +383,11 @@ class RedisBook:
         deps = []
         for d, b, c in zip(self.deployments, busy, cool, strict=True):
             cooling = float(c) > 0
+            ok, reason = d.availability.ok, d.availability.reason
             deps.append(
-                DeploymentView(d.name, d.floor, d.slots, int(b), not cooling, "open" if cooling else "closed")
+                DeploymentView(
+                    d.name, d.floor, d.slots, int(b), not cooling, "open" if cooling else "closed", ok, reason
+                )
             )
         skew = time.time() - float(now_ms) / 1000.0
         clears = []

@@ -5,7 +5,8 @@ Pure and synchronous: no I/O, no clock of its own (callers pass ``now`` in secon
 - Orders rank by bid (highest first), then by arrival sequence (earliest first). A
   requeued order keeps its sequence number, so it keeps its place.
 - Each deployment has a ``floor`` and ``slots``; an order is eligible for a
-  deployment whose floor is at or below its bid and that is not cooling down.
+  deployment whose floor is at or below its bid, that is available (its probes pass:
+  :mod:`bourse.domain.availability`) and that is not cooling down.
 - :meth:`ProductBook.dispatch` gives free slots to the best eligible orders: the best
   order goes to the cheapest eligible free deployment (ties: fewest busy slots), a
   deployment the order failed on last is avoided while another is free.
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedKeyList
 
+from bourse.domain.availability import Availability
 from bourse.domain.breaker import CircuitBreaker
 from bourse.domain.values import immutable
 
@@ -64,10 +66,15 @@ class Deployment:
     slots: int
     busy: int = 0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    availability: Availability = field(default_factory=Availability)
 
     @property
     def free(self) -> int:
         return self.slots - self.busy
+
+    def can_take(self, now: float) -> bool:
+        """Available (probes pass) and its breaker closed, or cooled down for its one trial."""
+        return self.availability.reason is None and self.breaker.available(now)
 
 
 @immutable
@@ -193,16 +200,24 @@ class ProductBook:
         d.breaker.trial_running = False
 
     def report_failure(self, name: str, now: float, order: Order | None = None) -> None:
-        """A failure on ``name``; of ``order``: counted as :func:`counts_against` says."""
-        breaker = self._by_name[name].breaker
-        if order is None or counts_against(order, name, breaker):
-            breaker.record_failure(now)
+        """A failure on ``name``; of ``order``: counted as :func:`counts_against` says. An
+        unavailable deployment's failures are explained already: not counted."""
+        d = self._by_name[name]
+        if not d.availability.ok:
+            return
+        if order is None or counts_against(order, name, d.breaker):
+            d.breaker.record_failure(now)
 
     def report_success(self, name: str) -> None:
         self._by_name[name].breaker.record_success()
 
     def healthy(self, now: float) -> bool:
-        return any(d.breaker.available(now) for d in self.deployments)
+        return any(d.can_take(now) for d in self.deployments)
+
+    def available_floor(self, now: float) -> float | None:
+        """The lowest floor among the deployments that can take an order now (None: none can)."""
+        floors = [d.floor for d in self.deployments if d.can_take(now)]
+        return min(floors) if floors else None
 
     def next_recovery(self, now: float) -> float | None:
         """When the next cooling deployment becomes available again (None if none cools)."""
@@ -213,7 +228,7 @@ class ProductBook:
         best: Deployment | None = None
         best_key: tuple[bool, float, int] | None = None
         for d in self.deployments:
-            if d.busy >= d.slots or d.floor > order.bid or not d.breaker.available(now):
+            if d.busy >= d.slots or d.floor > order.bid or not d.can_take(now):
                 continue
             key = (d.name == order.avoid, d.floor, d.busy)
             if best_key is None or key < best_key:
@@ -239,7 +254,7 @@ class ProductBook:
 
     def level(self, now: float) -> float:
         """The price that would be next: the lowest free floor, else the best bid waiting."""
-        free = [d.floor for d in self.deployments if d.busy < d.slots and d.breaker.available(now)]
+        free = [d.floor for d in self.deployments if d.busy < d.slots and d.can_take(now)]
         if free and not self._orders:
             return min(free)
         if self._orders:

@@ -16,11 +16,22 @@ usage as a :class:`UsageEvent`). Closing the generator closes the upstream respo
 upstream sees its connection go away and aborts the generation.
 
 The API key is sent only as a header; it never appears in a failure message.
+
+Its upstream's flavour (:mod:`bourse.engines.flavors`: configured, or found by the first
+probe that reaches it) decides the ``x-request-id`` sent. :meth:`OpenAIHTTPEngine.probe`
+checks the upstream (health, its model list) and reads its capacity; a 404 from the
+generation route, or refused credentials, is a configuration error: the deployment's
+:class:`~bourse.domain.availability.Availability` is marked (as a failed probe would)
+and the failure is one the breaker does not count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import time
+import urllib.parse
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -28,6 +39,8 @@ import aiohttp
 import orjson
 import yarl
 
+from bourse.domain.availability import Availability
+from bourse.engines import flavors
 from bourse.engines.upstream_reads import lean
 from bourse.ports.engine import (
     ChunkEvent,
@@ -35,6 +48,7 @@ from bourse.ports.engine import (
     EngineEvent,
     EngineFailure,
     GenerationRequest,
+    Probe,
     UsageEvent,
 )
 from bourse.wire.responses import UpstreamEvents, upstream_request
@@ -42,11 +56,20 @@ from bourse.wire.sse import SSEParser
 
 __all__ = ["OpenAIHTTPEngine"]
 
+log = logging.getLogger("bourse.engines")
 
 _DONE = b"[DONE]"
 _MESSAGE_MAX = 300
 _TRANSIENT_CLIENT_STATUSES = frozenset({401, 403, 404, 408, 429})
 """4xx answers that say the deployment is wrong or busy, not that the request is."""
+_CONFIG_STATUSES = frozenset({401, 403, 404})
+"""Answers that say the deployment is set up wrong (its URL, its credentials, its model
+name): a configuration error, marked on the deployment's availability."""
+_BODY_LOGGED = 300
+_MISROUTE_HOLD_S = 60.0
+"""A deployment whose generation route answered 404 (or refused the credentials) stays
+unavailable this long, though its probes pass: a probe cannot try that route without
+generating. Then one request tries it again."""
 _FAILED_ANSWER_STATUSES = frozenset({500, 502})
 """Answers to a non-streamed request that say the upstream ran the generation and it
 failed, perhaps after some output: final, as a failure after output is in a stream
@@ -290,10 +313,23 @@ class OpenAIHTTPEngine(Engine):
         unary: bool = True,
         name: str = "openai",
         api: str = "chat",
+        flavor: str = "auto",
+        availability: Availability | None = None,
     ) -> None:
         self.name = name
         """The deployment's name (its failures are logged by the observer, which names it too)."""
         base = base_url.rstrip("/")
+        self._base = base
+        self._root = flavors.root_of(base)
+        self._path = yarl.URL(base).path.rstrip("/")
+        """The base URL's path (reasons name it, never the host: clients may read them)."""
+        self._flavor = flavor
+        """``auto`` until a probe reaches the upstream and finds what it is."""
+        self.availability = availability
+        """The deployment's availability, marked on a configuration error (None: probes off)."""
+        self._probe_timeout_s = connect_timeout_s + min(10.0, first_byte_timeout_s)
+        self._misrouted: tuple[str, float] | None = None
+        """(reason, monotonic time) of the last configuration error a request met."""
         self._chat_url = yarl.URL(base + "/chat/completions")
         self._completion_url = yarl.URL(base + "/completions")
         self._responses_url = yarl.URL(base + "/responses")
@@ -317,6 +353,16 @@ class OpenAIHTTPEngine(Engine):
             headers["authorization"] = f"Bearer {self._api_key}"
         self._headers = headers
         self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def flavor(self) -> str:
+        """The upstream's flavour: configured, or probed (``auto`` until found)."""
+        return self._flavor
+
+    @property
+    def upstream(self) -> str:
+        """The server's root URL (deployments on one server share it; never shown to clients)."""
+        return self._root
 
     @property
     def answers_whole(self) -> bool:
@@ -357,6 +403,8 @@ class OpenAIHTTPEngine(Engine):
         except orjson.JSONDecodeError:
             parsed = content.decode("utf-8", "replace").strip()
         message, code, error_type = _error_details(parsed)
+        if status in _CONFIG_STATUSES:
+            return self._config_failure(status, message)
         if answer and status in _FAILED_ANSWER_STATUSES:
             detail = f": {message}" if message else ""
             return EngineFailure(
@@ -369,14 +417,40 @@ class OpenAIHTTPEngine(Engine):
             return EngineFailure(
                 self._scrub(f"upstream answered HTTP {status}{detail}"), transient=True, kind="status"
             )
+        refusal = _refusal_code(message, code, error_type)
+        if refusal != "context_length_exceeded" and error_type != "invalid_request_error":
+            # not plainly the request's fault (an empty body, a header it refuses): the operator's
+            log.warning(
+                "deployment %s: the upstream refused a request: HTTP %d, body %s",
+                self.name, status, self._scrub(repr(content[:_BODY_LOGGED])),
+            )  # fmt: skip
         return EngineFailure(
             self._scrub(message or f"upstream refused the request (HTTP {status})"),
             transient=False,
             status=400,
-            code=_refusal_code(message, code, error_type),
+            code=refusal,
             error_type="invalid_request_error",
             kind="refused",
         )
+
+    def _config_failure(self, status: int, message: str) -> EngineFailure:
+        """A 404 from the generation route (a wrong ``base_url``, a model the upstream does
+        not serve) or refused credentials: the deployment is set up wrong. It is marked
+        unavailable until a probe passes; the failure is transient (another deployment may
+        serve the request) and not counted by the breaker (the deployment is unavailable)."""
+        detail = f": {message}" if message else ""
+        if status == 404:
+            reason = (
+                f"the upstream answered HTTP 404 to a generation request{detail}; check base_url "
+                "(it usually ends in /v1), api and model"
+            )
+        else:
+            reason = f"the upstream refused bourse's credentials (HTTP {status}{detail}); check api_key_env"
+        reason = self._scrub(reason)
+        self._misrouted = (reason, time.monotonic())
+        if self.availability is not None:
+            self.availability.fail(reason)  # its on_change logs the change
+        return EngineFailure(reason, transient=True, status=503, code="no_capacity", kind="config")
 
     def _stream_failure(self, error: object, output_began: bool) -> EngineFailure:
         message, code, error_type = _error_details(error)
@@ -432,7 +506,10 @@ class OpenAIHTTPEngine(Engine):
         """Send ``body`` to the request kind's URL; ``json``: ask for a JSON answer, not a
         stream. The caller awaits aiohttp's request itself (no coroutine of ours between:
         each of the request's suspensions would resume it)."""
-        headers = {"x-request-id": request.request_id, "x-bourse-attempt": str(request.attempt)}
+        headers = {
+            "x-request-id": flavors.request_id_header(self._flavor, request.request_id),
+            "x-bourse-attempt": str(request.attempt),
+        }
         if request.traceparent is not None:
             headers["traceparent"] = request.traceparent
         if json:
@@ -560,6 +637,77 @@ class OpenAIHTTPEngine(Engine):
         usage = parse.finish()
         if usage is not None:
             yield usage
+
+    # -- probes ---------------------------------------------------------------------
+
+    async def _fetch(self, method: str, url: str, body: bytes | None) -> tuple[int, bytes]:
+        session = self._session or self._open_session()
+        async with asyncio.timeout(self._probe_timeout_s):
+            async with session.request(
+                method, url, data=body, headers={"accept": "application/json"}
+            ) as response:
+                return response.status, await response.read()
+
+    async def probe(self) -> Probe:
+        """Find the flavour (``auto``, once the upstream answers), check that the upstream
+        serves this deployment's model, read what it says of its capacity. Never raises."""
+        try:
+            if self._flavor == "auto":
+                self._flavor = await flavors.detect(self._fetch, self._root)
+            reason, listing = await self._check()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            reason, listing = self._unreachable(exc), None
+        if reason is not None:
+            return Probe(self._scrub(reason), self._flavor)
+        cap = await flavors.read_capacity(self._fetch, self._root, self._flavor)
+        context = cap.context_length or flavors.context_of(listing, self._model)
+        return Probe(None, self._flavor, cap.slots, cap.waiting, context)
+
+    def _unreachable(self, exc: BaseException) -> str:
+        """A probe's transport failure, in one line (no address)."""
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return f"the upstream did not accept a connection within {self._connect_timeout_s:g} s"
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            errno = exc.os_error.errno  # its strerror names the address: the errno's words only
+            cause = os.strerror(errno) if errno else type(exc.os_error).__name__
+            return f"the upstream is unreachable ({cause})"
+        if isinstance(exc, TimeoutError):
+            return f"the upstream did not answer a probe within {self._probe_timeout_s:g} s"
+        return f"the upstream is unreachable ({type(exc).__name__})"
+
+    async def _check(self) -> tuple[str | None, object]:
+        """(why the upstream cannot serve this deployment or None, its model listing)."""
+        if self._misrouted is not None:
+            reason, at = self._misrouted
+            if time.monotonic() - at < _MISROUTE_HOLD_S:
+                return reason, None
+            self._misrouted = None
+        if self._flavor == "llama.cpp":
+            status, _ = await self._fetch("GET", self._root + "/health", None)
+            if status != 200:
+                loading = " (loading its model)" if status == 503 else ""
+                return f"its health check answered HTTP {status}{loading}", None
+        models = f"{self._path}/models"
+        status, content = await self._fetch("GET", self._base + "/models", None)
+        if status == 404:
+            return f"GET {models} answered 404: is base_url right (it usually ends in /v1)?", None
+        if status in (401, 403):
+            return f"the upstream refused bourse's credentials (HTTP {status}); check api_key_env", None
+        if status != 200:
+            return f"GET {models} answered HTTP {status}", None
+        try:
+            listing: object = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            return f"GET {models} answered something other than JSON", None
+        served = flavors.served_models(listing)
+        if self._model in served:
+            return None, listing
+        # a server that serves any name says so for the name itself (GET /models/{id})
+        one = self._base + "/models/" + urllib.parse.quote(self._model, safe="")
+        if (await self._fetch("GET", one, None))[0] == 200:
+            return None, listing
+        shown = ", ".join(repr(m) for m in served[:5]) or "none"
+        return f"the upstream does not serve the model {self._model!r} (it lists {shown})", listing
 
 
 def _answer_chunk(doc: dict[str, Any], chat: bool) -> int:

@@ -2,7 +2,8 @@
 
 Owns the sim's HTTP face: the two completion routes (streamed as SSE or aggregated
 into one JSON answer), the engine's counters (``GET /sim/stats``, ``POST
-/sim/reset``), ``/v1/models`` and ``/healthz``. It stands in for vLLM or llama.cpp
+/sim/reset``), ``/v1/models`` (and ``/v1/models/{id}``, for any id: it serves any
+model name) and ``/healthz``. It stands in for vLLM or llama.cpp
 in tests and benchmarks: it honours the body's ``sim`` object, takes the attempt
 number from ``x-bourse-attempt``, answers a failure before output with an HTTP
 error instead of a stream, and closes the engine's generation the moment the
@@ -253,6 +254,11 @@ def create_sim_app(settings: SimSettings, *, model_name: str = DEFAULT_MODEL_NAM
         model = {"id": model_name, "object": "model", "created": created, "owned_by": "bourse-sim"}
         return _JSON({"object": "list", "data": [model]})
 
+    async def one_model(request: Request) -> Response:
+        # the sim answers whatever model it is asked for: it serves every name
+        name = request.path_params["model"]
+        return _JSON({"id": name, "object": "model", "created": created, "owned_by": "bourse-sim"})
+
     async def healthz(request: Request) -> Response:
         return _JSON({"status": "ok"})
 
@@ -260,6 +266,7 @@ def create_sim_app(settings: SimSettings, *, model_name: str = DEFAULT_MODEL_NAM
         Route("/v1/chat/completions", _CompletionsEndpoint(engine, "chat"), methods=["POST"]),
         Route("/v1/completions", _CompletionsEndpoint(engine, "completion"), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", one_model, methods=["GET"]),
         Route("/sim/stats", stats, methods=["GET"]),
         Route("/sim/reset", reset, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),

@@ -71,7 +71,14 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
         products = {name: m.healthy() for name, m in markets.items()}
         ready = any(products.values())
         status = "draining" if services.completions.draining else "ready" if ready else "unready"
-        return JSON({"status": status, "products": products}, status_code=200 if status == "ready" else 503)
+        # each deployment that cannot serve, and why (its probes, its engine)
+        unavailable = [
+            {"product": name, "deployment": dep, "reason": why}
+            for name, m in markets.items()
+            for dep, why in m.unavailable_deployments()
+        ]
+        doc = {"status": status, "products": products, "unavailable": unavailable}
+        return JSON(doc, status_code=200 if status == "ready" else 503)
 
     async def metrics(request: Request) -> Response:
         scraped = await services.observer.scrape(request.headers.get("accept"))

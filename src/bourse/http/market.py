@@ -89,6 +89,9 @@ def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, A
                 "busy": d.busy,
                 "healthy": d.healthy,
                 "breaker": d.breaker,
+                "available": d.available,
+                "reason": d.reason,
+                "flavor": d.flavor,
             }
             for d in v.deployments
         ],

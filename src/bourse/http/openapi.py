@@ -517,6 +517,13 @@ ANSWERS: dict[str, dict[str, Any]] = {
         ["status", "products"],
         status={"enum": ["ready", "unready"]},
         products={"type": "object", "additionalProperties": {"type": "boolean"}},
+        unavailable={
+            "type": "array",
+            "description": "each deployment that cannot serve (its probes fail, or its engine is broken) and why",
+            "items": _obj(
+                ["product", "deployment", "reason"], product=_STRING, deployment=_STRING, reason=_STRING
+            ),
+        },
     ),
 }
 """Schemas of the answers (success and error), by component name."""

@@ -279,8 +279,11 @@ class LiveState:
             yield jobs
 
 
-def breaker_state(breaker: str, healthy: bool) -> int:
-    """0 closed, 1 open (cooling down), 2 half-open (cooled down; the next admission is a trial)."""
+def breaker_state(breaker: str, healthy: bool, available: bool = True) -> int:
+    """0 closed, 1 open (cooling down, or unavailable: its probes fail, idle or not),
+    2 half-open (cooled down; the next admission is a trial)."""
+    if not available:
+        return BREAKER_STATES["open"]
     if breaker == "closed":
         return BREAKER_STATES["closed"]
     return BREAKER_STATES["half_open"] if healthy else BREAKER_STATES["open"]
@@ -304,7 +307,14 @@ def book_families(views: Mapping[str, BookView]) -> Iterator[Metric]:
     )
     busy = GaugeMetricFamily("bourse_deployment_slots_busy", "Slots running a generation now.", labels=pd)
     breaker = GaugeMetricFamily(
-        "bourse_deployment_breaker_state", "Circuit breaker: 0 closed, 1 open, 2 half-open.", labels=pd
+        "bourse_deployment_breaker_state",
+        "Circuit breaker: 0 closed, 1 open (also while the deployment is unavailable), 2 half-open.",
+        labels=pd,
+    )
+    available = GaugeMetricFamily(
+        "bourse_deployment_available",
+        "1 while the deployment's probes pass, 0 while it is unavailable.",
+        labels=pd,
     )
     for product, v in views.items():
         waiting.add_metric([product], v.waiting)
@@ -317,8 +327,9 @@ def book_families(views: Mapping[str, BookView]) -> Iterator[Metric]:
         for d in v.deployments:
             slots.add_metric([product, d.name], d.slots)
             busy.add_metric([product, d.name], d.busy)
-            breaker.add_metric([product, d.name], breaker_state(d.breaker, d.healthy))
-    yield from (waiting, level, best, cleared, admitted, slots, busy, breaker)
+            breaker.add_metric([product, d.name], breaker_state(d.breaker, d.healthy, d.available))
+            available.add_metric([product, d.name], 1 if d.available else 0)
+    yield from (waiting, level, best, cleared, admitted, slots, busy, breaker, available)
 
 
 # -- the exposition -------------------------------------------------------------------------

@@ -62,6 +62,12 @@ class DeploymentView:
     busy: int
     healthy: bool
     breaker: str
+    available: bool = True
+    """Its probes pass (:mod:`bourse.domain.availability`); false: it takes no order."""
+    reason: str | None = None
+    """Why it is unavailable (one line), else None."""
+    flavor: str | None = None
+    """The kind of server an ``openai`` deployment fronts (probed or configured), else None."""
 
 
 @dataclass(slots=True)
@@ -113,6 +119,12 @@ class BookPort(Protocol):
     def report_success(self, deployment: str) -> None: ...
 
     def report_failure(self, deployment: str, order: Order | None = None) -> None: ...
+
+    def deployment_changed(self, deployment: str) -> None:
+        """A deployment's availability or slots changed (its probes): clear the book
+        again, and in a shared book tell the other replicas (an unavailable deployment
+        is held out for its ``availability.hold_s``, renewed by each call)."""
+        ...
 
     def level(self) -> float: ...
 

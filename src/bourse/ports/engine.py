@@ -177,3 +177,36 @@ class TokenCounter(Protocol):
     def context_length(self) -> int: ...
 
     async def count_prompt_tokens(self, kind: Kind, body: dict[str, Any]) -> int | None: ...
+
+
+@final
+@dataclass(slots=True)
+class Probe:
+    """What one probe of an engine's upstream found (:class:`Probed`)."""
+
+    reason: str | None
+    """Why the deployment cannot serve (one line, no address or secret), or None: it serves."""
+    flavor: str
+    """The kind of server it is (``vllm``, ``llama.cpp``, ``llama-cpp-python``, ``openai``)."""
+    slots: int | None = None
+    """The sequences the engine says it runs at once, or None where it does not say."""
+    waiting: int | None = None
+    """Requests the engine says it has queued itself (behind bourse's back), or None."""
+    context_length: int | None = None
+    """The engine's own context length, where it says it."""
+
+
+@runtime_checkable
+class Probed(Protocol):
+    """Optional engine capability: its upstream can be checked (the ``openai`` engine).
+    The gateway probes it at start and every ``probe_interval_s``; a probe never raises."""
+
+    @property
+    def flavor(self) -> str: ...
+
+    @property
+    def upstream(self) -> str:
+        """The server it fronts (its root URL): deployments on one server share it."""
+        ...
+
+    async def probe(self) -> Probe: ...

@@ -14,13 +14,13 @@ import asyncio
 import math
 from collections.abc import Iterable
 
-from bourse.domain.book import Admission, BookFull, Order, expected_wait_s, requeue_delay_s
+from bourse.domain.book import Admission, BookFull, Deployment, Order, expected_wait_s, requeue_delay_s
 from bourse.domain.breaker import CircuitBreaker, cooling_for
 from bourse.domain.errors import GatewayError, book_timeout, no_capacity
 from bourse.domain.policy import Policy
 from bourse.domain.values import immutable
 from bourse.ports.book import BookPort, BookUnavailable, BookView
-from bourse.ports.engine import Engine, TokenCounter
+from bourse.ports.engine import Engine, Probed, TokenCounter
 from bourse.ports.observer import NULL_OBSERVER, Observer
 
 
@@ -44,7 +44,7 @@ class Market:
         engines: dict[str, Engine],
         policy: Policy,
         *,
-        default_bid: float,
+        default_bid: float | None,
         context_length: int,
         max_output_tokens: int,
         supports_tools: bool,
@@ -52,6 +52,7 @@ class Market:
         stall_timeout_s: float,
         description: str | None = None,
         breakers: Iterable[CircuitBreaker] = (),
+        deployments: Iterable[Deployment] = (),
         observer: Observer = NULL_OBSERVER,
     ) -> None:
         self.product = product
@@ -59,7 +60,10 @@ class Market:
         self.engines = engines
         self._counters = [e for e in engines.values() if isinstance(e, TokenCounter)]
         self.policy = policy
-        self.default_bid = default_bid
+        self._default_bid = default_bid
+        """The product's ``default_bid`` as set, or None: the lowest available floor."""
+        self._deployments = tuple(deployments)
+        """This replica's view of each deployment: its availability (the probes) and breaker."""
         self.context_length = context_length
         self.max_output_tokens = max_output_tokens
         self.supports_tools = supports_tools
@@ -79,6 +83,18 @@ class Market:
     @property
     def min_floor(self) -> float:
         return self.book.min_floor
+
+    @property
+    def default_bid(self) -> float:
+        """The bid of an order that names none: ``default_bid`` as set, else the lowest
+        floor among the deployments that can take an order now (probes pass, breaker
+        closed or cooled down), read when the order arrives: a dead deployment's low
+        floor does not draw the orders that name no price (else the lowest floor)."""
+        if self._default_bid is not None:
+            return self._default_bid
+        now = self.now()
+        floors = [d.floor for d in self._deployments if d.can_take(now)]
+        return min(floors) if floors else self.book.min_floor
 
     # -- admission ---------------------------------------------------------------
 
@@ -172,23 +188,47 @@ class Market:
 
     async def view(self) -> BookView:
         try:
-            return await self.book.view()
+            view = await self.book.view()
         except BookUnavailable as exc:
             raise self.unavailable(exc) from None
+        for d in view.deployments:  # this replica's probes say these
+            engine = self.engines.get(d.name)
+            if isinstance(engine, Probed):
+                d.flavor = engine.flavor
+        return view
+
+    def unavailable_deployments(self) -> list[tuple[str, str]]:
+        """(deployment, why) of each deployment that cannot serve: its probes fail, or its
+        engine is broken."""
+        out = []
+        for d in self._deployments:
+            engine = self.engines.get(d.name)
+            why = d.availability.reason or (engine.broken if engine is not None else None)
+            if why is not None:
+                out.append((d.name, why))
+        return out
 
     def healthy(self) -> bool:
         return self.broken_reason() is None and self.book.healthy()
 
     def broken_reason(self) -> str | None:
-        """Why no deployment of this product can run at all (e.g. its model failed to load)."""
+        """Why no deployment of this product can run at all (e.g. its model failed to
+        load, or every one is unavailable: its probes fail)."""
         reasons = [e.broken for e in self.engines.values()]
         if reasons and all(reasons):
             return "; ".join(str(r) for r in reasons)
+        out = self.unavailable_deployments()
+        if self._deployments and len(out) == len(self._deployments):
+            return "; ".join(f"deployment {name} is unavailable: {why}" for name, why in out)
         return None
 
     def cooling(self) -> GatewayError | None:
         """503 ``no_capacity`` when every deployment's breaker is open (with ``retry-after``
-        the cool-down left, rounded up), so the request need not wait; None otherwise."""
+        the cool-down left, rounded up), or every one is unavailable or broken (with the
+        reasons), so the request need not wait; None otherwise."""
+        broken = self.broken_reason()
+        if broken is not None:  # e.g. the deployment just failed turned out set up wrong
+            return no_capacity(f"'{self.product}' cannot serve: {broken}", retry_after_s=30)
         left = cooling_for(self._breakers, self.now())
         if left is None:
             return None

@@ -75,7 +75,10 @@ function render(doc, state) {
         td(d.name),
         td(price(d.floor)),
         h("td", {}, h("progress", { max: d.slots, value: d.busy, "aria-label": `${d.busy} of ${d.slots} slots busy` }), ` ${d.busy} / ${d.slots}`),
-        h("td", {}, h("span", { class: "state " + (d.healthy ? "healthy" : "unhealthy") }, d.healthy ? "healthy" : "cooling down")),
+        h("td", {}, d.available === false
+          ? h("span", { class: "state unhealthy", title: d.reason || "" }, "unavailable")
+          : h("span", { class: "state " + (d.healthy ? "healthy" : "unhealthy") }, d.healthy ? "healthy" : "cooling down")),
+        td(d.available === false ? d.reason || "" : d.flavor || ""),
         h("td", {}, h("span", { class: "state " + d.breaker, "data-breaker": d.breaker }, d.breaker.replace("_", " "))),
       ),
     ),

@@ -1,0 +1,196 @@
+"""The probes of the deployments' upstreams: at start, then every ``probe_interval_s``.
+
+Owns what a probe's result does to a deployment (the check itself is the engine's,
+:class:`~bourse.ports.engine.Probed`):
+
+- availability: a failed probe makes the deployment unavailable with its one-line
+  reason (WARNING), a passing one available again (INFO); an unavailable deployment
+  takes no order (:mod:`bourse.domain.availability`), and the book is told at each
+  probe (a shared book holds it out on the other replicas for ``hold_s``);
+- capacity: ``slots`` unset takes the engine's own (or 4 where it says none); a
+  configured ``slots`` above the engine's is capped to it, with a WARNING; where the
+  engine says it queues requests itself (llama-server's deferred requests, vLLM's
+  waiting ones), the effective slots shrink by that many (a WARNING) and come back one
+  a probe while it queues none;
+- the flavour found is logged once, at start.
+
+With ``probe_interval_s = 0`` only the start probe runs, for the flavour and the
+capacity: availability is then never marked by probes.
+
+A probe that would disturb the engine is skipped: llama-cpp-python's server answers
+``/v1/models`` only between generations and, with its ``interrupt_requests`` on,
+ends the running stream when another request arrives; while this replica runs a
+generation there (on any of its deployments on that server), that generation is proof
+enough that the upstream serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from bourse.domain.book import Deployment
+from bourse.ports.engine import Probe, Probed
+from bourse.services.market import Market
+
+log = logging.getLogger("bourse.probes")
+
+DEFAULT_SLOTS = 4
+"""The slots of a deployment whose ``slots`` is unset and whose engine says none."""
+
+
+@dataclass(slots=True, eq=False)
+class ProbeTarget:
+    product: str
+    deployment: Deployment
+    engine: Probed
+    interval_s: float
+    configured_slots: int | None
+    capped: int | None = None
+    """The engine capacity a configured ``slots`` was last capped to (warned once each)."""
+    shrunk: int = 0
+    """Slots taken off because the engine was seen queueing requests itself."""
+
+
+class Prober:
+    """Every probed deployment of the gateway, and the tasks that probe them."""
+
+    def __init__(self) -> None:
+        self._targets: list[ProbeTarget] = []
+        self._markets: Mapping[str, Market] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def add(self, target: ProbeTarget) -> None:
+        self._targets.append(target)
+
+    def bind(self, markets: Mapping[str, Market]) -> None:
+        """The markets whose books hear of a deployment's change (filled after the targets)."""
+        self._markets = markets
+
+    @property
+    def targets(self) -> list[ProbeTarget]:
+        return list(self._targets)
+
+    # -- the changes ----------------------------------------------------------------------
+
+    def changed(self, product: str, deployment: str, reason: str | None) -> None:
+        """A deployment's availability changed (a probe, or a request that met a
+        configuration error): say it, and tell the book."""
+        fields = {"fields": {"product": product, "deployment": deployment, "reason": reason}}
+        if reason is None:
+            log.info("deployment %s of %s is available again", deployment, product, extra=fields)
+        else:
+            log.warning("deployment %s of %s is unavailable: %s", deployment, product, reason, extra=fields)
+        self._tell_book(product, deployment)
+
+    def _tell_book(self, product: str, deployment: str) -> None:
+        market = self._markets.get(product)
+        if market is None:
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop (built, not started)
+            asyncio.get_running_loop()
+            market.book.deployment_changed(deployment)
+
+    def apply(self, target: ProbeTarget, probe: Probe) -> None:
+        """What one probe found, applied to its deployment."""
+        d = target.deployment
+        if target.interval_s > 0:
+            changed = d.availability.set(probe.reason)
+            if probe.reason is not None and not changed:
+                self._tell_book(target.product, d.name)  # renew the hold on the shared book
+        if probe.reason is None:
+            self._resize(target, probe)
+
+    def _resize(self, target: ProbeTarget, probe: Probe) -> None:
+        d = target.deployment
+        configured, engine = target.configured_slots, probe.slots
+        if engine is None:
+            slots = DEFAULT_SLOTS if configured is None else configured
+        elif configured is None or configured <= engine:
+            slots = engine if configured is None else configured
+        else:
+            slots = engine
+            if target.capped != engine:
+                target.capped = engine
+                log.warning(
+                    "deployment %s of %s: slots = %d is above what its engine (%s) runs at once (%d); "
+                    "capped to %d",
+                    d.name, target.product, configured, probe.flavor, engine, engine,
+                )  # fmt: skip
+        base, slots = slots, self._effective(target, slots, probe.waiting)
+        if slots != d.slots:
+            source = "its engine's" if configured is None and engine is not None else "configured"
+            if slots < base:
+                source = f"of {base}: its engine queues requests itself"
+            log.info("deployment %s of %s: %d slots (%s)", d.name, target.product, slots, source)
+            d.slots = slots
+            self._tell_book(target.product, d.name)
+
+    @staticmethod
+    def _effective(target: ProbeTarget, base: int, waiting: int | None) -> int:
+        """The slots to give out of ``base`` when the engine says it has ``waiting``
+        requests queued itself: requests queued inside the engine wait by arrival, not by
+        bid, so the deployment takes that many fewer (never fewer than one), and takes
+        them back one a probe while the engine queues nothing."""
+        if waiting is not None and waiting > 0:
+            shrunk = min(base - 1, target.shrunk + waiting)
+            if shrunk > target.shrunk:
+                log.warning(
+                    "deployment %s of %s: its engine queues %d requests itself, behind bourse's book; "
+                    "effective slots %d (of %d)",
+                    target.deployment.name, target.product, waiting, base - shrunk, base,
+                )  # fmt: skip
+            target.shrunk = shrunk
+        elif waiting == 0 and target.shrunk > 0:
+            target.shrunk -= 1
+        target.shrunk = min(target.shrunk, base - 1)
+        return base - target.shrunk
+
+    # -- the probing ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """The start probes, all at once (the gateway serves after them), then the loops."""
+        probes = await asyncio.gather(*(self._probe(t) for t in self._targets))
+        for target, probe in zip(self._targets, probes, strict=True):
+            self.apply(target, probe)
+            d = target.deployment
+            state = "available" if probe.reason is None else f"unavailable: {probe.reason}"
+            log.info("deployment %s of %s: flavour %s, %d slots, %s",
+                     d.name, target.product, probe.flavor, d.slots, state)  # fmt: skip
+            if target.interval_s > 0:
+                self._tasks.append(asyncio.create_task(self._loop(target), name=f"probe {d.name}"))
+
+    async def _loop(self, target: ProbeTarget) -> None:
+        while True:
+            await asyncio.sleep(target.interval_s)
+            if self._disturbs(target):
+                continue
+            self.apply(target, await self._probe(target))
+
+    @staticmethod
+    async def _probe(target: ProbeTarget) -> Probe:
+        """The engine's probe; one that breaks (it should not) reads as a failed probe."""
+        try:
+            return await target.engine.probe()
+        except Exception as exc:  # the probing must go on: say it, and keep the deployment out
+            log.exception("the probe of deployment %s failed", target.deployment.name)
+            return Probe(f"its probe failed ({type(exc).__name__})", target.engine.flavor)
+
+    def _disturbs(self, target: ProbeTarget) -> bool:
+        """A probe now would hold up or end a generation this replica runs on that server
+        (any deployment on it: several products may share one engine)."""
+        if target.engine.flavor != "llama-cpp-python":
+            return False
+        server = target.engine.upstream
+        return any(t.deployment.busy > 0 for t in self._targets if t.engine.upstream == server)
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

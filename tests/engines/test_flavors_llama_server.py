@@ -1,0 +1,189 @@
+"""The ``openai`` engine in front of llama.cpp's own ``llama-server``: its flavour found
+by probing (``GET /props``), ``slots`` from its ``total_slots`` (a configured ``slots``
+above it capped, with a WARNING), and the engine seen queueing requests itself
+(``llamacpp:requests_deferred`` on ``/metrics``) shrinking the effective slots.
+
+The server is the binary ``scripts/build-llama-server`` caches (the harness's build of
+the llama.cpp that llama-cpp-python vendors); started here with ``--parallel 2``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.gateway import Gateway, running_gateway
+from tests.support.processes import free_port
+from tests.support.real_engines import SERVED_MODEL, packaged_gguf
+
+BINARY = Path(
+    os.environ.get("BOURSE_LLAMA_SERVER", "~/.cache/bourse/llama-server/0.3.36/llama-server")
+).expanduser()
+
+
+@contextmanager
+def llama_server(folder: Path, parallel: int) -> Iterator[str]:
+    """llama-server on a free port with the packaged GGUF; yields its root URL.
+    ``--no-repack``: its AMX path crashes on this kind of CPU (as llama-cpp-python's does)."""
+    if not BINARY.exists():
+        pytest.fail(f"llama-server is not built at {BINARY} (scripts/build-llama-server builds it)")
+    port = free_port()
+    log = folder / f"llama-server-{port}.log"
+    args = [
+        str(BINARY), "--model", packaged_gguf(), "--alias", SERVED_MODEL, "--host", "127.0.0.1",
+        "--port", str(port), "--ctx-size", "2048", "--parallel", str(parallel), "--threads", "2",
+        "--metrics", "--no-repack",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    root = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "llama-server did not become healthy"
+            try:
+                if httpx.get(root + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        yield root
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with llama_server(tmp_path_factory.mktemp("llama-server"), parallel=2) as root:
+        yield root
+
+
+def _market(gw: Gateway) -> dict[str, Any]:
+    doc: dict[str, Any] = httpx.get(f"{gw.v1}/market/ls", timeout=30).json()["deployments"][0]
+    return doc
+
+
+def test_flavour_slots_capped_and_a_request_served(server: str, caplog: pytest.LogCaptureFixture) -> None:
+    config = f"""
+[products.ls]
+[[products.ls.deployments]]
+engine = "openai"
+name = "ls-main"
+base_url = "{server}/v1"
+model = "{SERVED_MODEL}"
+slots = 4
+"""
+    with caplog.at_level(logging.WARNING, "bourse.probes"), running_gateway(config) as gw:
+        dep = _market(gw)
+        assert dep["flavor"] == "llama.cpp" and dep["slots"] == 2 and dep["available"], dep
+        assert any(
+            "slots = 4 is above" in r.getMessage() and "capped to 2" in r.getMessage() for r in caplog.records
+        )
+        r = httpx.post(
+            f"{gw.v1}/chat/completions", headers=gw.headers, timeout=120,
+            json={"model": "ls", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4},
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+
+
+def test_an_engine_queueing_behind_the_book_shrinks_the_effective_slots(
+    server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = f"""
+[products.ls]
+[[products.ls.deployments]]
+engine = "openai"
+name = "ls-main"
+base_url = "{server}/v1"
+model = "{SERVED_MODEL}"
+probe_interval_s = 0.5
+"""
+    with caplog.at_level(logging.WARNING, "bourse.probes"), running_gateway(config) as gw:
+        assert _market(gw)["slots"] == 2  # its total_slots
+        # other clients of the same server, behind bourse's back: two run, two wait there
+        body = {"model": SERVED_MODEL, "prompt": "Once upon a time", "max_tokens": 48, "ignore_eos": True}
+        direct = [
+            threading.Thread(
+                target=httpx.post, args=(f"{server}/v1/completions",), kwargs={"json": body, "timeout": 300}
+            )
+            for _ in range(4)
+        ]
+        for t in direct:
+            t.start()
+        deadline = time.monotonic() + 60
+        while _market(gw)["slots"] == 2:
+            assert time.monotonic() < deadline, "the effective slots never shrank"
+            time.sleep(0.1)
+        assert _market(gw)["slots"] == 1
+        assert any("its engine queues" in r.getMessage() for r in caplog.records)
+        for t in direct:
+            t.join(timeout=300)
+        deadline = time.monotonic() + 30
+        while _market(gw)["slots"] != 2:  # nothing queued there: given back, one a probe
+            assert time.monotonic() < deadline, "the slots never came back"
+            time.sleep(0.1)
+
+
+def _post(gw: Gateway, body: dict[str, Any], done: dict[str, float], name: str) -> None:
+    r = httpx.post(f"{gw.v1}/completions", json=body, headers=gw.headers, timeout=300)
+    assert r.status_code == 200, r.text
+    done[name] = time.monotonic()
+
+
+def test_the_highest_bidder_that_arrived_last_is_admitted_next_on_a_one_slot_server(
+    tmp_path: Path,
+) -> None:
+    """Defect 5 against llama-server ``--parallel 1`` (which takes bourse's request id):
+    with ``slots`` 4 (the old default) the orders went to the engine at once and waited
+    there by arrival, so the 5x bidder that came last was served last."""
+    with llama_server(tmp_path, parallel=1) as root:
+        config = f"""
+[server]
+book_timeout_s = 300
+[products.ls]
+[[products.ls.deployments]]
+engine = "openai"
+name = "ls-main"
+base_url = "{root}/v1"
+model = "{SERVED_MODEL}"
+"""
+        with running_gateway(config) as gw:
+            base = {"model": "ls", "prompt": "Once upon a time", "ignore_eos": True}
+            done: dict[str, float] = {}
+            first = threading.Thread(
+                target=_post, args=(gw, {**base, "max_tokens": 32, "max_price": 1.0}, done, "a")
+            )
+            first.start()
+            deadline = time.monotonic() + 60
+            while httpx.get(f"{gw.v1}/market/ls", timeout=30).json()["slots"]["busy"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            threads = [first]
+            for name, bid in (("b", 1.0), ("c", 1.0), ("d", 1.0), ("e", 5.0)):
+                t = threading.Thread(
+                    target=_post, args=(gw, {**base, "max_tokens": 2, "max_price": bid}, done, name)
+                )
+                t.start()
+                threads.append(t)
+                time.sleep(0.15)  # arrivals in this order
+            for t in threads:
+                t.join(timeout=300)
+            assert set(done) == {"a", "b", "c", "d", "e"}, done
+            order = sorted(done, key=done.__getitem__)
+            assert order[:2] == ["a", "e"], order
