@@ -45,6 +45,17 @@ class Upstream:
     app: Any = None
     posts: list[dict[str, Any]] = field(default_factory=list)
 
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The gateway's probes (GET /v1/models): the sim upstream's answer, else a list
+        that serves the model ``m`` these tests configure."""
+        if self.app is not None:
+            await self.app(scope, receive, send)
+            return
+        body = b'{"object": "list", "data": [{"id": "m", "object": "model"}]}'
+        head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": body})
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while True:
@@ -54,7 +65,14 @@ class Upstream:
                 elif msg["type"] == "lifespan.shutdown":
                     await send({"type": "lifespan.shutdown.complete"})
                     return
-        if scope["type"] != "http" or scope["method"] != "POST":
+        if scope["type"] != "http":
+            return
+        if scope["method"] != "POST":
+            await self._models(scope, receive, send)
+            return
+        if not scope["path"].endswith("/completions"):  # the flavour probe's routes: not found
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
             return
         raw = b""
         while True:
