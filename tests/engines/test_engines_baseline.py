@@ -340,3 +340,19 @@ def test_llama_server_routes_and_model_list(llama_server: RealEngine) -> None:
     # a base URL without /v1 is served all the same
     assert _post(llama_server.root + "/chat/completions", _chat("hi", 1)).status_code == 200
     assert httpx.get(llama_server.root + "/models", timeout=30).status_code == 200
+
+
+def test_llama_server_cancels_a_non_streamed_request_whose_client_left(llama_server: RealEngine) -> None:
+    url = llama_server.base_url + "/completions"
+    before = _metrics(llama_server)["llamacpp:tokens_predicted_total"]
+    try:
+        _post(url, _completion("Once upon a time", 300), timeout=2)
+    except httpx.TimeoutException:
+        pass
+    else:
+        raise AssertionError("300 tokens in under 2 s: make the request longer")
+    # one slot: the next request runs only once the abandoned one is over, so it
+    # finishes first either way; had that one run to its end, 300 tokens would be counted
+    assert _post(url, _completion("Hello", 1)).json()["usage"]["completion_tokens"] == 1
+    predicted = _metrics(llama_server)["llamacpp:tokens_predicted_total"] - before
+    assert predicted < 300 + 1  # stopped when its client left, not finished
