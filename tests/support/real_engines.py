@@ -3,6 +3,9 @@
 
 - llama-cpp-python's OpenAI server (``llama-cpp-python[server]``, the same build as the
   ``local`` extra), through :mod:`tests.support.llama_cpp_python_launcher`;
+- llama.cpp's own C++ ``llama-server``, built by ``scripts/build-llama-server`` from the
+  llama.cpp that the same llama-cpp-python version vendors, cached outside the repository
+  (:func:`llama_server_binary` finds it; ``scripts/test`` builds it once).
 
 Each is a child process on a free port of 127.0.0.1, stopped (SIGTERM, then SIGKILL)
 when its context ends. :class:`RealEngine` says where it is and what it serves.
@@ -10,6 +13,8 @@ when its context ends. :class:`RealEngine` says where it is and what it serves.
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import signal
 import subprocess
 import sys
@@ -20,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 
+from tests.support.databases import services_required
 from tests.support.processes import free_port
 
 SERVED_MODEL = "gemma-3-270m"
@@ -107,5 +114,80 @@ def llama_cpp_python_server(
     try:
         _wait_ready(root + "/v1/models", proc, log, start_timeout_s)
         yield RealEngine("llama-cpp-python", root, SERVED_MODEL, n_ctx, log, proc)
+    finally:
+        _stop(proc)
+
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "scripts" / "build-llama-server"
+
+
+def llama_server_cache_path() -> Path:
+    """Where ``scripts/build-llama-server`` leaves the binary for the installed
+    llama-cpp-python version (the same rule as the script's)."""
+    version = importlib.metadata.version("llama-cpp-python")
+    cache = os.environ.get("BOURSE_CACHE_DIR") or str(Path.home() / ".cache" / "bourse")
+    return Path(cache) / "llama-server" / version / "llama-server"
+
+
+def llama_server_binary() -> Path:
+    """The cached ``llama-server``. Missing: under ``BOURSE_REQUIRE_SERVICES=1`` (CI) it
+    is built now (``scripts/build-llama-server``, many minutes) and a failed build fails
+    the test; elsewhere the test is skipped, saying how to build it."""
+    path = llama_server_cache_path()
+    if os.access(path, os.X_OK):
+        return path
+    how = f"run scripts/build-llama-server (about 12 min on 2 cores, once; scripts/test does it) to build {path}"
+    if not services_required():
+        pytest.skip(f"llama.cpp's llama-server is not built: {how}")
+    done = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], cwd=REPO, env={**os.environ, "VENV_PYTHON": sys.executable},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 or not os.access(path, os.X_OK):
+        pytest.fail(
+            f"llama-server could not be built ({BUILD_SCRIPT} exited {done.returncode}); "
+            f"BOURSE_REQUIRE_SERVICES=1 makes this a failure:\n{done.stderr[-4000:]}",
+            pytrace=False,
+        )
+    return path
+
+
+def _no_extra_buffers() -> tuple[str, ...]:
+    """``--no-repack`` on a CPU with AMX: without it llama-server (built for this CPU)
+    takes ggml's AMX path for the packaged GGUF, the one that crashed llama-cpp-python;
+    with it, the plain CPU kernels, as the embedded engine and the launcher load."""
+    from bourse.engines.llamacpp import has_amx
+
+    return ("--no-repack",) if has_amx() else ()
+
+
+@contextmanager
+def llama_server(
+    folder: Path,
+    *,
+    n_ctx: int = 2048,
+    parallel: int = 1,
+    extra_args: tuple[str, ...] = (),
+    start_timeout_s: float = 120.0,
+) -> Iterator[RealEngine]:
+    """llama.cpp's ``llama-server`` with the packaged GGUF under ``--alias gemma-3-270m``,
+    ``parallel`` slots sharing ``n_ctx`` (``-c``), and ``--metrics`` on (its /metrics
+    route exists only then). Ready when ``/health`` answers 200 (503 while loading)."""
+    binary = llama_server_binary()
+    port = free_port()
+    log = folder / f"llama-server-{port}.log"
+    args = [
+        str(binary), "--model", packaged_gguf(), "--alias", SERVED_MODEL,
+        "--host", "127.0.0.1", "--port", str(port), "--ctx-size", str(n_ctx),
+        "--parallel", str(parallel), "--threads", "2", "--metrics",
+        *_no_extra_buffers(), *extra_args,
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    root = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(root + "/health", proc, log, start_timeout_s)
+        yield RealEngine("llama.cpp", root, SERVED_MODEL, n_ctx, log, proc)
     finally:
         _stop(proc)
