@@ -153,6 +153,26 @@ def _route_llama_logs(llama_cpp: Any) -> None:
     _LOG_HOOK.append(hook)
 
 
+def load_vocab(path: str, chat_format: str | None = None) -> Any:
+    """A GGUF's vocabulary only (no weights), as llama-cpp-python's ``Llama``, for counting
+    tokens the way a server running that file counts them; ``chat_format`` as the
+    server's ``--chat_format`` (None: its default). Blocking: call it off the event loop.
+    Its log lines go where the engine's go (see :func:`_route_llama_logs`)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such file: {path}")
+    import llama_cpp
+
+    _route_llama_logs(llama_cpp)
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):  # verbose=True: see LlamaCppEngine._load
+        llm = llama_cpp.Llama(
+            model_path=path, vocab_only=True, n_ctx=64, verbose=True, chat_format=chat_format
+        )
+    log.debug("%s", printed.getvalue())
+    llm.verbose = False
+    return llm
+
+
 def _size_mb(path: str) -> float:
     return os.path.getsize(path) / 1e6 if os.path.exists(path) else 0.0
 
