@@ -10,7 +10,8 @@ that the upstream ran and failed, 500 or 502; a refusal such as a context length
 error is final), and the stream's three steps: connect (send, status, first
 bytes), parse (the project's SSE parser, on the hot path, hands each upstream chunk on
 as it arrives and keeps the upstream's usage aside) and finish (``[DONE]`` seen, the
-usage as a :class:`UsageEvent`). Closing the generator closes the upstream response, so the
+usage as a :class:`UsageEvent`, or, when the upstream sent none and the engine has a
+counter (:mod:`bourse.engines.upstream_tokens`), the engine's own counts). Closing the generator closes the upstream response, so the
 upstream sees its connection go away and aborts the generation.
 
 The API key is sent only as a header; it never appears in a failure message.
@@ -19,6 +20,7 @@ The API key is sent only as a header; it never appears in a failure message.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -27,18 +29,22 @@ import orjson
 import yarl
 
 from bourse.engines.upstream_reads import lean
+from bourse.engines.upstream_tokens import TokenCounts
 from bourse.ports.engine import (
     ChunkEvent,
     Engine,
     EngineEvent,
     EngineFailure,
     GenerationRequest,
+    Kind,
     UsageEvent,
 )
 from bourse.wire.responses import UpstreamEvents, upstream_request
 from bourse.wire.sse import SSEParser
 
 __all__ = ["OpenAIHTTPEngine"]
+
+log = logging.getLogger("bourse.engines")
 
 
 _DONE = b"[DONE]"
@@ -193,6 +199,23 @@ class _StreamParse:
         return None if self.usage is None else _usage_event(self.usage)
 
 
+class _CountingParse(_StreamParse):
+    """The parse step of a deployment that counts tokens itself (it has a counter):
+    also the stream's token-carrying chunks, for when the upstream sends no usage."""
+
+    __slots__ = ("tokens",)
+
+    def __init__(self, failure_of: Callable[[object, bool], EngineFailure]) -> None:
+        super().__init__(failure_of)
+        self.tokens = 0
+
+    def _event(self, payload: bytes) -> ChunkEvent | None:
+        event = super()._event(payload)
+        if event is not None:
+            self.tokens += event.tokens
+        return event
+
+
 class _ResponsesParse(_StreamParse):
     """The parse step of an upstream that speaks the Responses API: its typed events as
     chat chunks (:class:`~bourse.wire.responses.UpstreamEvents`); the stream is done at
@@ -261,6 +284,7 @@ class OpenAIHTTPEngine(Engine):
         unary: bool = True,
         name: str = "openai",
         api: str = "chat",
+        tokens: TokenCounts | None = None,
     ) -> None:
         self.name = name
         """The deployment's name (its failures are logged by the observer, which names it too)."""
@@ -288,6 +312,32 @@ class OpenAIHTTPEngine(Engine):
             headers["authorization"] = f"Bearer {self._api_key}"
         self._headers = headers
         self._session: aiohttp.ClientSession | None = None
+        self._tokens = tokens
+        """The engine's own token counts (None: it has none; a stream without usage is
+        then charged the gateway's estimate)."""
+        self._upstream_counts = False
+        """True once the upstream has sent usage on a stream: from then on the streams
+        are parsed without counting their chunks (no cost for an upstream that counts)."""
+        self._warned_estimate = False
+
+    async def start(self) -> None:
+        """Load the counter's tokenizer, if there is one (off the event loop)."""
+        if self._tokens is not None:
+            await self._tokens.start()
+
+    @property
+    def context_length(self) -> int:
+        """The upstream's context (``TokenCounter``), 0 when not known."""
+        return (self._tokens.context_length if self._tokens is not None else None) or 0
+
+    async def count_prompt_tokens(self, kind: Kind, body: dict[str, Any]) -> int | None:
+        """The prompt's tokens as the upstream counts them (``TokenCounter``); None when
+        the counter is not ready or the upstream's context is not known, so that the
+        gateway's pre-check falls back on its byte bound."""
+        tokens = self._tokens
+        if tokens is None or not tokens.ready or not tokens.context_length:
+            return None
+        return await tokens.prompt_tokens(kind, body)
 
     @property
     def answers_whole(self) -> bool:
@@ -313,6 +363,8 @@ class OpenAIHTTPEngine(Engine):
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+        if self._tokens is not None:
+            await self._tokens.aclose()
 
     def _scrub(self, text: str) -> str:
         text = text if len(text) <= _MESSAGE_MAX else text[: _MESSAGE_MAX - 3] + "..."
@@ -388,7 +440,7 @@ class OpenAIHTTPEngine(Engine):
         """Send ``body`` to the request kind's URL; ``json``: ask for a JSON answer, not a
         stream. The caller awaits aiohttp's request itself (no coroutine of ours between:
         each of the request's suspensions would resume it)."""
-        headers = {"x-request-id": request.request_id, "x-bourse-attempt": str(request.attempt)}
+        headers = {"x-bourse-attempt": str(request.attempt)}  # i34 stop-gap: no x-request-id
         if request.traceparent is not None:
             headers["traceparent"] = request.traceparent
         if json:
@@ -484,7 +536,7 @@ class OpenAIHTTPEngine(Engine):
                 )  # fmt: skip
             body, parse = upstream_request(request.body, self._model), _ResponsesParse(self._stream_failure)
         else:
-            body, parse = self._stream_body(request.body), _StreamParse(self._stream_failure)
+            body, parse = self._stream_body(request.body), self._chat_parse()
         response, piece = await self._connect(request, body, json=False)
         try:
             while True:
@@ -509,8 +561,42 @@ class OpenAIHTTPEngine(Engine):
             raise
         response.release()  # read to its end: the connection goes back to the pool
         usage = parse.finish()
+        if usage is None or not self._upstream_counts:
+            usage = await self._own_usage(request, parse, usage)
         if usage is not None:
             yield usage
+
+    def _chat_parse(self) -> _StreamParse:
+        """The parse step of a chat or completion stream: counting its chunks while the
+        engine has a counter and the upstream has not yet shown that it counts itself."""
+        counting = self._tokens is not None and not self._upstream_counts
+        return (_CountingParse if counting else _StreamParse)(self._stream_failure)
+
+    async def _own_usage(
+        self, request: GenerationRequest, parse: _StreamParse, usage: UsageEvent | None
+    ) -> UsageEvent | None:
+        """The usage of a stream that ended well: the upstream's (noting that it counts),
+        else the engine's own counts; None (the gateway's estimate, ``usage_estimated``)
+        when it has no counter that can tell."""
+        if usage is not None:
+            self._upstream_counts = True
+            return usage
+        tokens = self._tokens
+        prompt = None
+        if tokens is not None and tokens.ready and isinstance(parse, _CountingParse):
+            prompt = await tokens.prompt_tokens(request.kind, request.body)
+        if prompt is None:
+            if not self._warned_estimate:
+                self._warned_estimate = True
+                log.warning(
+                    "%s: the upstream sent no usage on a stream and bourse cannot count its tokens "
+                    "(set the deployment's tokenizer): streams are charged the gateway's estimate "
+                    "(usage_estimated)",
+                    self.name,
+                )
+            return None
+        assert tokens is not None and isinstance(parse, _CountingParse)
+        return UsageEvent(prompt, tokens.completion_tokens(parse.tokens))
 
 
 def _answer_chunk(doc: dict[str, Any], chat: bool) -> int:
