@@ -72,6 +72,12 @@ def build_engine(
     from bourse.engines.openai_http import OpenAIHTTPEngine
 
     assert dep.base_url is not None and dep.model is not None
+    tokens = None
+    if dep.tokenizer is not None:
+        from bourse.engines.upstream_tokens import GGUFTokens
+
+        tokens = GGUFTokens(dep.tokenizer, n_ctx=dep.upstream_n_ctx(), chat_format=dep.upstream_chat_format(),
+                            name=name or product)  # fmt: skip
     engine = OpenAIHTTPEngine(
         dep.base_url,
         dep.model,
@@ -83,6 +89,7 @@ def build_engine(
         unary=not dep.always_stream,
         name=name or product,
         api=dep.api,
+        tokens=tokens,
     )
     return engine, dep.model
 
