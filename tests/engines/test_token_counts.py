@@ -1,0 +1,158 @@
+"""The engine's own token counts, against llama-cpp-python's server (issue 34, item 5):
+that server sends no usage on a stream, so the gateway counts the stream with the same
+GGUF's tokenizer (a deployment's ``tokenizer``) and charges what the server itself
+counts for the same request run non-streamed; and the context pre-check uses that
+tokenizer and the server's ``n_ctx``, so a prompt over the engine's context is a 400
+``context_length_exceeded`` that never reaches the engine and never opens its breaker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.money.support import expected_cost
+from tests.support.gateway import Gateway, running_gateway
+from tests.support.real_engines import RealEngine, packaged_gguf
+from tests.support.sse import collect_sse
+
+FLOOR = 0.37  # USD per 1M tokens: the charge's rounding shows every token
+TIMEOUT_S = 180.0  # two CPU cores shared with other tests
+
+CHAT = {
+    "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Write a sentence about the sea."},
+    ],
+    "temperature": 0,
+    "seed": 7,
+    "max_tokens": 16,
+}
+LEGACY = {"prompt": "The capital of France is", "temperature": 0, "seed": 7, "max_tokens": 16}
+EOS = {  # a legacy prompt the model ends at its end-of-sequence token (id 1, made likelier)
+    "prompt": "The capital of France is",
+    "temperature": 0,
+    "seed": 7,
+    "logit_bias": {"1": 6},
+    "max_tokens": 200,  # room to spare: the end-of-sequence token ends it (after 42 tokens)
+}
+
+
+def _config(engine: RealEngine) -> str:
+    return f"""
+[products.lcp]
+[[products.lcp.deployments]]
+engine = "openai"
+name = "lcp-main"
+base_url = "{engine.base_url}"
+model = "{engine.model}"
+slots = 1
+floor = {FLOOR}
+tokenizer = "{packaged_gguf()}"
+n_ctx = {engine.n_ctx}
+first_byte_timeout_s = {TIMEOUT_S}
+"""
+
+
+@pytest.fixture(scope="module")
+def gw(llama_cpp_python: RealEngine) -> Iterator[Gateway]:
+    with running_gateway(_config(llama_cpp_python)) as g:
+        yield g
+
+
+def _direct(engine: RealEngine, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The engine's own non-streamed answer to ``body``, asked directly."""
+    r = httpx.post(engine.base_url + path, json={"model": engine.model, **body}, timeout=TIMEOUT_S)
+    assert r.status_code == 200, r.text
+    doc: dict[str, Any] = r.json()
+    return doc
+
+
+def _text(doc: dict[str, Any], chat: bool) -> str:
+    choice = doc["choices"][0]
+    return str(choice["message"]["content"] if chat else choice["text"])
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/chat/completions", CHAT), ("/completions", LEGACY), ("/completions", EOS)],
+    ids=["chat-max-tokens", "legacy-max-tokens", "legacy-eos"],
+)
+def test_a_stream_is_charged_the_engines_own_count(
+    gw: Gateway, llama_cpp_python: RealEngine, path: str, body: dict[str, Any]
+) -> None:
+    chat = path == "/chat/completions"
+    _direct(llama_cpp_python, path, body)  # the engine's first run of a prompt may differ: warm it
+    want = _direct(llama_cpp_python, path, body)
+    res = collect_sse(
+        gw,
+        {"model": "lcp", **body, "stream_options": {"include_usage": True}},
+        path="/v1" + path,
+        timeout=TIMEOUT_S,
+    )
+    assert res.status == 200, res.raw
+    assert res.kinds()[-2:] == ["usage", "DONE"], res.kinds()
+    # the same generation as the engine's own (else the counts could not be compared)
+    assert res.text() == _text(want, chat)
+    if body is EOS:
+        assert want["choices"][0]["finish_reason"] == "stop" and want["usage"]["completion_tokens"] > 0, want
+    usage = res.chunks[-1]["usage"]
+    engine_usage = want["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        engine_usage["prompt_tokens"],
+        engine_usage["completion_tokens"],
+    ), (usage, engine_usage)
+    assert "usage_estimated" not in usage
+    cost = expected_cost(engine_usage["prompt_tokens"] + engine_usage["completion_tokens"], FLOOR)
+    assert usage["cost_micros"] == cost and res.chunks[-1]["receipt"]["cost_micros"] == cost
+    # the usage record says the same
+    rid = res.headers["x-request-id"]
+    record = httpx.get(f"{gw.url}/v1/usage/{rid}", headers=gw.headers, timeout=30).json()
+    assert record["usage"]["prompt_tokens"] == engine_usage["prompt_tokens"], record
+    assert record["usage"]["completion_tokens"] == engine_usage["completion_tokens"], record
+    assert not record["usage"].get("usage_estimated"), record
+    assert record["usage"]["cost_micros"] == cost, record
+
+
+def _posts(engine: RealEngine) -> int:
+    """How many requests the engine has logged (uvicorn's access lines)."""
+    return engine.output().count('"POST /v1/')
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "non-streamed"])
+def test_a_prompt_over_the_engines_context_is_refused_before_the_book(
+    gw: Gateway, llama_cpp_python: RealEngine, stream: bool
+) -> None:
+    # ~4,900 tokens of text: under the product's 8,192-token context by the byte bound
+    # (bytes / 8), over the engine's 2,048
+    words = " ".join(f"word{i % 97} sea{i % 89}" for i in range(1600))
+    body = {"model": "lcp", "messages": [{"role": "user", "content": words}], "max_tokens": 8}
+    assert len(words.encode()) // 8 < 8192
+    seen = _posts(llama_cpp_python)
+    for _ in range(4):  # more than breaker_threshold (3)
+        if stream:
+            res = collect_sse(gw, body, timeout=TIMEOUT_S)
+            status, error = res.status, res.raw
+        else:
+            r = httpx.post(gw.v1 + "/chat/completions", json=body, headers=gw.headers, timeout=TIMEOUT_S)
+            status, error = r.status_code, r.content
+        assert status == 400, error
+        doc = httpx.Response(400, content=error).json()
+        assert doc["error"]["code"] == "context_length_exceeded", doc
+    assert _posts(llama_cpp_python) == seen, "the engine was sent the prompt"
+    # the count in the message is the engine's own: it says the same when asked directly
+    counted = int(doc["error"]["message"].split("The prompt is ", 1)[1].split(" ", 1)[0])
+    assert counted > 4000
+    r = httpx.post(
+        llama_cpp_python.base_url + "/chat/completions",
+        json={"model": llama_cpp_python.model, **body},
+        timeout=TIMEOUT_S,
+    )
+    assert r.status_code == 400 and f"({counted} in the messages" in r.text, r.text
+    # the deployment's breaker never counted a failure: it still serves
+    market = gw.container.completions.markets["lcp"]
+    assert all(b.failures == 0 for b in market._breakers)
+    ok = collect_sse(gw, {"model": "lcp", **CHAT}, timeout=TIMEOUT_S)
+    assert ok.status == 200 and ok.text(), ok.raw
