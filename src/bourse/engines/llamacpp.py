@@ -169,8 +169,7 @@ def load_vocab(path: str, chat_format: str | None = None) -> Any:
             model_path=path, vocab_only=True, n_ctx=64, verbose=True, chat_format=chat_format
         )
     log.debug("%s", printed.getvalue())
-    llm.verbose = False
-    return llm
+    return llm  # still verbose: a quiet Llama swaps the process's stdout and stderr when it closes
 
 
 def _size_mb(path: str) -> float:

@@ -88,6 +88,9 @@ class _PromptCapture:
     the vocabulary-only model's, except ``create_completion``, which is where the
     handler hands over the prompt it rendered and tokenized."""
 
+    verbose = False
+    """Quiet for what the handler builds from it (a tool's grammar would print to stderr)."""
+
     def __init__(self, llm: Any) -> None:
         self._llm = llm
 
