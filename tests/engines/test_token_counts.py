@@ -41,11 +41,15 @@ EOS = {  # a legacy prompt the model ends at its end-of-sequence token (id 1, ma
 
 
 def _config(engine: RealEngine) -> str:
+    return _product("lcp", engine) + _product("review", engine, 'missing_usage = "reconcile"\n')
+
+
+def _product(product: str, engine: RealEngine, knobs: str = "") -> str:
     return f"""
-[products.lcp]
-[[products.lcp.deployments]]
+[products.{product}]
+{knobs}[[products.{product}.deployments]]
 engine = "openai"
-name = "lcp-main"
+name = "{product}-main"
 base_url = "{engine.base_url}"
 model = "{engine.model}"
 slots = 1
@@ -156,3 +160,18 @@ def test_a_prompt_over_the_engines_context_is_refused_before_the_book(
     assert all(b.failures == 0 for b in market._breakers)
     ok = collect_sse(gw, {"model": "lcp", **CHAT}, timeout=TIMEOUT_S)
     assert ok.status == 200 and ok.text(), ok.raw
+
+
+def test_a_counted_stream_is_settled_not_sent_to_review(gw: Gateway, llama_cpp_python: RealEngine) -> None:
+    """``missing_usage = "reconcile"`` holds a stream whose usage was estimated for an
+    operator; a stream the gateway counted with the engine's tokenizer is charged at once."""
+    res = collect_sse(
+        gw,
+        {"model": "review", **LEGACY, "stream_options": {"include_usage": True}},
+        path="/v1/completions",
+        timeout=TIMEOUT_S,
+    )
+    assert res.status == 200, res.raw
+    assert res.chunks[-1]["receipt"]["outcome"] == "completed", res.chunks[-1]
+    r = gw.admin("GET", "/admin/holds", params={"account": gw.account, "state": "reconciling"})
+    assert r.status_code == 200 and r.json()["data"] == [], r.text
