@@ -7,7 +7,11 @@ tokenizer and the server's ``n_ctx``, so a prompt over the engine's context is a
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,7 +19,8 @@ import pytest
 
 from tests.e2e.money.support import expected_cost
 from tests.support.gateway import Gateway, running_gateway
-from tests.support.real_engines import RealEngine, packaged_gguf
+from tests.support.processes import free_port
+from tests.support.real_engines import SERVED_MODEL, RealEngine, _stop, _wait_ready, packaged_gguf
 from tests.support.sse import collect_sse
 
 FLOOR = 0.37  # USD per 1M tokens: the charge's rounding shows every token
@@ -175,3 +180,77 @@ def test_a_counted_stream_is_settled_not_sent_to_review(gw: Gateway, llama_cpp_p
     assert res.chunks[-1]["receipt"]["outcome"] == "completed", res.chunks[-1]
     r = gw.admin("GET", "/admin/holds", params={"account": gw.account, "state": "reconciling"})
     assert r.status_code == 200 and r.json()["data"] == [], r.text
+
+
+# -- llama.cpp's llama-server: it counts itself ------------------------------------------
+
+LLAMA_SERVER = Path(os.environ.get("BOURSE_LLAMA_SERVER", "~/.cache/bourse/llama-server/0.3.36/llama-server"))
+"""The binary built from llama-cpp-python's vendored llama.cpp (the harness's
+``scripts/build-llama-server`` puts it here)."""
+
+
+@contextmanager
+def _llama_server(folder: Path) -> Iterator[RealEngine]:
+    """``llama-server`` with the packaged GGUF, one slot (without repacked weights on an
+    AMX CPU: see ``bourse.engines.llamacpp._model_params``)."""
+    from bourse.engines.llamacpp import has_amx
+
+    binary = LLAMA_SERVER.expanduser()
+    assert binary.exists(), f"llama-server is not built at {binary} (scripts/build-llama-server)"
+    port = free_port()
+    log = folder / f"llama-server-{port}.log"
+    args = [
+        str(binary), "--model", packaged_gguf(), "--alias", SERVED_MODEL, "--host", "127.0.0.1",
+        "--port", str(port), "--ctx-size", "2048", "--parallel", "1", "--threads", "2",
+        *(["--no-repack"] if has_amx() else []),
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    root = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(root + "/health", proc, log, 120.0)
+        yield RealEngine("llama.cpp", root, SERVED_MODEL, 2048, log, proc)
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
+    with _llama_server(tmp_path_factory.mktemp("llama-server")) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), [("/chat/completions", CHAT), ("/completions", LEGACY)], ids=["chat", "legacy"]
+)
+def test_a_llama_server_stream_is_charged_its_own_usage(
+    llama_server: RealEngine, path: str, body: dict[str, Any]
+) -> None:
+    """llama-server sends usage on a stream when asked (``stream_options``), so a
+    deployment in front of it needs no tokenizer: the charge is the engine's count."""
+    config = f"""
+[products.ls]
+[[products.ls.deployments]]
+engine = "openai"
+base_url = "{llama_server.base_url}"
+model = "{llama_server.model}"
+slots = 1
+floor = {FLOOR}
+first_byte_timeout_s = {TIMEOUT_S}
+"""
+    want = _direct(llama_server, path, body)
+    with running_gateway(config) as g:
+        res = collect_sse(
+            g,
+            {"model": "ls", **body, "stream_options": {"include_usage": True}},
+            path="/v1" + path,
+            timeout=TIMEOUT_S,
+        )
+    assert res.status == 200, res.raw
+    assert res.text() == _text(want, path == "/chat/completions") and res.text()
+    usage = res.chunks[-1]["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        want["usage"]["prompt_tokens"],
+        want["usage"]["completion_tokens"],
+    ), (usage, want["usage"])
+    assert "usage_estimated" not in usage
