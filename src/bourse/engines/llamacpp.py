@@ -18,6 +18,8 @@
   (the stop token excluded).
 - llama.cpp's own log lines go to the ``bourse.llamacpp`` logger at DEBUG (its errors
   at WARNING), so a model load does not bury the start-up messages.
+- :func:`load_vocab` loads a GGUF's vocabulary alone, for the ``openai`` engine's count
+  of an upstream's tokens (:mod:`bourse.engines.upstream_tokens`).
 - ``max_tokens`` and ``stop`` are honoured (text that may begin a stop string is held
   back until it is known not to); ``temperature``, ``top_p`` and ``seed`` are passed
   to the sampler.

@@ -10,9 +10,10 @@ that the upstream ran and failed, 500 or 502; a refusal such as a context length
 error is final), and the stream's three steps: connect (send, status, first
 bytes), parse (the project's SSE parser, on the hot path, hands each upstream chunk on
 as it arrives and keeps the upstream's usage aside) and finish (``[DONE]`` seen, the
-usage as a :class:`UsageEvent`, or, when the upstream sent none and the engine has a
-counter (:mod:`bourse.engines.upstream_tokens`), the engine's own counts). Closing the generator closes the upstream response, so the
-upstream sees its connection go away and aborts the generation.
+usage as a :class:`UsageEvent`: the upstream's, or, when it sent none and the
+deployment has a counter (:mod:`bourse.engines.upstream_tokens`), the engine's own
+counts). Closing the generator closes the upstream response, so the upstream sees its
+connection go away and aborts the generation.
 
 The API key is sent only as a header; it never appears in a failure message.
 """
@@ -589,8 +590,8 @@ class OpenAIHTTPEngine(Engine):
             if not self._warned_estimate:
                 self._warned_estimate = True
                 log.warning(
-                    "%s: the upstream sent no usage on a stream and bourse cannot count its tokens "
-                    "(set the deployment's tokenizer): streams are charged the gateway's estimate "
+                    "%s: the upstream sent no usage on a stream and bourse has no tokenizer loaded "
+                    "for it (the deployment's tokenizer): streams are charged the gateway's estimate "
                     "(usage_estimated)",
                     self.name,
                 )
