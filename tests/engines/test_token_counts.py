@@ -20,7 +20,14 @@ import pytest
 from tests.e2e.money.support import expected_cost
 from tests.support.gateway import Gateway, running_gateway
 from tests.support.processes import free_port
-from tests.support.real_engines import SERVED_MODEL, RealEngine, _stop, _wait_ready, packaged_gguf
+from tests.support.real_engines import (
+    SERVED_MODEL,
+    RealEngine,
+    _stop,
+    _wait_ready,
+    llama_cpp_python_server,
+    packaged_gguf,
+)
 from tests.support.sse import collect_sse
 
 FLOOR = 0.37  # USD per 1M tokens: the charge's rounding shows every token
@@ -49,7 +56,7 @@ def _config(engine: RealEngine) -> str:
     return _product("lcp", engine) + _product("review", engine, 'missing_usage = "reconcile"\n')
 
 
-def _product(product: str, engine: RealEngine, knobs: str = "") -> str:
+def _product(product: str, engine: RealEngine, knobs: str = "", deployment: str = "") -> str:
     return f"""
 [products.{product}]
 {knobs}[[products.{product}.deployments]]
@@ -62,7 +69,7 @@ floor = {FLOOR}
 tokenizer = "{packaged_gguf()}"
 n_ctx = {engine.n_ctx}
 first_byte_timeout_s = {TIMEOUT_S}
-"""
+{deployment}"""
 
 
 @pytest.fixture(scope="module")
@@ -92,12 +99,18 @@ def _text(doc: dict[str, Any], chat: bool) -> str:
 def test_a_stream_is_charged_the_engines_own_count(
     gw: Gateway, llama_cpp_python: RealEngine, path: str, body: dict[str, Any]
 ) -> None:
+    _assert_charged_as_the_engine_counts(gw, llama_cpp_python, "lcp", path, body)
+
+
+def _assert_charged_as_the_engine_counts(
+    gw: Gateway, engine: RealEngine, product: str, path: str, body: dict[str, Any]
+) -> None:
     chat = path == "/chat/completions"
-    _direct(llama_cpp_python, path, body)  # the engine's first run of a prompt may differ: warm it
-    want = _direct(llama_cpp_python, path, body)
+    _direct(engine, path, body)  # the engine's first run of a prompt may differ: warm it
+    want = _direct(engine, path, body)
     res = collect_sse(
         gw,
-        {"model": "lcp", **body, "stream_options": {"include_usage": True}},
+        {"model": product, **body, "stream_options": {"include_usage": True}},
         path="/v1" + path,
         timeout=TIMEOUT_S,
     )
@@ -105,7 +118,7 @@ def test_a_stream_is_charged_the_engines_own_count(
     assert res.kinds()[-2:] == ["usage", "DONE"], res.kinds()
     # the same generation as the engine's own (else the counts could not be compared)
     assert res.text() == _text(want, chat)
-    if body is EOS:
+    if "logit_bias" in body:  # the cases that end at the end-of-sequence token
         assert want["choices"][0]["finish_reason"] == "stop" and want["usage"]["completion_tokens"] > 0, want
     usage = res.chunks[-1]["usage"]
     engine_usage = want["usage"]
@@ -123,6 +136,35 @@ def test_a_stream_is_charged_the_engines_own_count(
     assert record["usage"]["completion_tokens"] == engine_usage["completion_tokens"], record
     assert not record["usage"].get("usage_estimated"), record
     assert record["usage"]["cost_micros"] == cost, record
+
+
+GEMMA_EOS = {  # a chat the model ends at its end-of-sequence token (after 7 tokens)
+    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    "temperature": 0,
+    "seed": 7,
+    "logit_bias": {"1": 6},
+    "max_tokens": 100,
+}
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, RealEngine]]:
+    """The server started with ``--chat_format gemma`` (its chat answers have content), and
+    a deployment that names that format."""
+    folder = tmp_path_factory.mktemp("llama-cpp-python-gemma")
+    with (
+        llama_cpp_python_server(folder, extra_args=("--chat_format", "gemma")) as engine,
+        running_gateway(_product("gemma", engine, deployment='chat_format = "gemma"\n')) as g,
+    ):
+        yield g, engine
+
+
+@pytest.mark.parametrize("body", [CHAT, GEMMA_EOS], ids=["max-tokens", "eos"])
+def test_a_stream_in_the_servers_chat_format_is_charged_its_own_count(
+    gemma: tuple[Gateway, RealEngine], body: dict[str, Any]
+) -> None:
+    gw, engine = gemma
+    _assert_charged_as_the_engine_counts(gw, engine, "gemma", "/chat/completions", body)
 
 
 def _posts(engine: RealEngine) -> int:
