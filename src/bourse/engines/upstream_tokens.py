@@ -135,6 +135,8 @@ class GGUFTokens:
         self._load = load
         self._llm: Any = None
         self._pool: ThreadPoolExecutor | None = None
+        self._failed = False
+        """A prompt could not be counted once (said at WARNING; later ones at DEBUG)."""
 
     @property
     def context_length(self) -> int | None:
@@ -171,7 +173,11 @@ class GGUFTokens:
         try:
             return await loop.run_in_executor(self._pool, self.count_prompt, kind, body)
         except Exception as exc:  # a template that refuses these messages, a malformed body
-            log.warning("%s: cannot count the prompt's tokens (%s: %s)", self.name, type(exc).__name__, exc)
+            # at WARNING the first time, then at DEBUG: a client's odd prompts must not flood the log
+            level = logging.DEBUG if self._failed else logging.WARNING
+            self._failed = True
+            log.log(level, "%s: cannot count a prompt's tokens (%s: %s); that request is charged the "
+                    "gateway's estimate", self.name, type(exc).__name__, exc)  # fmt: skip
             return None
 
     def completion_tokens(self, chunks: int) -> int:
