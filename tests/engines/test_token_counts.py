@@ -53,7 +53,11 @@ EOS = {  # a legacy prompt the model ends at its end-of-sequence token (id 1, ma
 
 
 def _config(engine: RealEngine) -> str:
-    return _product("lcp", engine) + _product("review", engine, 'missing_usage = "reconcile"\n')
+    return (
+        _product("lcp", engine)
+        + _product("review", engine, 'missing_usage = "reconcile"\n')
+        + _product("streamed", engine, deployment="always_stream = true\n")
+    )
 
 
 def _product(product: str, engine: RealEngine, knobs: str = "", deployment: str = "") -> str:
@@ -165,6 +169,27 @@ def test_a_stream_in_the_servers_chat_format_is_charged_its_own_count(
 ) -> None:
     gw, engine = gemma
     _assert_charged_as_the_engine_counts(gw, engine, "gemma", "/chat/completions", body)
+
+
+def test_a_non_streamed_request_streamed_upstream_is_charged_the_engines_own_count(
+    gw: Gateway, llama_cpp_python: RealEngine
+) -> None:
+    """``always_stream = true``: the client asks for one answer, the upstream is asked for
+    a stream (without usage, from this server): counted all the same."""
+    _direct(llama_cpp_python, "/completions", LEGACY)
+    want = _direct(llama_cpp_python, "/completions", LEGACY)
+    r = httpx.post(
+        gw.v1 + "/completions", json={"model": "streamed", **LEGACY}, headers=gw.headers, timeout=TIMEOUT_S
+    )
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["choices"][0]["text"] == want["choices"][0]["text"]
+    usage = doc["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        want["usage"]["prompt_tokens"],
+        want["usage"]["completion_tokens"],
+    ), (usage, want["usage"])
+    assert "usage_estimated" not in usage
 
 
 def _posts(engine: RealEngine) -> int:
