@@ -78,6 +78,12 @@ def build_engine(
     from bourse.engines.openai_http import OpenAIHTTPEngine
 
     assert dep.base_url is not None and dep.model is not None
+    tokens = None
+    if dep.tokenizer is not None:
+        from bourse.engines.upstream_tokens import GGUFTokens
+
+        tokens = GGUFTokens(dep.tokenizer, n_ctx=dep.upstream_n_ctx(), chat_format=dep.upstream_chat_format(),
+                            name=name or product)  # fmt: skip
     engine = OpenAIHTTPEngine(
         dep.base_url,
         dep.model,
@@ -91,6 +97,7 @@ def build_engine(
         api=dep.api,
         flavor=dep.flavor,
         availability=availability if dep.probe_interval_s > 0 else None,
+        tokens=tokens,
     )
     return engine, dep.model
 

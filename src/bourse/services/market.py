@@ -239,9 +239,10 @@ class Market:
         )
 
     def token_counter(self) -> TokenCounter | None:
-        """An engine of this product that counts prompt tokens exactly and is loaded."""
+        """An engine of this product that counts prompt tokens exactly and is loaded (an
+        ``openai`` engine is a counter only with a tokenizer and its upstream's context)."""
         for e in self._counters:
-            if e.loaded:
+            if e.loaded and e.context_length > 0:
                 return e
         return None
 
