@@ -7,41 +7,19 @@
   counted once; either way the next client is served;
 - a stream the server interrupts to serve another request (``[DONE]`` without a
   ``finish_reason``) ends with an error frame, recorded as an error, never completed.
-
-The server refuses an ``x-request-id`` that is not a UUID (400, empty body); until the
-deployment's flavour decides the headers, the gateway's ids are sent here as UUIDs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bourse.engines.openai_http import OpenAIHTTPEngine
-from bourse.ports.engine import GenerationRequest
 from tests.support.gateway import Gateway, running_gateway
 from tests.support.real_engines import RealEngine
 from tests.support.sse import SSEResult, collect_sse, open_sse
-
-
-@pytest.fixture(scope="module", autouse=True)
-def uuid_request_ids() -> Iterator[None]:
-    original = OpenAIHTTPEngine._post
-
-    def post(self: OpenAIHTTPEngine, request: GenerationRequest, body: dict[str, Any], *, json: bool) -> Any:
-        rid = str(uuid.uuid5(uuid.NAMESPACE_URL, request.request_id))
-        return original(self, dataclasses.replace(request, request_id=rid), body, json=json)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(OpenAIHTTPEngine, "_post", post)
-        yield
 
 
 def config(engine: RealEngine, *, context_length: int | None = None, slots: int = 1) -> str:

@@ -3,15 +3,14 @@ by probing (``GET /props``), ``slots`` from its ``total_slots`` (a configured ``
 above it capped, with a WARNING), and the engine seen queueing requests itself
 (``llamacpp:requests_deferred`` on ``/metrics``) shrinking the effective slots.
 
-The server is the binary ``scripts/build-llama-server`` caches (the harness's build of
-the llama.cpp that llama-cpp-python vendors); started here with ``--parallel 2``.
+The server is the binary ``scripts/build-llama-server`` caches (the llama.cpp that
+llama-cpp-python vendors), started by ``tests.support.real_engines.llama_server``, here
+with ``--parallel 2``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,50 +21,16 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import real_engines
 from tests.support.gateway import Gateway, running_gateway
-from tests.support.processes import free_port
-from tests.support.real_engines import SERVED_MODEL, packaged_gguf
-
-BINARY = Path(
-    os.environ.get("BOURSE_LLAMA_SERVER", "~/.cache/bourse/llama-server/0.3.36/llama-server")
-).expanduser()
+from tests.support.real_engines import SERVED_MODEL
 
 
 @contextmanager
 def llama_server(folder: Path, parallel: int) -> Iterator[str]:
-    """llama-server on a free port with the packaged GGUF; yields its root URL.
-    ``--no-repack``: its AMX path crashes on this kind of CPU (as llama-cpp-python's does)."""
-    if not BINARY.exists():
-        pytest.fail(f"llama-server is not built at {BINARY} (scripts/build-llama-server builds it)")
-    port = free_port()
-    log = folder / f"llama-server-{port}.log"
-    args = [
-        str(BINARY), "--model", packaged_gguf(), "--alias", SERVED_MODEL, "--host", "127.0.0.1",
-        "--port", str(port), "--ctx-size", "2048", "--parallel", str(parallel), "--threads", "2",
-        "--metrics", "--no-repack",
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    root = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "llama-server did not become healthy"
-            try:
-                if httpx.get(root + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        yield root
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    """llama-server (``tests.support.real_engines``) with ``parallel`` slots; its root URL."""
+    with real_engines.llama_server(folder, parallel=parallel) as engine:
+        yield engine.root
 
 
 @pytest.fixture(scope="module")

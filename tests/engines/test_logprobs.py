@@ -7,10 +7,7 @@ the engine for one answer (the default) or for a stream it folded back into one
 (``always_stream = true``).
 
 The engine here is started with ``--chat_format gemma``: with its default (it falls back
-to ``llama-2`` for this GGUF) the model ends every chat answer at once, empty. The
-gateway reaches it through :func:`_without_request_id`, a loopback proxy that drops the
-``x-request-id`` header the engine refuses (issue 34, defect 1, fixed on another branch:
-drop the proxy once that fix is merged)."""
+to ``llama-2`` for this GGUF) the model ends every chat answer at once, empty."""
 
 from __future__ import annotations
 
@@ -20,15 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.applications import Starlette
-from starlette.background import BackgroundTask
-from starlette.requests import Request
-from starlette.responses import StreamingResponse
-from starlette.routing import Route
 
 from tests.support.gateway import Gateway, running_gateway
 from tests.support.real_engines import RealEngine, llama_cpp_python_server
-from tests.support.servers import serve_app_in_thread
 
 PRODUCTS = ("whole", "streamed")
 """``whole``: the engine is asked for one answer; ``streamed``: ``always_stream``, the
@@ -53,33 +44,6 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
         yield e
 
 
-def _without_request_id(root: str) -> Starlette:
-    """A proxy to ``root`` that forwards each POST (streamed both ways) without ``x-request-id``."""
-
-    async def forward(request: Request) -> StreamingResponse:
-        headers = {
-            k: v for k, v in request.headers.items() if k not in ("x-request-id", "host", "content-length")
-        }
-        client = httpx.AsyncClient(timeout=120)
-        upstream = await client.send(
-            client.build_request(
-                "POST", root + request.url.path, content=await request.body(), headers=headers
-            ),
-            stream=True,
-        )
-
-        async def close() -> None:
-            await upstream.aclose()
-            await client.aclose()
-
-        kept = {k: v for k, v in upstream.headers.items() if k in ("content-type",)}
-        return StreamingResponse(
-            upstream.aiter_raw(), upstream.status_code, kept, background=BackgroundTask(close)
-        )
-
-    return Starlette(routes=[Route("/{path:path}", forward, methods=["POST"])])
-
-
 @pytest.fixture(scope="module")
 def gw(engine: RealEngine) -> Iterator[Gateway]:
     config = "".join(
@@ -94,10 +58,7 @@ always_stream = {"true" if name == "streamed" else "false"}
 """
         for name in PRODUCTS
     )
-    with (
-        serve_app_in_thread(_without_request_id(engine.root)) as proxy,
-        running_gateway(config.replace(engine.root, proxy)) as g,
-    ):
+    with running_gateway(config) as g:
         yield g
 
 

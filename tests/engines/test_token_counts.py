@@ -7,11 +7,8 @@ tokenizer and the server's ``n_ctx``, so a prompt over the engine's context is a
 
 from __future__ import annotations
 
-import os
-import subprocess
+import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,12 +16,8 @@ import pytest
 
 from tests.e2e.money.support import expected_cost
 from tests.support.gateway import Gateway, running_gateway
-from tests.support.processes import free_port
 from tests.support.real_engines import (
-    SERVED_MODEL,
     RealEngine,
-    _stop,
-    _wait_ready,
     llama_cpp_python_server,
     packaged_gguf,
 )
@@ -251,41 +244,6 @@ def test_a_counted_stream_is_settled_not_sent_to_review(gw: Gateway, llama_cpp_p
 
 # -- llama.cpp's llama-server: it counts itself ------------------------------------------
 
-LLAMA_SERVER = Path(os.environ.get("BOURSE_LLAMA_SERVER", "~/.cache/bourse/llama-server/0.3.36/llama-server"))
-"""The binary built from llama-cpp-python's vendored llama.cpp (the harness's
-``scripts/build-llama-server`` puts it here)."""
-
-
-@contextmanager
-def _llama_server(folder: Path) -> Iterator[RealEngine]:
-    """``llama-server`` with the packaged GGUF, one slot (without repacked weights on an
-    AMX CPU: see ``bourse.engines.llamacpp._model_params``)."""
-    from bourse.engines.llamacpp import has_amx
-
-    binary = LLAMA_SERVER.expanduser()
-    assert binary.exists(), f"llama-server is not built at {binary} (scripts/build-llama-server)"
-    port = free_port()
-    log = folder / f"llama-server-{port}.log"
-    args = [
-        str(binary), "--model", packaged_gguf(), "--alias", SERVED_MODEL, "--host", "127.0.0.1",
-        "--port", str(port), "--ctx-size", "2048", "--parallel", "1", "--threads", "2",
-        *(["--no-repack"] if has_amx() else []),
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    root = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(root + "/health", proc, log, 120.0)
-        yield RealEngine("llama.cpp", root, SERVED_MODEL, 2048, log, proc)
-    finally:
-        _stop(proc)
-
-
-@pytest.fixture(scope="module")
-def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealEngine]:
-    with _llama_server(tmp_path_factory.mktemp("llama-server")) as engine:
-        yield engine
-
 
 @pytest.mark.parametrize(
     ("path", "body"), [("/chat/completions", CHAT), ("/completions", LEGACY)], ids=["chat", "legacy"]
@@ -321,3 +279,17 @@ first_byte_timeout_s = {TIMEOUT_S}
         want["usage"]["completion_tokens"],
     ), (usage, want["usage"])
     assert "usage_estimated" not in usage
+
+
+def test_a_deployment_without_a_tokenizer_is_named_at_start(
+    llama_cpp_python: RealEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In front of a server that never sends usage on streams (found by the start
+    probe), a deployment with no tokenizer is named in a WARNING at start, before any
+    stream is charged an estimate; one with a tokenizer is not."""
+    counted = _product("counted", llama_cpp_python)
+    uncounted = _product("uncounted", llama_cpp_python).replace(f'tokenizer = "{packaged_gguf()}"\n', "")
+    with caplog.at_level(logging.WARNING, "bourse.engines"), running_gateway(counted + uncounted):
+        said = [r.getMessage() for r in caplog.records if "sends no usage on streams" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith("uncounted-main:") and "llama-cpp-python" in said[0], said

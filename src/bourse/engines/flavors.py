@@ -40,6 +40,7 @@ __all__ = [
     "read_capacity",
     "request_id_header",
     "root_of",
+    "sends_stream_usage",
     "served_models",
 ]
 
@@ -66,6 +67,15 @@ def uuid_form(request_id: str) -> str:
     if _HEX.fullmatch(tail):
         return str(uuid.UUID(hex=tail.rjust(32, "0")))
     return str(uuid.uuid5(uuid.NAMESPACE_URL, request_id))
+
+
+def sends_stream_usage(flavor: str) -> bool | None:
+    """Whether the flavour's streams carry usage when asked (``stream_options``): False
+    for llama-cpp-python's server (never), True for llama-server and vLLM, None (not
+    known) for any other server."""
+    if flavor == "llama-cpp-python":
+        return False
+    return True if flavor in ("llama.cpp", "vllm") else None
 
 
 def request_id_header(flavor: str, request_id: str) -> str:

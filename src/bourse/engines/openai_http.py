@@ -708,6 +708,7 @@ class OpenAIHTTPEngine(Engine):
         try:
             if self._flavor == "auto":
                 self._flavor = await flavors.detect(self._fetch, self._root)
+            self._warn_uncounted()
             reason, listing = await self._check()
         except (TimeoutError, aiohttp.ClientError) as exc:
             reason, listing = self._unreachable(exc), None
@@ -716,6 +717,21 @@ class OpenAIHTTPEngine(Engine):
         cap = await flavors.read_capacity(self._fetch, self._root, self._flavor)
         context = cap.context_length or flavors.context_of(listing, self._model)
         return Probe(None, self._flavor, cap.slots, cap.waiting, context)
+
+    def _warn_uncounted(self) -> None:
+        """Once, as soon as the flavour is known: a WARNING naming the deployment when its
+        server sends no usage on streams and the deployment has no tokenizer to count
+        with (its streams are then charged the gateway's estimate, ``usage_estimated``)."""
+        if self._warned_estimate or self._tokens is not None:
+            return
+        if flavors.sends_stream_usage(self._flavor) is False:
+            self._warned_estimate = True
+            log.warning(
+                "%s: its upstream (%s) sends no usage on streams and the deployment has no tokenizer: "
+                "streams are charged the gateway's estimate (usage_estimated); set tokenizer to the "
+                "GGUF the server runs for its own counts (docs/engines.md)",
+                self.name, self._flavor,
+            )  # fmt: skip
 
     def _unreachable(self, exc: BaseException) -> str:
         """A probe's transport failure, in one line (no address)."""
