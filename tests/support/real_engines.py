@@ -191,3 +191,83 @@ def llama_server(
         yield RealEngine("llama.cpp", root, SERVED_MODEL, n_ctx, log, proc)
     finally:
         _stop(proc)
+
+
+VLLM_START_TIMEOUT_S = 900.0
+"""vLLM's first start compiles the model's graphs (three minutes here on a busy 2-core
+machine; about one when the compile cache of ``VLLM_CACHE_ROOT`` is warm)."""
+
+
+def _vllm_env(kv_cache_gib: int) -> dict[str, str]:
+    """The environment vLLM's CPU build runs in here: its KV cache size, no CPU pinning
+    (the cores are shared), every address on loopback, and nothing fetched or reported
+    over the network (the model is a local folder)."""
+
+    return {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server started in its own session, with the children it spawned (vLLM
+    runs its engine core and worker as child processes)."""
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+
+
+@contextmanager
+def vllm_server(
+    folder: Path,
+    *,
+    python: str,
+    log_dir: Path,
+    max_model_len: int = 2048,
+    kv_cache_gib: int = 1,
+    extra_args: tuple[str, ...] = (),
+    start_timeout_s: float = VLLM_START_TIMEOUT_S,
+) -> Iterator[RealEngine]:
+    """vLLM's OpenAI server (the ``vllm-cpu`` build, run by ``python``, a virtualenv of
+    its own) serving the Hugging Face model ``folder`` as :data:`SERVED_MODEL`, ready
+    once ``/health`` answers 200. ``--enable-log-requests`` makes it log each request's
+    id as it arrives and ``Request <id> aborted.`` when its client goes away."""
+    port = free_port()
+    log = log_dir / f"vllm-{port}.log"
+    args = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(folder), "--served-model-name", SERVED_MODEL,
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
+        "--enable-log-requests",
+        *extra_args,
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_vllm_env(kv_cache_gib),
+            start_new_session=True,
+        )
+    root = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(root + "/health", proc, log, start_timeout_s)
+        yield RealEngine("vllm", root, SERVED_MODEL, max_model_len, log, proc)
+    finally:
+        _stop_group(proc)
