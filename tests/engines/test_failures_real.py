@@ -103,11 +103,13 @@ def test_a_prompt_over_an_unknown_context_is_counted_once_and_opens_no_breaker(
 
 
 def test_an_interrupted_stream_ends_with_an_error_frame(llama_cpp_python: RealEngine) -> None:
-    """Two streamed clients through a product of 2 slots on the one engine: the second's
+    """Two streamed clients of two products that share the one engine (each product's
+    one slot is the engine's own capacity, so both run at once there): the second's
     arrival makes the server stop the first (``[DONE]``, no ``finish_reason``)."""
-    with running_gateway(config(llama_cpp_python, slots=2)) as gw:
+    shared = config(llama_cpp_python) + config(llama_cpp_python).replace("products.real", "products.other")
+    with running_gateway(shared) as gw:
         long = {"model": "real", "stream": True, "prompt": "Once upon a time", "max_tokens": 200}
-        short = {"model": "real", "stream": True, "prompt": "The sea is", "max_tokens": 8}
+        short = {"model": "other", "stream": True, "prompt": "The sea is", "max_tokens": 8}
         second: list[SSEResult] = []
         thread = threading.Thread(
             target=lambda: second.append(collect_sse(gw, short, path="/v1/completions", timeout=120))

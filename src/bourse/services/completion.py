@@ -907,8 +907,8 @@ class Run:
         gateway's estimate against the product's context length; else ``failure``
         (transient, counted once per request on the breaker)."""
         engine, context, n = self.market.engines.get(deployment), self.market.context_length, None
-        if isinstance(engine, TokenCounter) and engine.loaded:
-            try:
+        if isinstance(engine, TokenCounter) and engine.loaded and engine.context_length > 0:
+            try:  # (an engine that does not know its context says 0: the product's stands)
                 n = await engine.count_prompt_tokens(self.kind, self.body)
             except Exception:  # the count is a best effort: the failure stays what it was
                 log.warning(
