@@ -6,19 +6,23 @@
   when the product's context length says the prompt cannot fit, else an upstream error
   counted once; either way the next client is served;
 - a stream the server interrupts to serve another request (``[DONE]`` without a
-  ``finish_reason``) ends with an error frame, recorded as an error, never completed.
+  ``finish_reason``) ends with an error frame, recorded as an error, never completed;
+- a non-streamed request that timed out reaches the engine once (its own server here).
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.gateway import Gateway, running_gateway
-from tests.support.real_engines import RealEngine
+from tests.support.real_engines import RealEngine, llama_cpp_python_server
 from tests.support.sse import SSEResult, collect_sse, open_sse
 
 
@@ -132,3 +136,77 @@ def test_an_interrupted_stream_ends_with_an_error_frame(llama_cpp_python: RealEn
         records = httpx.get(gw.v1 + "/usage", headers=gw.headers, timeout=30).json()["data"]
         outcomes = sorted(r["receipt"]["outcome"] for r in records)
         assert outcomes == ["completed", "error"], records
+
+
+class CountingProxy:
+    """A TCP relay on 127.0.0.1 in front of a real engine that counts the HTTP requests
+    whose request line starts with ``line`` (it only watches the bytes; the engine
+    answers). Runs its own event loop in a thread."""
+
+    def __init__(self, target_port: int, line: bytes) -> None:
+        self.count = 0
+        self._target_port = target_port
+        self._line = line
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, name="counting-proxy", daemon=True)
+        self.port = 0
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, count: bool) -> None:
+        try:
+            while data := await reader.read(65536):
+                if count:
+                    self.count += data.count(self._line)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target_port)
+        await asyncio.gather(self._pipe(reader, up_writer, True), self._pipe(up_reader, writer, False))
+
+    async def _start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def __enter__(self) -> CountingProxy:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def test_a_timed_out_non_streamed_request_is_not_sent_again(tmp_path: Path) -> None:
+    """Defect 6: a non-streamed request whose answer did not come within the deployment's
+    timeout is not sent again to the engine, which may still be generating it
+    (llama-cpp-python's server runs an abandoned non-streamed generation to its end): it
+    reaches the engine once and the client gets 504 ``upstream_timeout``, told not to retry."""
+    with llama_cpp_python_server(tmp_path, interrupt_requests=False) as engine:
+        port = int(engine.root.rsplit(":", 1)[1])
+        with CountingProxy(port, b"POST /v1/completions ") as proxy:
+            proxied = dataclasses.replace(engine, root=f"http://127.0.0.1:{proxy.port}")
+            settings = config(proxied) + "first_byte_timeout_s = 0.5\nread_timeout_s = 0.5\n"
+            with running_gateway(settings) as gw:
+                r = httpx.post(
+                    gw.v1 + "/completions", headers=gw.headers, timeout=120,
+                    json={"model": "real", "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0},
+                )  # fmt: skip
+                assert r.status_code == 504, r.text
+                assert r.json()["error"]["code"] == "upstream_timeout", r.text
+                assert r.headers["x-should-retry"] == "false"
+                # the engine finishes the abandoned generation; then one more answer through it
+                done = httpx.post(
+                    engine.base_url + "/completions", timeout=300,
+                    json={"model": engine.model, "prompt": "Hi", "max_tokens": 1},
+                )  # fmt: skip
+                assert done.status_code == 200, done.text
+                assert proxy.count == 1, f"the engine was sent the request {proxy.count} times"
+                assert breaker_openings(gw) == 0
