@@ -293,3 +293,28 @@ def test_a_deployment_without_a_tokenizer_is_named_at_start(
         said = [r.getMessage() for r in caplog.records if "sends no usage on streams" in r.getMessage()]
     assert len(said) == 1, said
     assert said[0].startswith("uncounted-main:") and "llama-cpp-python" in said[0], said
+
+
+def test_the_engines_own_context_bounds_the_product(llama_server: RealEngine) -> None:
+    """llama-server says its context (``/props``: n_ctx 2048 a slot); the product's
+    configured 8192 gives way to it: ``/v1/models`` lists 2048, and a prompt that
+    cannot fit it by the gateway's own lower bound (bytes / 8) is a 400 before the book."""
+    config = f"""
+[products.ls]
+context_length = 8192
+[[products.ls.deployments]]
+engine = "openai"
+base_url = "{llama_server.base_url}"
+model = "{llama_server.model}"
+first_byte_timeout_s = {TIMEOUT_S}
+"""
+    with running_gateway(config) as g:
+        model = httpx.get(g.v1 + "/models/ls", timeout=30).json()
+        assert model["context_length"] == llama_server.n_ctx, model
+        prompt = "The market opens at nine. " * 800  # 20,800 bytes: at least 2,600 tokens
+        r = httpx.post(
+            g.v1 + "/chat/completions", headers=g.headers, timeout=TIMEOUT_S,
+            json={"model": "ls", "messages": [{"role": "user", "content": prompt}], "stream": True},
+        )  # fmt: skip
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "context_length_exceeded", r.text

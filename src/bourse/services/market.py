@@ -64,7 +64,9 @@ class Market:
         """The product's ``default_bid`` as set, or None: the lowest available floor."""
         self._deployments = tuple(deployments)
         """This replica's view of each deployment: its availability (the probes) and breaker."""
-        self.context_length = context_length
+        self._context_length = context_length
+        self._engine_contexts: dict[str, int] = {}
+        """Each deployment's engine's own context, where its probe read one."""
         self.max_output_tokens = max_output_tokens
         self.supports_tools = supports_tools
         self.description = description
@@ -237,6 +239,23 @@ class Market:
             f"open); retry in {left:.1f} s.",
             retry_after_s=max(1, math.ceil(left)),
         )
+
+    @property
+    def context_length(self) -> int:
+        """The product's context length: as configured, or less when the engine of every
+        deployment said its own (the largest of those: a prompt that fits one of them can
+        be served). It bounds the pre-check and is what ``/v1/models`` lists."""
+        known = self._engine_contexts
+        if self.engines and len(known) == len(self.engines):
+            return min(self._context_length, max(known.values()))
+        return self._context_length
+
+    def engine_context(self, deployment: str, tokens: int | None) -> None:
+        """What a probe read of ``deployment``'s engine's context (None: it does not say)."""
+        if tokens is None or tokens <= 0:
+            self._engine_contexts.pop(deployment, None)
+        else:
+            self._engine_contexts[deployment] = tokens
 
     def token_counter(self) -> TokenCounter | None:
         """An engine of this product that counts prompt tokens exactly and is loaded (an

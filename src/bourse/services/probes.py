@@ -103,6 +103,9 @@ class Prober:
                 self._tell_book(target.product, d.name)  # renew the hold on the shared book
         if probe.reason is None:
             self._resize(target, probe)
+            market = self._markets.get(target.product)
+            if market is not None:
+                market.engine_context(d.name, probe.context_length)
 
     def _resize(self, target: ProbeTarget, probe: Probe) -> None:
         d = target.deployment
