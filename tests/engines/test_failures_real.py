@@ -182,6 +182,7 @@ class CountingProxy:
             self._server.close()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()  # (its self-pipe sockets, else left to the garbage collector)
 
 
 def test_a_timed_out_non_streamed_request_is_not_sent_again(tmp_path: Path) -> None:
