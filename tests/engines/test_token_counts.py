@@ -135,6 +135,30 @@ def _assert_charged_as_the_engine_counts(
     assert record["usage"]["cost_micros"] == cost, record
 
 
+STOPS: dict[
+    str, dict[str, Any]
+] = {  # legacy prompts cut at a client's stop string (bourse applies it: see _StopParse)
+    "one-token": {"prompt": "The capital of France is", "stop": ["."]},
+    "two-tokens": {"prompt": "1, 2, 3,", "stop": [" 7", "zzzq"]},
+    "never-met": {"prompt": "Once upon a time", "stop": "zzzq"},
+}
+
+
+@pytest.mark.parametrize("case", list(STOPS))
+def test_a_stream_cut_at_a_stop_string_is_charged_the_engines_own_count(
+    gw: Gateway, llama_cpp_python: RealEngine, case: str
+) -> None:
+    """The server counts the tokens that completed a stop string but never streams them:
+    bourse applies the stop strings itself, so the stream carries every token, and
+    charges what the server counts; the text and the finish reason are the server's."""
+    body = {**STOPS[case], "temperature": 0, "seed": 7, "max_tokens": 40}
+    _assert_charged_as_the_engine_counts(gw, llama_cpp_python, "lcp", "/completions", body)
+    want = _direct(llama_cpp_python, "/completions", body)["choices"][0]["finish_reason"]
+    res = collect_sse(gw, {"model": "lcp", **body, "stream": True}, path="/v1/completions", timeout=TIMEOUT_S)
+    assert [c["choices"][0]["finish_reason"] for c in res.content_chunks][-1] == want
+    assert want == ("length" if case == "never-met" else "stop")
+
+
 GEMMA_EOS = {  # a chat the model ends at its end-of-sequence token (after 7 tokens)
     "messages": [{"role": "user", "content": "What is the capital of France?"}],
     "temperature": 0,

@@ -49,6 +49,7 @@ from bourse.ports.engine import (
     UsageEvent,
 )
 from bourse.wire.chunks import stream_chunk
+from bourse.wire.stops import StopStrings, stop_list
 
 log = logging.getLogger("bourse.llamacpp")
 
@@ -224,59 +225,11 @@ class _Sampling(NamedTuple):
         temp, top_p, seed = body.get("temperature"), body.get("top_p"), body.get("seed")
         return cls(
             limit=max(0, min(int(limit), room)),
-            stop=[
-                s for s in ([stops] if isinstance(stops, str) else stops or []) if isinstance(s, str) and s
-            ],
+            stop=stop_list(stops),
             temperature=0.8 if temp is None else float(temp),
             top_p=0.95 if top_p is None else float(top_p),
             seed=seed if isinstance(seed, int) else None,
         )
-
-
-class _StopStrings:
-    """Cuts the answer at the first stop string; text that may be the start of one is
-    held back until the next piece shows it is not. With ``strip_lead``, the whitespace
-    the answer starts with is dropped."""
-
-    __slots__ = ("_held", "_lead", "_stops")
-
-    def __init__(self, stops: list[str], *, strip_lead: bool = False) -> None:
-        self._stops = stops
-        self._held = ""
-        self._lead = strip_lead
-
-    def push(self, piece: str) -> tuple[str, bool]:
-        """The text that can be shown now, and whether a stop string ended the answer
-        (the stop string and anything after it are dropped)."""
-        text, stopped = self._cut(self._held + piece)
-        if self._lead:
-            text = text.lstrip()
-            self._lead = not text
-        return text, stopped
-
-    def _cut(self, text: str) -> tuple[str, bool]:
-        if not self._stops:
-            return text, False
-        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self._held = ""
-            return text[:cut], True
-        keep = max(self._overlap(text, s) for s in self._stops)
-        self._held = text[len(text) - keep :]
-        return text[: len(text) - keep], False
-
-    @staticmethod
-    def _overlap(text: str, stop: str) -> int:
-        """The length of the longest end of ``text`` that begins ``stop``."""
-        for k in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:k]):
-                return k
-        return 0
-
-    def flush(self) -> str:
-        """The text still held: the answer ended without completing a stop string."""
-        held, self._held = self._held, ""
-        return held.lstrip() if self._lead else held
 
 
 class _AnswerChunks:
@@ -597,7 +550,7 @@ class LlamaCppEngine(Engine):
         """The answer's text as the tokens come; returns its finish reason (None when
         cancelled) and how many tokens it took (the stop token excluded)."""
         decoder = codecs.getincrementaldecoder("utf-8")("ignore")
-        stops = _StopStrings(sampling.stop, strip_lead=sampling.strip_lead)
+        stops = StopStrings(sampling.stop, strip_lead=sampling.strip_lead)
         emitted = unsent = 0  # unsent: tokens whose text is not out yet
         finish = "stop"  # the model's end token, or the end of its generator
         for token in tokens:

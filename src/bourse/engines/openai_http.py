@@ -57,6 +57,7 @@ from bourse.ports.engine import (
 )
 from bourse.wire.responses import UpstreamEvents, upstream_request
 from bourse.wire.sse import SSEParser
+from bourse.wire.stops import StopStrings, stop_list
 
 __all__ = ["OpenAIHTTPEngine"]
 
@@ -169,12 +170,15 @@ class _StreamParse:
     raise once those events are relayed.
     """
 
-    __slots__ = ("_failure_of", "_sse", "done", "failure", "finished", "output_began", "usage")
+    __slots__ = ("_failure_of", "_sse", "cut", "done", "failure", "finished", "output_began", "usage")
 
     def __init__(self, failure_of: Callable[[object, bool], EngineFailure]) -> None:
         self._sse = SSEParser()
         self._failure_of = failure_of
         self.done = False
+        self.cut = False
+        """The gateway ended the answer itself (a stop string, :class:`_StopParse`): the
+        upstream is still generating, so its connection is dropped, not reused."""
         self.finished = False
         """A choice came with its ``finish_reason``."""
         self.output_began = False
@@ -196,6 +200,8 @@ class _StreamParse:
                 if out:
                     out[-1].more = True
                 out.append(event)
+                if self.done:  # cut by the gateway (_StopParse): nothing after it counts
+                    break
             elif self.failure is not None:
                 break
         return out
@@ -263,6 +269,49 @@ class _CountingParse(_StreamParse):
         event = super()._event(payload)
         if event is not None:
             self.tokens += event.tokens
+        return event
+
+
+class _StopParse(_CountingParse):
+    """The parse step of a counted stream whose request's stop strings the gateway
+    applies itself (they were not sent upstream): an engine that never streams the
+    token completing a stop string still counts it, so only a stream that carries
+    every token can be counted as the engine counts. Text that may begin a stop string
+    is held back; at the first match the text is cut before it, the chunk that
+    completed it (counted) ends the answer with ``finish_reason: "stop"``, and the
+    stream is done (``cut``: the caller drops the upstream connection, so the engine
+    stops generating). One choice only (``n`` of 1)."""
+
+    __slots__ = ("_bare", "_field", "_stops")
+
+    def __init__(
+        self, failure_of: Callable[[object, bool], EngineFailure], stops: list[str], chat: bool
+    ) -> None:
+        super().__init__(failure_of)
+        self._stops = StopStrings(stops)
+        self._field = "content" if chat else "text"
+        self._bare = (self._field, "index", "finish_reason")
+        """The keys of a piece that carries only text (a held one may then be dropped)."""
+
+    def _event(self, payload: bytes) -> ChunkEvent | None:
+        event = super()._event(payload)
+        if event is None:
+            return None
+        choice = event.chunk["choices"][0]
+        part = choice.get("delta") if self._field == "content" else choice
+        if not isinstance(part, dict):
+            return event
+        text = part.get(self._field)
+        shown, stopped = self._stops.push(text) if isinstance(text, str) else ("", False)
+        if stopped:
+            choice["finish_reason"] = "stop"
+            self.finished = self.done = self.cut = True
+        elif choice.get("finish_reason"):
+            shown += self._stops.flush()  # the answer ended without completing a stop string
+        elif text and not shown and not any(v for k, v in part.items() if k not in self._bare):
+            return None  # all of it held back (may begin a stop string); counted all the same
+        if isinstance(text, str) or shown:
+            part[self._field] = shown
         return event
 
 
@@ -648,7 +697,12 @@ class OpenAIHTTPEngine(Engine):
     def _stream_parts(self, request: GenerationRequest) -> tuple[dict[str, Any], _StreamParse]:
         """The body to stream upstream and the parse step for its answer, by the upstream's API."""
         if self._api != "responses":
-            return self._stream_body(request.body), self._chat_parse()
+            body = self._stream_body(request.body)
+            stops = stop_list(body.get("stop")) if self._counting() else []
+            if stops and body.get("n", 1) == 1:
+                body = {k: v for k, v in body.items() if k != "stop"}  # applied here: see _StopParse
+                return body, _StopParse(self._stream_failure, stops, request.kind == "chat")
+            return body, self._chat_parse()
         if request.kind != "chat":
             raise EngineFailure(
                 "this deployment's upstream speaks the Responses API: legacy completions are not served",
@@ -667,7 +721,7 @@ class OpenAIHTTPEngine(Engine):
                     yield event
                 if parse.failure is not None:
                     raise parse.failure
-                if not piece:
+                if not piece or parse.cut:
                     break
                 try:
                     piece = await response.content.readany()
@@ -682,9 +736,9 @@ class OpenAIHTTPEngine(Engine):
             # so the upstream sees it go and stops generating
             response.close()
             raise
-        if parse.done:
+        if parse.done and not parse.cut:
             response.release()  # read to its end: the connection goes back to the pool
-        else:  # closed without [DONE] (llama-cpp-python then closes the connection too): not reused
+        else:  # cut by a stop string, or closed without [DONE] (llama-cpp-python then closes it too)
             response.close()
         usage = parse.finish()
         if usage is None or not self._upstream_counts:
@@ -782,8 +836,12 @@ class OpenAIHTTPEngine(Engine):
     def _chat_parse(self) -> _StreamParse:
         """The parse step of a chat or completion stream: counting its chunks while the
         engine has a counter and the upstream has not yet shown that it counts itself."""
-        counting = self._tokens is not None and not self._upstream_counts
-        return (_CountingParse if counting else _StreamParse)(self._stream_failure)
+        return (_CountingParse if self._counting() else _StreamParse)(self._stream_failure)
+
+    def _counting(self) -> bool:
+        """Whether this deployment counts its streams itself: it has a counter and its
+        upstream has not shown that it counts them."""
+        return self._tokens is not None and not self._upstream_counts
 
     async def _own_usage(
         self, request: GenerationRequest, parse: _StreamParse, usage: UsageEvent | None
