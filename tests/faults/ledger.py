@@ -7,14 +7,30 @@ without their usage record, and the holds of jobs not yet finished.
 :meth:`Books.assert_balanced` is the money invariant: credits = balances + holds +
 revenue, to the micro-USD, no balance below 0, and (at rest) every charge has its
 usage record, no request is charged twice, and the usage records add up to the revenue.
+
+:func:`check_ledger` is the suite's nine invariants in one check, run on every
+gateway's database after every fault test (tests/faults/conftest.py):
+
+1. credits = balances + open and reconciling holds + charges, overall and per account;
+2. no negative balance;
+3. no charge above its hold;
+4. every charge has its usage record of that cost, and every charged usage record its charge;
+5. no request charged twice;
+6. each capped key's spend counter = what its holds of the current period hold or charged;
+7. job and hold states agree (a finished job's hold is not open; a job's hold is of its request);
+8. each usage record's document says the cost of its column;
+9. a settled hold's charge is a whole number of micro-USD at or above 0 (no hold amount below 0).
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 TOTALS = (
     "SELECT "
@@ -113,3 +129,112 @@ def read_books(data_dir: Path, dsn: str | None) -> Books:
     with psycopg.connect(dsn, connect_timeout=10) as pg, pg.cursor() as cur:
         cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         return _books(cur)
+
+
+# -- the nine invariants ---------------------------------------------------------------
+
+PER_ACCOUNT = (
+    "SELECT a.id, a.balance_micros, "
+    "COALESCE((SELECT SUM(amount_micros) FROM credits c WHERE c.account_id = a.id), 0), "
+    "COALESCE((SELECT SUM(amount_micros) FROM holds h WHERE h.account_id = a.id "
+    "AND h.state IN ('open', 'reconciling')), 0), "
+    "COALESCE((SELECT SUM(charged_micros) FROM holds h WHERE h.account_id = a.id AND h.state = 'settled'), 0) "
+    "FROM accounts a"
+)
+ABOVE_HOLD = (
+    "SELECT id FROM holds WHERE charged_micros > amount_micros OR charged_micros < 0 OR amount_micros < 0"
+)
+UNCHARGED_RECORDS = (
+    "SELECT u.request_id FROM usage u WHERE u.cost_micros > 0 AND NOT EXISTS ("
+    "SELECT 1 FROM holds h WHERE h.request_id = u.request_id AND h.state = 'settled' "
+    "AND h.charged_micros = u.cost_micros)"
+)
+KEY_CAPS = (
+    "SELECT k.id, k.spend_micros, COALESCE((SELECT SUM(CASE WHEN h.state IN ('open', 'reconciling') "
+    "THEN h.amount_micros WHEN h.state = 'settled' THEN h.charged_micros ELSE 0 END) FROM holds h "
+    "WHERE h.key_id = k.id AND h.spend_period = k.spend_period), 0) "
+    "FROM api_keys k WHERE k.spend_cap_micros IS NOT NULL"
+)
+FINISHED_JOB_HOLDS = (
+    "SELECT j.id, j.status, h.state, h.request_id, j.request_id FROM jobs j JOIN holds h ON h.id = j.hold_id "
+    "WHERE (j.status NOT IN ('queued', 'running') AND h.state = 'open') OR h.request_id <> j.request_id"
+)
+RECORDS = "SELECT request_id, cost_micros, record FROM usage"
+
+
+def violations(cur: Any) -> tuple[list[str], list[str]]:
+    """What breaks the nine invariants in the snapshot ``cur`` reads: what no snapshot
+    may show, and what may only for a moment while work finishes (a finished job's
+    open hold)."""
+    out: list[str] = []
+    settling: list[str] = []
+    books = _books(cur)
+    if books.credits != books.balances + books.holds + books.revenue:
+        out.append(f"1: credits {books.credits} != balances {books.balances} + holds {books.holds} "
+                   f"+ charges {books.revenue}")  # fmt: skip
+    cur.execute(PER_ACCOUNT)
+    for account, balance, credited, held, charged in cur.fetchall():
+        if int(credited) != int(balance) + int(held) + int(charged):
+            out.append(f"1: account {account}: credits {credited} != {balance} + {held} + {charged}")
+        if int(balance) < 0:
+            out.append(f"2: account {account} balance {balance} < 0")
+    cur.execute(ABOVE_HOLD)
+    out += [f"3/9: hold {r[0]} charged above its amount (or below 0)" for r in cur.fetchall()]
+    out += [f"4: settled hold {h} has no usage record of its charge" for h in books.unrecorded]
+    cur.execute(UNCHARGED_RECORDS)
+    out += [f"4: usage record {r[0]} has a cost and no settled hold of that charge" for r in cur.fetchall()]
+    out += [f"5: request {r} charged twice" for r in books.charged_twice]
+    cur.execute(KEY_CAPS)
+    for key, counter, counted in cur.fetchall():
+        if int(counter) != int(counted):
+            out.append(f"6: key {key} spend counter {counter} != its holds' {counted}")
+    cur.execute(FINISHED_JOB_HOLDS)
+    for job, status, state, hold_request, job_request in cur.fetchall():
+        if hold_request != job_request:
+            out.append(f"7: job {job}'s hold is of request {hold_request}, not {job_request}")
+        else:
+            settling.append(f"7: job {job} is {status} and its hold still {state}")
+    cur.execute(RECORDS)
+    for request_id, cost, record in cur.fetchall():
+        doc = orjson.loads(record)
+        said = [
+            part.get("cost_micros")
+            for part in (doc.get("usage"), doc.get("receipt"))
+            if isinstance(part, dict)
+        ]
+        if any(v is not None and v != int(cost) for v in said):
+            out.append(f"8: usage record {request_id} says {said}, its column {cost}")
+    if books.usage_cost != books.revenue:
+        out.append(f"4: usage records cost {books.usage_cost} != charges {books.revenue}")
+    return out, settling
+
+
+def _snapshot(data_dir: Path, dsn: str | None) -> tuple[list[str], list[str]]:
+    if dsn is None:
+        conn = sqlite3.connect(f"file:{data_dir / 'bourse.db'}?mode=ro", uri=True, timeout=30)
+        try:
+            lite = conn.cursor()
+            lite.execute("BEGIN")
+            return violations(lite)
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(dsn, connect_timeout=10) as pg, pg.cursor() as cur:
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        return violations(cur)
+
+
+def check_ledger(data_dir: Path, dsn: str | None, *, settle_s: float = 5.0) -> None:
+    """Assert the nine invariants on a gateway's database. What holds in every snapshot
+    is asserted at once; a finished job's open hold is given ``settle_s`` to close (the
+    job's status is written before its hold is closed)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        broken, settling = _snapshot(data_dir, dsn)
+        assert not broken, f"ledger invariants broken ({len(broken)}): {(broken + settling)[:10]}"
+        if not settling:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"ledger invariants broken at rest ({len(settling)}): {settling[:10]}")
+        time.sleep(0.1)

@@ -20,6 +20,7 @@ import openai
 
 from bourse.container import Container, build
 from bourse.settings import Environment, parse_config
+from tests.support.ledgers import watched
 from tests.support.servers import serve_app_in_thread
 
 ADMIN_KEY = "bk_admin_test_key"
@@ -105,7 +106,7 @@ def running_gateway(
         folder = data_dir or tmp
         container = build(cfg, data_dir=folder, env=Environment(admin_key=ADMIN_KEY), database=database)
         container.announce = False
-        with serve_app_in_thread(container.app()) as url:
+        with watched(folder, database), serve_app_in_thread(container.app()) as url:
             gw = Gateway(url, container, api_key="", data_dir=folder)
             if gw.admin("GET", f"/admin/accounts/{gw.account}").status_code == 404:
                 gw.api_key = gw.new_account(gw.account, credit_usd)

@@ -20,6 +20,8 @@ from typing import IO
 
 import httpx
 
+from tests.support.ledgers import watched
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -75,42 +77,43 @@ def serve_process(
     config = tmp / f"{name}.toml"
     config.write_text(config_toml)
     last = ""
-    for attempt in range(3):
-        port = free_port()
-        args = [sys.executable, "-m", "bourse", "serve", "--config", str(config), "--data-dir", str(data_dir),
-                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-        if database:
-            args += ["--database", database]
-        args += extra_args
-        log = tmp / f"{name}-{attempt}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=clean_env(BOURSE_ADMIN_KEY=admin_key))  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + start_timeout_s
-            up = False
-            while time.monotonic() < deadline and proc.poll() is None:
-                try:
-                    up = httpx.get(url + "/healthz", timeout=1).status_code == 200
-                except httpx.HTTPError:
-                    up = False
+    with watched(data_dir, database):  # the suite's ledger check runs once it has stopped
+        for attempt in range(3):
+            port = free_port()
+            args = [sys.executable, "-m", "bourse", "serve", "--config", str(config), "--data-dir", str(data_dir),
+                    "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+            if database:
+                args += ["--database", database]
+            args += extra_args
+            log = tmp / f"{name}-{attempt}.log"
+            with log.open("wb") as out:
+                proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=clean_env(BOURSE_ADMIN_KEY=admin_key))  # fmt: skip
+            url = f"http://127.0.0.1:{port}"
+            try:
+                deadline = time.monotonic() + start_timeout_s
+                up = False
+                while time.monotonic() < deadline and proc.poll() is None:
+                    try:
+                        up = httpx.get(url + "/healthz", timeout=1).status_code == 200
+                    except httpx.HTTPError:
+                        up = False
+                    if up:
+                        break
+                    time.sleep(0.05)
                 if up:
-                    break
-                time.sleep(0.05)
-            if up:
-                yield url, proc
-                return
-            last = log.read_text()
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
-    raise AssertionError(f"bourse serve did not start: {last}")
+                    yield url, proc
+                    return
+                last = log.read_text()
+            finally:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                    try:
+                        proc.wait(timeout=15)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait(timeout=10)
+        raise AssertionError(f"bourse serve did not start: {last}")
 
 
 REDIS_SERVER = shutil.which("redis-server")
