@@ -22,8 +22,10 @@ def _value(doc: Any, path: tuple[str, ...]) -> Any:
 
 
 def assert_row_is_record(row: dict[str, str], record: dict[str, Any], account: str) -> None:
-    for name, path in COLUMNS:
-        want = account if not path else _value(record, path)
+    for name, paths in COLUMNS:
+        found = [v for v in (_value(record, path) for path in paths) if v is not None]
+        assert len(found) <= 1, (name, found)  # one of a column's names, never two
+        want = account if not paths else (found[0] if found else None)
         got = row[name]
         if want is None:
             assert got == "", (name, got)

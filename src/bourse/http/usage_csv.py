@@ -5,8 +5,10 @@ JSON list's filters and paging; see :mod:`bourse.http.account`), ``GET
 /admin/usage.csv`` (every account over a time range, streamed page by page) and the
 dashboard's download buttons. Each column is a field of the usage record as
 ``GET /v1/usage/{request_id}`` returns it (:data:`COLUMNS` names its path), so a row
-and the JSON record say the same thing. Text cells that a spreadsheet would run as a
-formula (``=``, ``+``, ``-``, ``@`` first) are prefixed with ``'``.
+and the JSON record say the same thing; a field a preset renames in its receipt (the
+quote) has one path per name, taken from the presets (:data:`QUOTE_FIELDS`). Text
+cells that a spreadsheet would run as a formula (``=``, ``+``, ``-``, ``@`` first)
+are prefixed with ``'``.
 """
 
 from __future__ import annotations
@@ -22,36 +24,49 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from bourse.domain.errors import invalid_request
+from bourse.domain.policy import PRESETS
 from bourse.http.deps import Services, unix_time
 from bourse.ports.reports import ReportStore, UsageFilter
 from bourse.ports.stores import UsageRecord
 from bourse.services.ids import new_request_id
 from bourse.wire.requests import optional_id
 
-COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("request_id", ("id",)),
-    ("created", ("created",)),
+QUOTE_FIELDS: tuple[str, ...] = tuple(dict.fromkeys(p.receipt_quote_field for p in PRESETS.values()))
+"""The quote's name in a receipt, under each preset (``quote_micros``; ``quote`` under
+``hips``): the usage record keeps the receipt its client saw."""
+
+Paths = tuple[tuple[str, ...], ...]
+
+
+def _at(*path: str) -> Paths:
+    return (path,)
+
+
+COLUMNS: tuple[tuple[str, Paths], ...] = (
+    ("request_id", _at("id")),
+    ("created", _at("created")),
     ("account", ()),
-    ("key_id", ("key_id",)),
-    ("model", ("model",)),
-    ("endpoint", ("endpoint",)),
-    ("outcome", ("outcome",)),
-    ("prompt_tokens", ("usage", "prompt_tokens")),
-    ("completion_tokens", ("usage", "completion_tokens")),
-    ("total_tokens", ("usage", "total_tokens")),
-    ("usage_estimated", ("usage", "usage_estimated")),
-    ("cost_micros", ("usage", "cost_micros")),
-    ("cost_usd", ("usage", "cost")),
-    ("bid", ("usage", "x_market", "bid")),
-    ("cleared_price", ("usage", "x_market", "cleared_price")),
-    ("level", ("usage", "x_market", "level")),
-    ("queued_ms", ("usage", "x_market", "queued_ms")),
-    ("deployment", ("usage", "x_market", "deployment")),
-    ("ttft_ms", ("receipt", "ttft_ms")),
-    ("latency_ms", ("receipt", "latency_ms")),
-    ("quote_micros", ("receipt", "quote_micros")),
+    ("key_id", _at("key_id")),
+    ("model", _at("model")),
+    ("endpoint", _at("endpoint")),
+    ("outcome", _at("outcome")),
+    ("prompt_tokens", _at("usage", "prompt_tokens")),
+    ("completion_tokens", _at("usage", "completion_tokens")),
+    ("total_tokens", _at("usage", "total_tokens")),
+    ("usage_estimated", _at("usage", "usage_estimated")),
+    ("cost_micros", _at("usage", "cost_micros")),
+    ("cost_usd", _at("usage", "cost")),
+    ("bid", _at("usage", "x_market", "bid")),
+    ("cleared_price", _at("usage", "x_market", "cleared_price")),
+    ("level", _at("usage", "x_market", "level")),
+    ("queued_ms", _at("usage", "x_market", "queued_ms")),
+    ("deployment", _at("usage", "x_market", "deployment")),
+    ("ttft_ms", _at("receipt", "ttft_ms")),
+    ("latency_ms", _at("receipt", "latency_ms")),
+    ("quote_micros", tuple(("receipt", name) for name in QUOTE_FIELDS)),
 )
-"""(column, path in the usage record); ``account`` is the record's account."""
+"""(column, its paths in the usage record: the first one present gives the cell);
+``account`` is the record's account."""
 
 MEDIA_TYPE = "text/csv; charset=utf-8"
 EXPORT_PAGE = 1000
@@ -84,9 +99,17 @@ def _get(doc: Mapping[str, Any], path: tuple[str, ...]) -> Any:
     return value
 
 
+def _first(doc: Mapping[str, Any], paths: Paths) -> Any:
+    for path in paths:
+        value = _get(doc, path)
+        if value is not None:
+            return value
+    return None
+
+
 def row(record: UsageRecord) -> list[str]:
     doc = record.record
-    return [_cell(_get(doc, path) if path else record.account_id) for _, path in COLUMNS]
+    return [_cell(_first(doc, paths) if paths else record.account_id) for _, paths in COLUMNS]
 
 
 def render(records: Iterable[UsageRecord], *, with_header: bool = True) -> str:
