@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 
+from bourse.domain import policy
 from tests.e2e.money.support import new_caller, read_until
 from tests.support.config import Dep, Product
 from tests.support.env import Env, start_env
 from tests.support.sse import open_sse
 
 NODE_DIR = Path(__file__).parent / "node"
-PRESETS = ("default", "hips", "openfill", "aigrid", "gopuram")
+PRESETS = tuple(policy.PRESETS)
 CLIENTS = ("openai", "ai-openai", "ai-compatible")
 EXACT_FRAMES = {("gopuram", "ai-openai")}
 """Sheet 004 dictates an error frame with ``choices``; the AI SDK's ``openai`` provider

@@ -43,6 +43,11 @@ def test_every_presets_usage_csv_row_has_its_quote(gw: Gateway) -> None:
     rows = {row["request_id"]: row for row in parse_csv(r.text)}
     got = {rid: rows[rid]["quote_micros"] for rid in quotes}
     assert got == {rid: str(q) for rid, q in quotes.items()}
-    for rid in quotes:
+    for rid, name in zip(quotes, PRESETS, strict=True):
         record = httpx.get(gw.v1 + f"/usage/{rid}", headers=gw.headers, timeout=30).json()
         assert_row_is_record(rows[rid], record, gw.account)
+        # every column is filled, but those the record has no field for: the estimate
+        # flag (the engine counted), and ttft_ms where the preset's receipt has none
+        empty = {column for column, cell in rows[rid].items() if cell == ""}
+        expected = {"usage_estimated"} | (set() if PRESETS[name].receipt_ttft else {"ttft_ms"})
+        assert empty == expected, (name, empty)

@@ -8,12 +8,13 @@ its token count.
 
 from __future__ import annotations
 
+from bourse.domain import policy
 from tests.support.config import Dep, Product, config_toml
 
 FLOOR = 1.0
 """USD per 1M tokens: one micro-USD per token."""
 MAX_BODY = 4096
-PRESETS = ("default", "hips", "openfill", "aigrid", "gopuram")
+PRESETS = tuple(policy.PRESETS)
 
 PRODUCTS = [
     *(Product(name, [Dep(f"{name}-a", floor=FLOOR)], {"policy": name}) for name in PRESETS),

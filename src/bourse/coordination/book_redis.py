@@ -44,7 +44,17 @@ BOOK_KEYS = (
     "book", "orders", "held", "lease", "busy", "cool", "stats", "recent", "seq", "offer", "park", "parkn",
     "stall",
 )  # fmt: skip
-"""The keys of one product's book, in the scripts' ``KEYS`` order (see ``lua/book.lua``)."""
+"""The keys of one product's book, in the scripts' ``KEYS`` order (see ``lua/book.lua``;
+``tests/unit/test_one_source.py`` checks the scripts' unpack of ``KEYS`` against it)."""
+SHARED_KEYS = ("replicas",)
+"""The keys every product's scripts share, after the book's own in ``KEYS``."""
+
+
+def script_keys(prefix: str, product: str) -> list[str]:
+    """The ``KEYS`` of a book script of ``product``: its book's (one hash tag, so one
+    cluster slot), then the shared ones."""
+    tag = f"{{{prefix}:{product}}}"
+    return [f"{tag}:{k}" for k in BOOK_KEYS] + [f"{prefix}:{k}" for k in SHARED_KEYS]
 
 VIEW_BIDS = 10_000
 """The market view lists at most this many waiting bids (the best ones)."""
@@ -63,8 +73,7 @@ class RedisBook:
         self.deployments = deployments
         self.min_floor = min(d.floor for d in deployments)
         self.max_waiting = max_waiting
-        tag = f"{{{hub.prefix}:{product}}}"
-        self._keys = [f"{tag}:{k}" for k in BOOK_KEYS] + [hub.key("replicas")]
+        self._keys = script_keys(hub.prefix, product)
         self._head = self._make_head()
         self._by_name = {d.name: d for d in deployments}
         self._held_out: set[str] = set()

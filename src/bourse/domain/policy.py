@@ -102,14 +102,13 @@ class Policy:
         return code, error_type
 
 
-PRESETS: dict[str, Policy] = {
+_SHEETS: dict[str, Policy] = {
     "default": Policy(),
     # 000: the keep-alive comment while nothing is produced; a failure is one data line
     # holding the error envelope (no usage chunk before it), then the stream closes
     # without [DONE]; the receipt object is named `hips` with `cost_micros`,
     # `latency_ms`, `quote`; `x-hips-*` headers.
     "hips": Policy(
-        name="hips",
         done_after_error=False,
         error_frame="envelope",
         receipt_name="hips",
@@ -122,7 +121,6 @@ PRESETS: dict[str, Policy] = {
     # 001: a disconnect while running drains the engine and is charged; a failure
     # after start is never charged; the error is `data: {"error": {…}}`, then [DONE].
     "openfill": Policy(
-        name="openfill",
         on_disconnect="drain",
         charge_on_disconnect="generated",
         charge_on_error="none",
@@ -132,7 +130,6 @@ PRESETS: dict[str, Policy] = {
     # usage reconciles; the invocation id in `X-AIGrid-Invocation`; the error frame
     # `{"error": {"code": "provider_failed", "message": …}, "id": …}`.
     "aigrid": Policy(
-        name="aigrid",
         usage_chunk="always",
         on_disconnect="drain",
         missing_usage="reconcile",
@@ -148,7 +145,6 @@ PRESETS: dict[str, Policy] = {
     # `gen-…` ids in `X-Gopuram-Request-Id`; the role and the finish_reason on chunks
     # of their own.
     "gopuram": Policy(
-        name="gopuram",
         usage_chunk="always",
         error_finish_reason=True,
         on_disconnect="cancel",
@@ -163,6 +159,8 @@ PRESETS: dict[str, Policy] = {
         split_role_and_finish=True,
     ),
 }
+PRESETS: dict[str, Policy] = {name: replace(sheet, name=name) for name, sheet in _SHEETS.items()}
+"""The presets by name, each policy carrying its name (written once, as the key)."""
 
 _NAMES = frozenset(
     {

@@ -23,11 +23,12 @@ from typing import Any
 
 import pytest
 
+from bourse.domain import policy
 from tests.e2e.money.support import As, assert_ledger_balanced, new_caller, read_until
 from tests.support.errors import assert_error_envelope
 from tests.support.gateway import Gateway, running_gateway
 
-PRESETS = ("default", "openfill", "aigrid", "gopuram", "hips")
+PRESETS = tuple(policy.PRESETS)
 
 
 def _config() -> str:

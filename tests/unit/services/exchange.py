@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bourse.container import Container, build
+from bourse.domain import policy
 from bourse.ports.stores import Hold, UsageRecord
 from bourse.services.auth import Principal
 from bourse.services.completion import CompletionService, Finished, Run, RunEvent
@@ -24,7 +25,7 @@ from bourse.services.ids import new_request_id
 from bourse.settings import Environment, parse_config
 from bourse.wire.requests import validate
 
-PRESETS = ("default", "hips", "openfill", "aigrid", "gopuram")
+PRESETS = tuple(policy.PRESETS)
 FLOOR = 10.0
 """USD per 1M tokens: one token costs 10 micro-USD."""
 MICROS_PER_TOKEN = 10
