@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from starlette.types import ASGIApp
 
@@ -63,18 +63,28 @@ def build_engine(
     """The engine of one deployment (``name``: the deployment's, for its log lines;
     ``context_length``: the product's, which the sim engine enforces) and the model
     name it expects in requests."""
-    if dep.engine == "sim":
-        from bourse.engines.sim import SimEngine, SimSettings
+    match dep.engine:
+        case "sim":
+            from bourse.engines.sim import SimEngine, SimSettings
 
-        settings = SimSettings.from_mapping({**dep.sim_settings(), "context_length": context_length})
-        return SimEngine(settings, model_name=product), product
-    if dep.engine == "llamacpp":
-        from bourse.engines.llamacpp import LlamaCppEngine
+            settings = SimSettings.from_mapping({**dep.sim_settings(), "context_length": context_length})
+            return SimEngine(settings, model_name=product), product
+        case "llamacpp":
+            from bourse.engines.llamacpp import LlamaCppEngine
 
-        return LlamaCppEngine(
-            dep.model_path, slots=dep.configured_slots(), n_ctx=dep.n_ctx, n_threads=dep.n_threads,
-            chat_format=dep.chat_format, name=product,
-        ), product  # fmt: skip
+            return LlamaCppEngine(
+                dep.model_path, slots=dep.configured_slots(), n_ctx=dep.n_ctx, n_threads=dep.n_threads,
+                chat_format=dep.chat_format, name=product,
+            ), product  # fmt: skip
+        case "openai":
+            return _openai_engine(product, dep, name, availability)
+        case _:  # the config admits no other kind; one that got past it is refused, named
+            assert_never(dep.engine)
+
+
+def _openai_engine(
+    product: str, dep: DeploymentConfig, name: str | None, availability: Availability | None
+) -> tuple[Engine, str]:
     from bourse.engines.openai_http import OpenAIHTTPEngine
 
     assert dep.base_url is not None and dep.model is not None

@@ -56,6 +56,7 @@ def script_keys(prefix: str, product: str) -> list[str]:
     tag = f"{{{prefix}:{product}}}"
     return [f"{tag}:{k}" for k in BOOK_KEYS] + [f"{prefix}:{k}" for k in SHARED_KEYS]
 
+
 VIEW_BIDS = 10_000
 """The market view lists at most this many waiting bids (the best ones)."""
 

@@ -23,7 +23,7 @@ stopped mid-answer without its usage block leaves the charge to the operator.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, assert_never
 
 from bourse.domain.policy import Policy
 
@@ -55,12 +55,24 @@ def decide(outcome: Outcome, policy: Policy, *, produced: bool, usage_estimated:
     charged_when, may_reconcile = CHARGING[outcome]
     if may_reconcile and usage_estimated and policy.missing_usage == "reconcile":
         return "reconcile"
-    if charged_when == "always":
-        return "settle"
-    if charged_when == "never":
-        return "release"
-    knob = policy.charge_on_disconnect if charged_when == "charge_on_disconnect" else policy.charge_on_error
-    return "settle" if knob == "generated" else "release"
+    match charged_when:
+        case "always":
+            return "settle"
+        case "never":
+            return "release"
+        case "charge_on_disconnect":
+            knob = policy.charge_on_disconnect
+        case "charge_on_error":
+            knob = policy.charge_on_error
+        case _:
+            assert_never(charged_when)
+    match knob:  # every word of ``Charge``: a new one is refused here, not charged as nothing
+        case "generated":
+            return "settle"
+        case "none":
+            return "release"
+        case _:
+            assert_never(knob)
 
 
 def recorded(outcome: Outcome, action: Action) -> RecordedOutcome:

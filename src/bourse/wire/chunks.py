@@ -9,9 +9,10 @@ Chunks from engines are relayed as they come; only metering looks inside them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, assert_never
 
 from bourse.domain.errors import GatewayError
+from bourse.domain.policy import ErrorFrame
 
 CHAT_CHUNK = "chat.completion.chunk"
 CHAT = "chat.completion"
@@ -240,7 +241,7 @@ def error_frame(
     created: int,
     error: GatewayError,
     *,
-    shape: str,
+    shape: ErrorFrame,
     fields: tuple[str, ...],
     finish_reason: bool,
 ) -> dict[str, Any]:
@@ -249,10 +250,14 @@ def error_frame(
     top level beside the chunk's identity (``chunk``), alone (``envelope``) or with the
     id (``envelope_id``); ``finish_reason`` adds a choice that ends with ``"error"``."""
     envelope = error.envelope()
-    frame: dict[str, Any] = {}
-    if shape == "chunk":
-        frame = {"id": request_id, "object": CHAT_CHUNK if kind == "chat" else TEXT, "created": created,
-                 "model": model}  # fmt: skip
+    match shape:
+        case "chunk":
+            frame: dict[str, Any] = {"id": request_id, "object": CHAT_CHUNK if kind == "chat" else TEXT,
+                                     "created": created, "model": model}  # fmt: skip
+        case "envelope" | "envelope_id":
+            frame = {}
+        case _:  # the config admits no other word; one that got past it is refused, named
+            assert_never(shape)
     if finish_reason:
         piece: dict[str, Any] = {"delta": {}} if kind == "chat" else {"text": ""}
         frame["choices"] = [{"index": 0, **piece, "finish_reason": "error"}]
