@@ -93,5 +93,6 @@ def test_each_engine_kind_builds_its_engine_and_no_other_does() -> None:
     built = {kind: type(build_engine("p", DeploymentConfig(engine=kind, **k))[0]) for kind, k in keys.items()}
     assert built == {"sim": SimEngine, "llamacpp": LlamaCppEngine, "openai": OpenAIHTTPEngine}
     word: Any = "anthropic"
+    stray = DeploymentConfig.model_construct(engine=word, **keys["openai"])
     with pytest.raises(AssertionError, match="'anthropic'"):
-        build_engine("p", DeploymentConfig.model_construct(engine=word, **keys["openai"]))  # before: an openai engine
+        build_engine("p", stray)  # before: an openai engine
