@@ -413,7 +413,11 @@ class OpenAIHTTPEngine(Engine):
         self._first_byte_timeout_s = first_byte_timeout_s
         self._read_timeout_s = read_timeout_s
         self._max_connections = max_connections
-        self._unary = unary
+        self._whole = unary and api != "responses"
+        """A request that is not streamed gets one unary upstream call (``_answer``):
+        ``unary`` (not ``always_stream``) on the chat API. The Responses API is always
+        read as a stream (its events become chat chunks), so a request there is never
+        answered whole, and its gaps are timed by the stall clock."""
         self._answer_timeout_s = max(first_byte_timeout_s, read_timeout_s)
         headers = {
             "accept": "text/event-stream",
@@ -463,8 +467,9 @@ class OpenAIHTTPEngine(Engine):
 
     @property
     def answers_whole(self) -> bool:
-        """A non-streamed request is one unary upstream call, bounded by the answer timeout."""
-        return self._unary
+        """A non-streamed request is one unary upstream call, bounded by the answer
+        timeout: on the chat API unless ``always_stream``; never on the Responses API."""
+        return self._whole
 
     def _open_session(self) -> aiohttp.ClientSession:
         self._session = aiohttp.ClientSession(
@@ -593,9 +598,7 @@ class OpenAIHTTPEngine(Engine):
         )
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
-        if self._api == "responses":
-            return self._stream(request)
-        if not request.stream and self._unary:
+        if not request.stream and self._whole:
             return self._answer(request)
         return self._stream(request)
 

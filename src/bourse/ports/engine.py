@@ -162,7 +162,8 @@ class Engine(Protocol):
     def answers_whole(self) -> bool:
         """True when a request that is not streamed (``GenerationRequest.stream`` false)
         gets its whole answer in one wait that the engine bounds itself (the ``openai``
-        engine's unary answers): the gateway's stall clock does not time that wait. By
+        engine's unary answers, on the chat API only): the gateway's stall clock does not
+        time that wait. By
         default false: chunks come one by one and every gap is timed."""
         return False
 

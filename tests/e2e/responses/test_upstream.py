@@ -7,13 +7,16 @@ reasoning, usage and failures."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
 from tests.e2e.responses.support import FLOOR, PRODUCTS, SERVER, Caller
+from tests.support.bodies import USER
 from tests.support.config import Dep, Product, config_toml
 from tests.support.gateway import Gateway, running_gateway
 
@@ -22,7 +25,18 @@ TOOLS: list[Any] = [
 ]
 
 
-UPSTREAM = [*PRODUCTS, Product("tools", [Dep("tools-a", sim={"tool_call": True})])]
+STALL_S = 0.5
+"""The stall timeout of the front's ``relayed-stall``: a stall ends within 0.5-0.625 s."""
+BOUND_S = 10.0
+"""Each request of the stall test ends well within this; unended, the upstream's
+stall lasts 30 s."""
+STALLS = {"stall_after_tokens": 3, "stall_s": 30, "output_tokens": 8, "tokens_per_s": 1000}
+
+UPSTREAM = [
+    *PRODUCTS,
+    Product("tools", [Dep("tools-a", sim={"tool_call": True})]),
+    Product("stall", [Dep("stall-a", sim=STALLS)]),
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +55,8 @@ def gateways() -> Iterator[tuple[Gateway, Gateway]]:
             Product(f"relayed-{name}", [Dep(f"relayed-{name}-a", floor=FLOOR, extra={"model": name})])
             for name in ("fast", "think", "fail", "tools")
         ]
+        stall = Dep("relayed-stall-a", floor=FLOOR, extra={"model": "stall"})
+        front.append(Product("relayed-stall", [stall], {"stall_timeout_s": STALL_S}))
         text = config_toml(front, server=SERVER, engine_keys=through)
         with running_gateway(text, {"UPSTREAM_KEY": upstream.api_key}) as gw:
             yield gw, upstream
@@ -106,3 +122,24 @@ def test_a_failure_of_a_responses_upstream(gateways: tuple[Gateway, Gateway]) ->
     assert s.events[-1]["response"]["error"]["code"] == "upstream_error", s.events[-1]
     with pytest.raises(openai.BadRequestError, match="Responses API"):
         gw.client().completions.create(model="relayed-fast", prompt="Once upon a time")
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/responses"])
+def test_a_non_streamed_request_whose_responses_upstream_stalls_is_ended_by_the_stall_clock(
+    gateways: tuple[Gateway, Gateway], route: str
+) -> None:
+    """A non-streamed request to an ``api = "responses"`` deployment is a stream
+    upstream (the Responses API's answer is read event by event), so its gaps are
+    timed like any stream's. Before the fix the engine said it answered whole, the
+    stall clock was off, and this request waited out the upstream's 30 s stall."""
+    gw, _ = gateways
+    body: dict[str, Any] = {"model": "relayed-stall", "max_tokens": 8, "messages": USER}
+    if route == "/v1/responses":
+        body = {"model": "relayed-stall", "max_output_tokens": 8, "input": "Hi"}
+    t0 = time.monotonic()
+    r = httpx.post(gw.url + route, json=body, headers=gw.headers, timeout=BOUND_S)
+    elapsed = time.monotonic() - t0
+    assert STALL_S <= elapsed < BOUND_S, elapsed
+    assert r.status_code == 502, r.text  # failed after output: nothing whole to answer
+    err = r.json()["error"]
+    assert err["code"] == "upstream_error" and f"no token for {STALL_S:g} s" in err["message"], err
