@@ -455,8 +455,10 @@ second look (after its admission) right after the book's (at its dispatch). An o
 admitted at once, in its submission, is not asked at all (its request was just read). Each look is a ``poll()``, a
 system call that gives up the GIL to the database thread: ~22 µs of the event loop's
 thread per request under load, in py-spy. A client that leaves after a look is seen
-by the relay's listener, which cancels the engine; the looks are for orders that
-waited in the book, whose clients may have left unseen."""
+by the relay (on bourse's own server the connection watch calls it back, on another
+ASGI server its listener hears ``http.disconnect``), which cancels the run and so the
+engine; the looks are for orders that waited in the book, whose clients may have left
+unseen."""
 
 STALL_TICKS = 4
 """The stall clock looks every ``stall_timeout_s / STALL_TICKS`` seconds, so a stall is
@@ -697,7 +699,8 @@ class Run:
         self.order = order = m.new_order(self.request_id, self.bid)
         order.present = self._still_there
         # its request was read from the client just now: an order admitted at once is
-        # not asked (a client that left meanwhile is seen by the relay's listener)
+        # not asked (a client that left meanwhile is seen by the relay: the connection
+        # watch, or the listener on another server)
         self._present_at = self._clock()
         self._deadline = order.arrived_at + self.timeout_s  # a requeue or re-entry keeps it
         self._fut = fut = await m.submit(order)
