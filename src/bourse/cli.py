@@ -1,8 +1,8 @@
 """The ``bourse`` command line: ``serve`` and ``sim-upstream`` (``admin`` and ``jobs``
-live in their own modules), and how every command fails: :func:`main` turns an
-expected failure (a file that cannot be read, a server that cannot be reached, an
-answer or a file that is not JSON, :class:`CliError`) into one line on stderr and
-exit status 2, never a traceback."""
+live in their own modules), and :func:`main`, which turns an expected failure (a file
+that cannot be read, a server that cannot be reached, an answer or a file that is not
+JSON, :class:`~bourse.cli_errors.CliError`) into one line on stderr and exit status 2,
+never a traceback (the line: :mod:`bourse.cli_errors`)."""
 
 from __future__ import annotations
 
@@ -15,18 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bourse.cli_errors import EXIT_FAILURE, failure_line
+
 if TYPE_CHECKING:
     import uvicorn
 
     from bourse.settings import Config, ServerConfig
-
-EXIT_FAILURE = 2
-"""The exit status of every CLI failure (bad arguments, config, file, server)."""
-
-
-class CliError(Exception):
-    """A failure the command reports as one line (its message) and exit status 2."""
-
 
 GC_YOUNG_THRESHOLD = 50_000
 """Net allocations of tracked objects between two young collections (CPython's
@@ -271,21 +265,6 @@ def parser() -> argparse.ArgumentParser:
     add_admin(sub)
     add_jobs(sub)
     return p
-
-
-def failure_line(exc: Exception) -> str:
-    """What went wrong, in one line, for an operator (no traceback)."""
-    import httpx
-
-    if isinstance(exc, httpx.RequestError):
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"cannot reach {exc.request.url}: {reason}"
-    if isinstance(exc, OSError) and exc.filename is not None:
-        return f"cannot use {exc.filename}: {exc.strerror or exc}"
-    if isinstance(exc, CliError):
-        return str(exc)
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _prog(args: Any) -> str:

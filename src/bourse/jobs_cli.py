@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from bourse.cli import CliError
+from bourse.cli_errors import CliError
 from bourse.settings import read_environment
 
 FINAL = {"succeeded", "failed", "canceled", "expired"}
