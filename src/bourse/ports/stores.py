@@ -236,15 +236,18 @@ class LedgerStore(Protocol):
         self, state: HoldState | None, account_id: str | None = None, limit: int = 100
     ) -> list[Hold]: ...
     async def hold(self, hold_id: str) -> Hold | None: ...
-    async def reconcile_orphans(
-        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
-    ) -> int:
+    async def reconcile_orphans(self, owner: str, *, all_others: bool, include_own: bool = False) -> int:
         """Move open holds owned by others to reconciling: all of them (single node),
-        or those whose owner's lease has lapsed (replicas); ``include_own`` adds this
-        instance's own from a previous life (at start-up, before anything runs)."""
+        or those whose owner's lease has lapsed on the database's clock (replicas);
+        ``include_own`` adds this instance's own from a previous life (at start-up,
+        before anything runs)."""
         ...
 
-    async def heartbeat(self, owner: str, lease_until: float, now: float) -> None: ...
+    async def heartbeat(self, owner: str, lease_s: float) -> float:
+        """Renew ``owner``'s lease until the database's clock + ``lease_s`` (a lease
+        ``<= 0`` has lapsed already); the database's clock, in seconds since the epoch."""
+        ...
+
     async def totals(self) -> Totals: ...
 
 
@@ -386,13 +389,12 @@ class JobStore(Protocol):
         """Set columns: status, hold_id, request_id, started_at, finished_at, result, error, webhook_state."""
         ...
 
-    async def claim_jobs(
-        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
-    ) -> Sequence[Job]:
+    async def claim_jobs(self, owner: str, *, all_others: bool, include_own: bool = False) -> Sequence[Job]:
         """Take over the queued and running jobs of other instances, oldest first, and
         return them (to resume): all of them (one node, at start-up) or only those whose
-        owner's lease lapsed (replicas); ``include_own`` adds this instance's own from a
-        previous life (at start-up). Atomic: two instances never claim one job."""
+        owner's lease lapsed on the database's clock (replicas); ``include_own`` adds
+        this instance's own from a previous life (at start-up). Atomic: two instances
+        never claim one job."""
         ...
 
     async def jobs_to_notify(self) -> Sequence[Job]:

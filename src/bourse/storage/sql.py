@@ -51,6 +51,11 @@ T = TypeVar("T")
 class Executor(Protocol):
     """One connection inside one transaction (synchronous, on the database thread)."""
 
+    clock: str
+    """An SQL expression for the database's own clock, in seconds since the epoch: every
+    lease and take-over between replicas is judged on it, never on a replica's clock
+    (which may be minutes off). On SQLite (one process, one file) it is that process's."""
+
     def fetch(self, sql: str, *args: Any) -> list[Row]: ...
     def fetchrow(self, sql: str, *args: Any) -> Row | None: ...
     def execute(self, sql: str, *args: Any) -> int:
@@ -557,28 +562,36 @@ def _holds(db: Executor, state: HoldState | None, account_id: str | None, limit:
     return [hold_row(r) for r in db.fetch(sql, *args)]
 
 
-def _reconcile_orphans(db: Executor, owner: str, now: float, all_others: bool, include_own: bool) -> int:
+def _reconcile_orphans(db: Executor, owner: str, all_others: bool, include_own: bool) -> int:
     own = " OR owner = $1" if include_own else ""
     if all_others:
         return db.execute(
-            "UPDATE holds SET state = 'reconciling', note = 'open when its gateway stopped', updated_at = $2 "
-            f"WHERE state = 'open' AND (owner <> $1{own})",
-            owner, now,
+            "UPDATE holds SET state = 'reconciling', note = 'open when its gateway stopped', "
+            f"updated_at = {db.clock} WHERE state = 'open' AND (owner <> $1{own})",
+            owner,
         )  # fmt: skip
     return db.execute(
-        "UPDATE holds SET state = 'reconciling', note = 'its gateway lease lapsed', updated_at = $2 "
-        "WHERE state = 'open' AND (owner <> $1 AND owner NOT IN (SELECT id FROM instances WHERE lease_until >= $2)"
-        f"{own})",
-        owner, now,
+        f"UPDATE holds SET state = 'reconciling', note = 'its gateway lease lapsed', updated_at = {db.clock} "
+        "WHERE state = 'open' AND (owner <> $1 AND owner NOT IN "
+        f"(SELECT id FROM instances WHERE lease_until >= {db.clock}){own})",
+        owner,
     )  # fmt: skip
 
 
-def _heartbeat(db: Executor, owner: str, lease_until: float, now: float) -> None:
-    if db.execute("UPDATE instances SET lease_until = $2 WHERE id = $1", owner, lease_until) == 0:
+def _heartbeat(db: Executor, owner: str, lease_s: float) -> float:
+    """Renew ``owner``'s lease until the database's now + ``lease_s``; the database's now."""
+    row = db.fetchrow(f"SELECT {db.clock} AS now")
+    assert row is not None
+    now = float(row["now"])
+    if db.execute("UPDATE instances SET lease_until = $2 WHERE id = $1", owner, now + lease_s) == 0:
         db.execute(
-            "INSERT INTO instances (id, started_at, lease_until) VALUES ($1, $2, $3)", owner, now, lease_until
+            "INSERT INTO instances (id, started_at, lease_until) VALUES ($1, $2, $3)",
+            owner,
+            now,
+            now + lease_s,
         )
     db.execute("DELETE FROM instances WHERE lease_until < $1", now - 86_400)
+    return now
 
 
 def _totals(db: Executor) -> Totals:
@@ -836,14 +849,17 @@ def _put_job(db: Executor, job: Job) -> None:
     )  # fmt: skip
 
 
-def _claim_jobs(db: Executor, owner: str, now: float, all_others: bool, include_own: bool) -> list[Job]:
+def _claim_jobs(db: Executor, owner: str, all_others: bool, include_own: bool) -> list[Job]:
     mine = " OR owner = $1" if include_own else ""
     sql = "UPDATE jobs SET owner = $1 WHERE status IN ('queued', 'running') AND ("
     if all_others:
         rows = db.fetch(sql + f"owner IS NULL OR owner <> $1{mine}) RETURNING *", owner)
-    else:  # only those whose owner's lease lapsed
-        live = "owner IS NULL OR (owner <> $1 AND owner NOT IN (SELECT id FROM instances WHERE lease_until >= $2))"
-        rows = db.fetch(sql + live + mine + ") RETURNING *", owner, now)
+    else:  # only those whose owner's lease lapsed, on the database's clock
+        live = (
+            "owner IS NULL OR (owner <> $1 AND owner NOT IN "
+            f"(SELECT id FROM instances WHERE lease_until >= {db.clock}))"
+        )
+        rows = db.fetch(sql + live + mine + ") RETURNING *", owner)
     jobs = [_job(r) for r in rows]
     jobs.sort(key=lambda j: (j.created_at, j.id))
     return jobs
@@ -1111,13 +1127,11 @@ class SqlStore:
 
         return await self._read(get)
 
-    async def reconcile_orphans(
-        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
-    ) -> int:
-        return await self._run(_reconcile_orphans, owner, now, all_others, include_own)
+    async def reconcile_orphans(self, owner: str, *, all_others: bool, include_own: bool = False) -> int:
+        return await self._run(_reconcile_orphans, owner, all_others, include_own)
 
-    async def heartbeat(self, owner: str, lease_until: float, now: float) -> None:
-        await self._run(_heartbeat, owner, lease_until, now)
+    async def heartbeat(self, owner: str, lease_s: float) -> float:
+        return await self._run(_heartbeat, owner, lease_s)
 
     async def totals(self) -> Totals:
         return await self._read(_totals)
@@ -1246,10 +1260,8 @@ class SqlStore:
     async def update_job(self, job_id: str, **fields: Any) -> None:
         await self._run(_update_job, job_id, fields)
 
-    async def claim_jobs(
-        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
-    ) -> Sequence[Job]:
-        return await self._run(_claim_jobs, owner, now, all_others, include_own)
+    async def claim_jobs(self, owner: str, *, all_others: bool, include_own: bool = False) -> Sequence[Job]:
+        return await self._run(_claim_jobs, owner, all_others, include_own)
 
     async def jobs_to_notify(self) -> Sequence[Job]:
         def get(db: Executor) -> list[Job]:
