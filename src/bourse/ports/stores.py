@@ -18,6 +18,9 @@ outcome is unknown (a crash, a missing usage block under the reconcile policy), 
 an operator to settle or release. The invariant every adapter keeps::
 
     credits = balances + open and reconciling holds + revenue
+
+revenue being the settled holds' charges plus those of the settled holds that
+retention deleted (:class:`RetentionStore`, kept per account).
 """
 
 from __future__ import annotations
@@ -349,6 +352,26 @@ class IdempotencyStore(Protocol):
 
     async def purge_idempotency(self, now: float, limit: int) -> int:
         """Delete at most ``limit`` keys that expired before ``now``; how many were deleted."""
+        ...
+
+
+class RetentionStore(Protocol):
+    """Usage records and closed holds past their age (``[storage] retention_s``).
+
+    A request's holds and its usage record go together, once all of them are older than
+    the age on the database's clock, none of its holds is open or reconciling and no
+    unfinished job runs it. What they added up to is kept per account (``pruned``), so
+    ``credits = balances + open and reconciling holds + revenue`` still holds, revenue
+    being the settled holds' charges plus the pruned ones (:meth:`LedgerStore.totals`,
+    an account's ``spent_micros``)."""
+
+    async def prunable(self, age_s: float, limit: int) -> Sequence[str]:
+        """Up to ``limit`` request ids whose records may be pruned; a read (no write transaction)."""
+        ...
+
+    async def prune(self, request_ids: Sequence[str], age_s: float) -> tuple[int, int]:
+        """Delete those requests' records still past ``age_s`` in one transaction, their
+        sums added to ``pruned``; how many (holds, usage records) were deleted."""
         ...
 
 

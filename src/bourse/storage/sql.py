@@ -110,7 +110,8 @@ _ACCOUNTS = (
     "SELECT a.id, a.balance_micros, a.created_at, "
     "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE account_id = a.id AND state = 'open'), 0) AS open_m, "
     "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE account_id = a.id AND state = 'reconciling'), 0) AS rec_m, "
-    "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE account_id = a.id AND state = 'settled'), 0) AS spent_m, "
+    "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE account_id = a.id AND state = 'settled'), 0) "
+    "+ COALESCE((SELECT charged_micros FROM pruned WHERE account_id = a.id), 0) AS spent_m, "
     "COALESCE((SELECT SUM(amount_micros) FROM credits WHERE account_id = a.id), 0) AS credit_m "
     "FROM accounts a"
 )
@@ -600,7 +601,8 @@ def _totals(db: Executor) -> Totals:
         "COALESCE((SELECT SUM(amount_micros) FROM credits), 0) AS c, "
         "COALESCE((SELECT SUM(balance_micros) FROM accounts), 0) AS b, "
         "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE state IN ('open', 'reconciling')), 0) AS h, "
-        "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE state = 'settled'), 0) AS r"
+        "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE state = 'settled'), 0) "
+        "+ COALESCE((SELECT SUM(charged_micros) FROM pruned), 0) AS r"
     )
     assert row is not None
     return Totals(int(row["c"]), int(row["b"]), int(row["h"]), int(row["r"]))
@@ -619,6 +621,76 @@ def _job_counts(db: Executor) -> dict[str, int]:
         str(r["status"]): int(r["n"])
         for r in db.fetch("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status")
     }
+
+
+# -- retention: usage records and closed holds past their age ---------------------------
+#
+# The unit is a request: its holds and its usage record go together, and only once all
+# of them are old (the usage record by its created_at, each hold by its updated_at, the
+# time it was closed), none of its holds is open or reconciling and no unfinished job
+# runs it (a resumed job reads its earlier hold). What they added up to goes to
+# ``pruned`` in the same transaction, so the ledger's sums still balance.
+
+_OLD_ENOUGH = (
+    "{h}.state IN ('settled', 'released') AND {h}.updated_at < {cutoff} "
+    "AND NOT EXISTS (SELECT 1 FROM holds o WHERE o.request_id = {h}.request_id "
+    "AND (o.state IN ('open', 'reconciling') OR o.updated_at >= {cutoff})) "
+    "AND NOT EXISTS (SELECT 1 FROM usage u WHERE u.request_id = {h}.request_id AND u.created_at >= {cutoff}) "
+    "AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.request_id = {h}.request_id AND j.status IN ('queued', 'running'))"
+)
+"""A closed hold whose request's records are all older than the cutoff, and free to go."""
+
+
+def _prunable(db: Executor, age_s: float, limit: int) -> list[str]:
+    """Up to ``limit`` requests whose records are all older than ``age_s`` (a read)."""
+    where = _OLD_ENOUGH.format(h="h", cutoff=f"({db.clock} - $1)")
+    rows = db.fetch(
+        f"SELECT DISTINCT h.request_id FROM holds h WHERE {where} LIMIT {max(1, int(limit))}", age_s
+    )
+    return [str(r["request_id"]) for r in rows]
+
+
+def _prune(db: Executor, request_ids: Sequence[str], age_s: float) -> tuple[int, int]:
+    """Delete the holds and usage records of ``request_ids`` that are still old enough
+    (checked again: this is a later transaction than the look), adding their sums to
+    ``pruned``; (holds, usage records) deleted."""
+    if not request_ids:
+        return 0, 0
+    ids = ", ".join(f"${i}" for i in range(2, len(request_ids) + 2))
+    where = _OLD_ENOUGH.format(h="holds", cutoff=f"({db.clock} - $1)")
+    gone = db.fetch(
+        f"DELETE FROM holds WHERE request_id IN ({ids}) AND {where} "
+        "RETURNING account_id, request_id, state, charged_micros",
+        age_s, *request_ids,
+    )  # fmt: skip
+    if not gone:
+        return 0, 0
+    sums: dict[str, list[int]] = {}  # account -> [charged, usage cost, holds, usage records]
+    for r in gone:
+        acc = sums.setdefault(str(r["account_id"]), [0, 0, 0, 0])
+        acc[0] += int(r["charged_micros"]) if r["state"] == "settled" else 0
+        acc[2] += 1
+    done = sorted({str(r["request_id"]) for r in gone})
+    used = db.fetch(
+        f"DELETE FROM usage WHERE request_id IN ({', '.join(f'${i}' for i in range(1, len(done) + 1))}) "
+        "RETURNING account_id, cost_micros",
+        *done,
+    )
+    for r in used:
+        acc = sums.setdefault(str(r["account_id"]), [0, 0, 0, 0])
+        acc[1] += int(r["cost_micros"])
+        acc[3] += 1
+    for account_id, (charged, cost, holds, records) in sums.items():
+        db.execute(
+            "INSERT INTO pruned (account_id, charged_micros, usage_cost_micros, holds, usage_records, updated_at) "
+            f"VALUES ($1, $2, $3, $4, $5, {db.clock}) ON CONFLICT (account_id) DO UPDATE SET "
+            "charged_micros = pruned.charged_micros + excluded.charged_micros, "
+            "usage_cost_micros = pruned.usage_cost_micros + excluded.usage_cost_micros, "
+            "holds = pruned.holds + excluded.holds, usage_records = pruned.usage_records + excluded.usage_records, "
+            "updated_at = excluded.updated_at",
+            account_id, charged, cost, holds, records,
+        )  # fmt: skip
+    return len(gone), len(used)
 
 
 def _create_key(db: Executor, key: ApiKey, key_hash: str) -> None:
@@ -1238,6 +1310,14 @@ class SqlStore:
             )
 
         return await self._run(purge)
+
+    # -- retention --------------------------------------------------------------------
+
+    async def prunable(self, age_s: float, limit: int) -> Sequence[str]:
+        return await self._read(_prunable, age_s, limit)
+
+    async def prune(self, request_ids: Sequence[str], age_s: float) -> tuple[int, int]:
+        return await self._run(_prune, list(request_ids), age_s)
 
     # -- jobs -------------------------------------------------------------------------
 
