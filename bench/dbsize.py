@@ -12,7 +12,8 @@ after a ``VACUUM`` (so dead row versions of the settled holds are not counted tw
 With ``--retention-s`` the same run is made with ``[storage] retention_s`` set and the
 load spread over five rounds a retention apart, measured right after the last: the
 steady state, about ``retention_s`` times the request rate times the bytes a request,
-the pages a prune freed reused by later rows ("on disk" counts the free pages too).
+the pages a prune freed reused by later rows ("on disk" counts the free pages too; on
+PostgreSQL a ``VACUUM`` between rounds stands for autovacuum).
 
     python -m bench.dbsize --n 5000
     python -m bench.dbsize --n 5000 --retention-s 5
@@ -150,6 +151,8 @@ def measure(kind: str, dsn: str | None, args: argparse.Namespace) -> None:
                 for i in range(rounds):
                     if i:
                         time.sleep(args.retention_s)
+                        if dsn:  # what autovacuum does over a longer run: the pruned rows' space reusable
+                            _pg_sizes(dsn)
                     asyncio.run(_load(base + "/v1", key, args.n // rounds, args.concurrency))
             else:
                 asyncio.run(_load(base + "/v1", key, args.n, args.concurrency))
