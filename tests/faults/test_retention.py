@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from tests.faults.databases import DATABASES, database
+from tests.faults.ledger import check_ledger
 from tests.faults.load import config
 from tests.faults.served import ADMIN_KEY, Served
 from tests.support.processes import serve_process
@@ -85,11 +86,15 @@ def _usage_status(gw: Served, key: str, request_id: str) -> int:
 
 def test_old_records_are_pruned_recent_kept_and_the_books_balance(served: Served) -> None:
     keys = served.accounts("ret", 2, 5.0)
+    # a capped key too: its spend counter must still add up once its holds are pruned
+    r = served.admin("POST", "/admin/keys", json={"account": "ret-0", "spend_cap_usd": 4.0})
+    assert r.status_code == 201, r.text
+    keys.append(r.json()["key"])
     old = _requests(served, keys)
     served.at_rest(30)
     before = _holds_by_request(served)
     reconciling = {r for r, states in before.items() if "reconciling" in states}
-    assert len(reconciling) == len(keys), before  # one 'rec' request per key
+    assert len(reconciling) == len(keys), before  # one 'pa' request per key
     closed_old = {r for r in old if r in before and r not in reconciling}
     assert len(closed_old) == 3 * len(keys), (old, before)  # charged, released, the job's
     time.sleep(RETENTION_S + 0.5)  # every record above is now past the retention
@@ -109,15 +114,16 @@ def test_old_records_are_pruned_recent_kept_and_the_books_balance(served: Served
     recent_closed = {r for r in recent if r in holds and "reconciling" not in holds[r]}
     assert len(recent_closed) == 3 * len(keys), (recent, holds)
 
-    key_of = {r: keys[i // 4 % len(keys)] for i, r in enumerate(old)}
-    key_of.update({r: keys[i // 4 % len(keys)] for i, r in enumerate(recent)})
+    key_of = {r: keys[i // 4] for i, r in enumerate(old)}
+    key_of.update({r: keys[i // 4] for i, r in enumerate(recent)})
     assert {_usage_status(served, key_of[r], r) for r in closed_old} == {404}
     charged_recent = [r for r in recent_closed if "settled" in holds[r]]
     assert {_usage_status(served, key_of[r], r) for r in charged_recent} == {200}
 
     books = served.books()
     books.assert_balanced()
-    served.assert_served_books(books, "ret", len(keys))
+    check_ledger(served.data_dir, served.dsn)  # the nine invariants, the capped key's counter included
+    served.assert_served_books(books, "ret", 2)
     pruned = _pruned(served)
     assert pruned["holds"] == 3 * len(keys) and pruned["charged"] > 0, pruned
     assert pruned["charged"] == pruned["usage_cost"], pruned

@@ -660,16 +660,21 @@ def _prune(db: Executor, request_ids: Sequence[str], age_s: float) -> tuple[int,
     where = _OLD_ENOUGH.format(h="holds", cutoff=f"({db.clock} - $1)")
     gone = db.fetch(
         f"DELETE FROM holds WHERE request_id IN ({ids}) AND {where} "
-        "RETURNING account_id, request_id, state, charged_micros",
+        "RETURNING account_id, request_id, state, charged_micros, key_id, spend_period",
         age_s, *request_ids,
     )  # fmt: skip
     if not gone:
         return 0, 0
     sums: dict[str, list[int]] = {}  # account -> [charged, usage cost, holds, usage records]
+    caps: dict[tuple[str, int], int] = {}  # (key, spend period) -> charged
     for r in gone:
+        charged = int(r["charged_micros"]) if r["state"] == "settled" else 0
         acc = sums.setdefault(str(r["account_id"]), [0, 0, 0, 0])
-        acc[0] += int(r["charged_micros"]) if r["state"] == "settled" else 0
+        acc[0] += charged
         acc[2] += 1
+        if charged and r["key_id"] is not None and r["spend_period"] is not None:
+            cap = (str(r["key_id"]), int(r["spend_period"]))
+            caps[cap] = caps.get(cap, 0) + charged
     done = sorted({str(r["request_id"]) for r in gone})
     used = db.fetch(
         f"DELETE FROM usage WHERE request_id IN ({', '.join(f'${i}' for i in range(1, len(done) + 1))}) "
@@ -689,6 +694,13 @@ def _prune(db: Executor, request_ids: Sequence[str], age_s: float) -> tuple[int,
             "holds = pruned.holds + excluded.holds, usage_records = pruned.usage_records + excluded.usage_records, "
             "updated_at = excluded.updated_at",
             account_id, charged, cost, holds, records,
+        )  # fmt: skip
+    for (key_id, period), charged in caps.items():
+        db.execute(
+            "INSERT INTO pruned_key_spend (key_id, spend_period, charged_micros) VALUES ($1, $2, $3) "
+            "ON CONFLICT (key_id, spend_period) DO UPDATE SET "
+            "charged_micros = pruned_key_spend.charged_micros + excluded.charged_micros",
+            key_id, period, charged,
         )  # fmt: skip
     return len(gone), len(used)
 
