@@ -395,7 +395,13 @@ def build(
         ),
         observer=observer,
     )
-    housekeeping = Housekeeping(store, interval_s=config.storage.idempotency_purge_interval_s)
+    st = config.storage
+    housekeeping = Housekeeping(
+        store,
+        interval_s=st.idempotency_purge_interval_s,
+        retention_s=st.retention_s,
+        retention_interval_s=st.retention_interval_s,
+    )
     r = config.responses
     responses = ResponseService(store, jobs, ResponseLimits(r.retention_s, r.sweep_interval_s))
     from bourse.storage.reports import SqlReports

@@ -283,6 +283,12 @@ class StorageConfig(_Strict):
     idempotency_ttl_s: float = Field(default=86_400.0, ge=60, le=30 * 86_400)
     idempotency_purge_interval_s: float = Field(default=600.0, ge=0.05, le=86_400)
     """How often expired idempotency keys are deleted (default every 10 minutes)."""
+    retention_s: float | None = Field(default=None, ge=1, le=100 * 365 * 86_400)
+    """Usage records and closed (settled or released) holds older than this are deleted,
+    their sums kept per account (``pruned``), so the ledger still balances. Unset (the
+    default): kept for ever."""
+    retention_interval_s: float = Field(default=600.0, ge=0.05, le=86_400)
+    """How often the records past ``retention_s`` are looked for (default every 10 minutes)."""
 
 
 class JobsConfig(_Strict):

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import random
 import time
+import types
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -1289,3 +1290,35 @@ async def test_redis_a_replica_that_finds_a_deployment_unavailable_holds_it_out_
     await quiet(one)
     _, f = await submit(two, "b", 5.0)
     assert now_admitted(f).deployment == "cheap"
+
+
+@pytest.mark.anyio
+async def test_a_breakers_cooling_is_timed_on_redis_clock_not_the_replicas(
+    redis_books: Books, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica whose own clock is 120 s ahead opens a deployment's breaker: the cooling
+    it shares with the other replicas lasts the breaker's cooldown on Redis's clock, not
+    two minutes more (issue 35, item 3: the replica sent its own clock's time, which Redis
+    compared with its own)."""
+    import bourse.coordination.book_redis as book_redis
+
+    ahead = types.SimpleNamespace(time=lambda: time.time() + 120.0)
+    monkeypatch.setattr(book_redis, "time", ahead)  # the module's wall clock, 120 s off
+    skewed = await redis_books([("d", 1.0, 1)])
+    other = await redis_books([("d", 1.0, 1)])
+    breaker = breaker_of(skewed, "d")
+    breaker.threshold, breaker.cooldown_s = 1, 1.0
+    skewed.report_failure("d")
+    redis = skewed.hub.redis
+    key = next(k for k in skewed._keys if k.endswith(":cool"))
+    deadline = time.monotonic() + WAIT_S
+    while (until := await redis.hget(key, "d")) is None:
+        assert time.monotonic() < deadline, "the cooling was never shared"
+        await asyncio.sleep(0.01)
+    sec, usec = await redis.time()
+    left_s = (float(until) - (int(sec) * 1000 + int(usec) // 1000)) / 1000.0
+    assert 0.0 < left_s <= 1.0, f"the deployment cools {left_s:.1f} s on Redis's clock, not its 1 s"
+    # and the other replica's orders get the deployment back once it has cooled
+    await asyncio.sleep(1.1)
+    o, f = await submit(other, "after", 2.0)
+    other.release(await admitted(other, o, f))

@@ -317,7 +317,7 @@ async def test_reconcile_orphans_all_others(store_factory: StoreFactory) -> None
         await s.settle(done.id, 40, None, NOW)
         await balanced(s)
 
-        assert await s.reconcile_orphans("me", NOW + 1, all_others=True) == 2
+        assert await s.reconcile_orphans("me", all_others=True) == 2
         for h in mine:
             assert (await s.hold(h.id)).state == "open"
         for h in others:
@@ -327,7 +327,7 @@ async def test_reconcile_orphans_all_others(store_factory: StoreFactory) -> None
         a = await acct(s, "a")
         assert (a.open_holds_micros, a.reconciling_micros, a.balance_micros) == (200, 200, 10_000 - 400 - 40)
         await balanced(s)
-        assert await s.reconcile_orphans("me", NOW + 2, all_others=True) == 0
+        assert await s.reconcile_orphans("me", all_others=True) == 0
         await balanced(s)
 
 
@@ -335,10 +335,10 @@ async def test_reconcile_orphans_all_others(store_factory: StoreFactory) -> None
 async def test_reconcile_orphans_by_lapsed_lease(store_factory: StoreFactory) -> None:
     async with store_factory() as s:
         await s.create_account("a", 10_000, NOW)
-        await s.heartbeat("me", NOW + 30, NOW)
-        await s.heartbeat("alive", NOW + 30, NOW)
-        await s.heartbeat("dead", NOW + 5, NOW - 25)  # its lease lapsed at NOW + 5
-        await s.heartbeat("dead", NOW - 1, NOW - 31)  # a renewal that moved the lease back (last write wins)
+        await s.heartbeat("me", 30)
+        await s.heartbeat("alive", 30)
+        await s.heartbeat("dead", 5)
+        await s.heartbeat("dead", -1)  # a renewal that moved the lease back (last write wins): lapsed
         hm, ha, hd = (
             mk_hold("a", 100, owner="me"),
             mk_hold("a", 100, owner="alive"),
@@ -347,15 +347,17 @@ async def test_reconcile_orphans_by_lapsed_lease(store_factory: StoreFactory) ->
         for h in (hm, ha, hd):
             await s.place_hold(h)
 
-        assert await s.reconcile_orphans("me", NOW, all_others=False) == 1
+        assert await s.reconcile_orphans("me", all_others=False) == 1
         states = {h.owner: (await s.hold(h.id)).state for h in (hm, ha, hd)}
         assert states == {"me": "open", "alive": "open", "dead": "reconciling"}
         await balanced(s)
 
-        # "alive" renews; later, it stops renewing and its lease lapses
-        await s.heartbeat("alive", NOW + 60, NOW + 29)
-        assert await s.reconcile_orphans("me", NOW + 50, all_others=False) == 0
-        assert await s.reconcile_orphans("me", NOW + 61, all_others=False) == 1
+        # "alive" renews for a moment; it stops renewing and its lease lapses (on the
+        # database's clock: the test's own time is never asked)
+        await s.heartbeat("alive", 0.3)
+        assert await s.reconcile_orphans("me", all_others=False) == 0
+        await asyncio.sleep(0.4)
+        assert await s.reconcile_orphans("me", all_others=False) == 1
         states = {h.owner: (await s.hold(h.id)).state for h in (hm, ha, hd)}
         assert states == {"me": "open", "alive": "reconciling", "dead": "reconciling"}
         a = await acct(s, "a")

@@ -20,6 +20,11 @@ gateway's database after every fault test (tests/faults/conftest.py):
 7. job and hold states agree (a finished job's hold is not open; a job's hold is of its request);
 8. each usage record's document says the cost of its column;
 9. a settled hold's charge is a whole number of micro-USD at or above 0 (no hold amount below 0).
+
+Records deleted by retention (``[storage] retention_s``) count through the sums kept in
+their place: ``pruned`` (per account: its charges are revenue, its usage costs usage
+records' costs) and ``pruned_key_spend`` (per capped key and period: charges its spend
+counter still counts).
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ TOTALS = (
     "COALESCE((SELECT SUM(amount_micros) FROM credits), 0), "
     "COALESCE((SELECT SUM(balance_micros) FROM accounts), 0), "
     "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE state IN ('open', 'reconciling')), 0), "
-    "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE state = 'settled'), 0), "
-    "COALESCE((SELECT SUM(cost_micros) FROM usage), 0), "
+    "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE state = 'settled'), 0) "
+    "+ COALESCE((SELECT SUM(charged_micros) FROM pruned), 0), "
+    "COALESCE((SELECT SUM(cost_micros) FROM usage), 0) + COALESCE((SELECT SUM(usage_cost_micros) FROM pruned), 0), "
     "COALESCE((SELECT MIN(balance_micros) FROM accounts), 0)"
 )
 HOLDS = "SELECT id, state, request_id FROM holds"
@@ -139,6 +145,7 @@ PER_ACCOUNT = (
     "COALESCE((SELECT SUM(amount_micros) FROM holds h WHERE h.account_id = a.id "
     "AND h.state IN ('open', 'reconciling')), 0), "
     "COALESCE((SELECT SUM(charged_micros) FROM holds h WHERE h.account_id = a.id AND h.state = 'settled'), 0) "
+    "+ COALESCE((SELECT charged_micros FROM pruned p WHERE p.account_id = a.id), 0) "
     "FROM accounts a"
 )
 ABOVE_HOLD = (
@@ -153,6 +160,8 @@ KEY_CAPS = (
     "SELECT k.id, k.spend_micros, COALESCE((SELECT SUM(CASE WHEN h.state IN ('open', 'reconciling') "
     "THEN h.amount_micros WHEN h.state = 'settled' THEN h.charged_micros ELSE 0 END) FROM holds h "
     "WHERE h.key_id = k.id AND h.spend_period = k.spend_period), 0) "
+    "+ COALESCE((SELECT charged_micros FROM pruned_key_spend p WHERE p.key_id = k.id "
+    "AND p.spend_period = k.spend_period), 0) "
     "FROM api_keys k WHERE k.spend_cap_micros IS NOT NULL"
 )
 FINISHED_JOB_HOLDS = (

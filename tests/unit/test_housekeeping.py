@@ -5,6 +5,7 @@ lifespan starts and stops it (the composition root wires it to the store)."""
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,12 @@ class FakeStore:
         raise NotImplementedError
 
     async def idem_complete(self, account_id: str, key: str, response: StoredResponse | None) -> None:
+        raise NotImplementedError
+
+    async def prunable(self, age_s: float, limit: int) -> list[str]:
+        raise NotImplementedError  # retention is off in these tests (tests/contract/test_retention.py)
+
+    async def prune(self, request_ids: Sequence[str], age_s: float) -> tuple[int, int]:
         raise NotImplementedError
 
     async def purge_idempotency(self, now: float, limit: int) -> int:
@@ -92,6 +99,10 @@ def test_bad_settings_are_refused() -> None:
         Housekeeping(FakeStore(), interval_s=0)
     with pytest.raises(ValueError):
         Housekeeping(FakeStore(), interval_s=1, batch=0)
+    with pytest.raises(ValueError):
+        Housekeeping(FakeStore(), interval_s=1, retention_s=0)
+    with pytest.raises(ValueError):
+        Housekeeping(FakeStore(), interval_s=1, retention_s=60, retention_interval_s=0)
 
 
 CONFIG = """
@@ -132,3 +143,29 @@ async def test_the_running_gateway_purges_expired_keys_from_its_database(tmp_pat
     finally:
         await container.stop()
     assert container.housekeeping._task is None
+
+
+@pytest.mark.anyio
+async def test_the_gateway_starts_the_retention_chore_only_when_it_is_set(tmp_path: Path) -> None:
+    """``[storage] retention_s`` reaches the housekeeping (its own task, on its own
+    interval); unset, no retention task runs."""
+    for retention, runs in (("", False), ("retention_s = 86400\nretention_interval_s = 0.05\n", True)):
+        text = CONFIG.replace("[storage]\n", "[storage]\n" + retention)
+        config = parse_config(tomllib.loads(text), "<test>", env={})
+        container = build(config, data_dir=tmp_path / str(runs), env=Environment(admin_key=ADMIN_KEY))
+        container.announce = False
+        await container.start()
+        hk = container.housekeeping
+        try:
+            assert hk.retention_s == (86_400.0 if runs else None)
+            if runs:
+
+                async def passes(hk: Housekeeping = hk) -> bool:
+                    return hk.retention_passes >= 2
+
+                await eventually(passes, what="two retention passes")
+            else:
+                assert hk._retention_task is None
+        finally:
+            await container.stop()
+        assert hk._retention_task is None

@@ -139,7 +139,7 @@ class RedisBook:
         await self._submit(order, fut)
         return fut
 
-    async def _submit(self, order: Order, fut: asyncio.Future[Admission], cool_until_ms: int = 0) -> None:
+    async def _submit(self, order: Order, fut: asyncio.Future[Admission], cool_for_ms: int = 0) -> None:
         oid = order.id
         entering = order.seq == 0  # not a requeue: its position at entry is taken here, once
         self._waiting[oid] = (order, fut)  # before the call: the admission may be published first
@@ -152,7 +152,7 @@ class RedisBook:
                 order.avoid or "",
                 self.hub.replica,
                 self.max_waiting,
-                cool_until_ms,
+                cool_for_ms,
                 order.requeues,
             )
         except BaseException:
@@ -311,18 +311,20 @@ class RedisBook:
     async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
         dep = admission.deployment
         self._held.pop(order.id, None)
-        cool_until = self._record_failure(dep, order)
+        cool_for = self._record_failure(dep, order)
         order.avoid = dep
         order.requeues += 1
         fut: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
-        await self._submit(order, fut, cool_until)  # gives the slot back in the same step
+        await self._submit(order, fut, cool_for)  # gives the slot back in the same step
         return fut
 
     # -- breakers -------------------------------------------------------------------
 
     def _record_failure(self, dep: str, order: Order | None = None) -> int:
         """Record a failure on the local breaker (of ``order``: as :func:`counts_against`
-        says); the cooling end (ms, wall clock) to share, or 0."""
+        says); how long the deployment cools (ms from now, at least 1) to share, or 0.
+        A duration, not a time: Redis adds it to its own clock, so a replica whose clock
+        is off neither cools a deployment for minutes nor not at all."""
         if not self._by_name[dep].availability.ok:
             return 0  # unavailable: held out by the probes, its failures explained already
         br = self._breakers[dep]
@@ -332,12 +334,12 @@ class RedisBook:
         br.record_failure(now)
         if br.available(now):
             return 0
-        return int((time.time() + (br.open_until - now)) * 1000)
+        return max(1, int((br.open_until - now) * 1000))
 
     def report_failure(self, deployment: str, order: Order | None = None) -> None:
-        until = self._record_failure(deployment, order)
-        if until:
-            self.hub.spawn(self._call("COOL", deployment, until))
+        cool_for = self._record_failure(deployment, order)
+        if cool_for:
+            self.hub.spawn(self._call("COOL", deployment, cool_for))
 
     def report_success(self, deployment: str) -> None:
         br = self._breakers.get(deployment)
@@ -353,8 +355,8 @@ class RedisBook:
         d = self._by_name[deployment]
         if not d.availability.ok:
             self._held_out.add(deployment)
-            until = int((time.time() + d.availability.hold_s) * 1000)
-            self.hub.spawn(self._call("COOL", deployment, until))
+            cool_for = max(1, int(d.availability.hold_s * 1000))  # on Redis's clock
+            self.hub.spawn(self._call("COOL", deployment, cool_for))
         elif deployment in self._held_out:
             self._held_out.discard(deployment)
             self.hub.spawn(self._call("COOL", deployment, 0))

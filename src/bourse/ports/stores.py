@@ -18,6 +18,9 @@ outcome is unknown (a crash, a missing usage block under the reconcile policy), 
 an operator to settle or release. The invariant every adapter keeps::
 
     credits = balances + open and reconciling holds + revenue
+
+revenue being the settled holds' charges plus those of the settled holds that
+retention deleted (:class:`RetentionStore`, kept per account).
 """
 
 from __future__ import annotations
@@ -236,15 +239,18 @@ class LedgerStore(Protocol):
         self, state: HoldState | None, account_id: str | None = None, limit: int = 100
     ) -> list[Hold]: ...
     async def hold(self, hold_id: str) -> Hold | None: ...
-    async def reconcile_orphans(
-        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
-    ) -> int:
+    async def reconcile_orphans(self, owner: str, *, all_others: bool, include_own: bool = False) -> int:
         """Move open holds owned by others to reconciling: all of them (single node),
-        or those whose owner's lease has lapsed (replicas); ``include_own`` adds this
-        instance's own from a previous life (at start-up, before anything runs)."""
+        or those whose owner's lease has lapsed on the database's clock (replicas);
+        ``include_own`` adds this instance's own from a previous life (at start-up,
+        before anything runs)."""
         ...
 
-    async def heartbeat(self, owner: str, lease_until: float, now: float) -> None: ...
+    async def heartbeat(self, owner: str, lease_s: float) -> float:
+        """Renew ``owner``'s lease until the database's clock + ``lease_s`` (a lease
+        ``<= 0`` has lapsed already); the database's clock, in seconds since the epoch."""
+        ...
+
     async def totals(self) -> Totals: ...
 
 
@@ -349,6 +355,26 @@ class IdempotencyStore(Protocol):
         ...
 
 
+class RetentionStore(Protocol):
+    """Usage records and closed holds past their age (``[storage] retention_s``).
+
+    A request's holds and its usage record go together, once all of them are older than
+    the age on the database's clock, none of its holds is open or reconciling and no
+    unfinished job runs it. What they added up to is kept per account (``pruned``), so
+    ``credits = balances + open and reconciling holds + revenue`` still holds, revenue
+    being the settled holds' charges plus the pruned ones (:meth:`LedgerStore.totals`,
+    an account's ``spent_micros``)."""
+
+    async def prunable(self, age_s: float, limit: int) -> Sequence[str]:
+        """Up to ``limit`` request ids whose records may be pruned; a read (no write transaction)."""
+        ...
+
+    async def prune(self, request_ids: Sequence[str], age_s: float) -> tuple[int, int]:
+        """Delete those requests' records still past ``age_s`` in one transaction, their
+        sums added to ``pruned``; how many (holds, usage records) were deleted."""
+        ...
+
+
 JobStatus = Literal["queued", "running", "succeeded", "failed", "canceled", "expired"]
 FINAL_JOB_STATES: frozenset[str] = frozenset({"succeeded", "failed", "canceled", "expired"})
 
@@ -386,13 +412,12 @@ class JobStore(Protocol):
         """Set columns: status, hold_id, request_id, started_at, finished_at, result, error, webhook_state."""
         ...
 
-    async def claim_jobs(
-        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
-    ) -> Sequence[Job]:
+    async def claim_jobs(self, owner: str, *, all_others: bool, include_own: bool = False) -> Sequence[Job]:
         """Take over the queued and running jobs of other instances, oldest first, and
         return them (to resume): all of them (one node, at start-up) or only those whose
-        owner's lease lapsed (replicas); ``include_own`` adds this instance's own from a
-        previous life (at start-up). Atomic: two instances never claim one job."""
+        owner's lease lapsed on the database's clock (replicas); ``include_own`` adds
+        this instance's own from a previous life (at start-up). Atomic: two instances
+        never claim one job."""
         ...
 
     async def jobs_to_notify(self) -> Sequence[Job]:

@@ -16,7 +16,10 @@ never sees the run itself.
   (:mod:`bourse.retrying`), and a hold still open after that is reconciled at the
   next start.
 - Recovery: at start-up the holds left open by a previous run go to
-  ``reconciling``; a heartbeat keeps this instance's lease for replicas.
+  ``reconciling``; a heartbeat keeps this instance's lease for replicas, on the
+  database's clock (the store writes and judges leases in its SQL), and measures this
+  process's offset from that clock (:class:`~bourse.services.clock.DatabaseClock`):
+  the times written into the ledger (a hold's, the spend cap's day) are on it too.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from bourse.ports.stores import (
     cap_period,
 )
 from bourse.retrying import retry_call
+from bourse.services.clock import DatabaseClock
 from bourse.wire.prompt import PromptSize
 
 log = logging.getLogger("bourse.billing")
@@ -181,6 +185,9 @@ class Billing:
         self.owner = owner or "gw_" + os.urandom(8).hex()
         self.lease_s = lease_s
         self.observer = observer
+        self.clock = DatabaseClock()
+        """The database's clock (its offset measured by each heartbeat): the time of
+        every ledger and job record that another replica compares."""
         self._heartbeat: asyncio.Task[None] | None = None
 
     # -- before the book ----------------------------------------------------------
@@ -191,7 +198,7 @@ class Billing:
         """Hold ``quote`` on ``account_id`` (counted on ``key``'s spend cap if it has
         one); the hold's id. 402 if the balance or the cap cannot cover it."""
         hold_id = "hold_" + os.urandom(12).hex()
-        now = time.time()
+        now = self.clock.now()
         period = None
         if key is not None and key.spend_cap_period is not None and key.spend_cap_micros is not None:
             period = cap_period(key.spend_cap_period, now)
@@ -234,7 +241,7 @@ class Billing:
         """The order never entered the book (503): give the hold back."""
         t = time.perf_counter()
         try:
-            await self.store.release(hold_id, None, time.time())
+            await self.store.release(hold_id, None, self.clock.now())
         except Exception as exc:
             self.observer.backend_error("database", "release", exc)
             raise
@@ -260,7 +267,7 @@ class Billing:
             cost_micros=s.cost_micros,
             record=usage_document(closing, s),
         )
-        now = time.time()
+        now = self.clock.now()
         store, observer = self.store, self.observer
 
         async def write() -> None:
@@ -304,11 +311,10 @@ class Billing:
 
     async def start(self) -> int:
         """Reconcile orphaned holds and start the lease heartbeat; returns the orphans found."""
-        now = time.time()
-        await self.store.heartbeat(self.owner, now + self.lease_s, now)
+        await self._renew()
         # nothing runs yet: this instance's own open holds are from a previous life
         n = await self.store.reconcile_orphans(
-            self.owner, now, all_others=self.store.single_node, include_own=True
+            self.owner, all_others=self.store.single_node, include_own=True
         )
         if n:
             log.warning(
@@ -317,14 +323,21 @@ class Billing:
         self._heartbeat = asyncio.create_task(self._beat())
         return n
 
+    async def _renew(self) -> None:
+        """Renew this instance's lease (on the database's clock) and measure the offset
+        of this process's clock from the database's."""
+        sent = self.clock.local()
+        database_now = await self.store.heartbeat(self.owner, self.lease_s)
+        if not self.store.single_node:  # SQLite's clock is this process's: no offset
+            self.clock.observe(database_now, sent, self.clock.local())
+
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
-            now = time.time()
             try:
-                await self.store.heartbeat(self.owner, now + self.lease_s, now)
+                await self._renew()
                 if not self.store.single_node:
-                    await self.store.reconcile_orphans(self.owner, now, all_others=False)
+                    await self.store.reconcile_orphans(self.owner, all_others=False)
             except Exception as exc:
                 self.observer.backend_error("database", "heartbeat", exc)
                 log.exception("lease heartbeat failed")

@@ -1,6 +1,6 @@
 """Housekeeping: the periodic clean-up no request waits for.
 
-Today one chore: expired idempotency keys are deleted
+The first chore: expired idempotency keys are deleted
 (:meth:`~bourse.ports.stores.IdempotencyStore.purge_idempotency`), so the table holds
 about one TTL's worth of keys instead of growing without bound. A key past its TTL
 is already treated as new by ``idem_begin``; the purge frees the rows nobody reuses.
@@ -8,6 +8,12 @@ is already treated as new by ``idem_begin``; the purge frees the rows nobody reu
 It runs once at start and then every ``interval_s``, in batches of ``batch`` rows
 (each batch its own short transaction, so the single SQLite writer is never held
 for long). A failed pass is logged and the next one tries again.
+
+Retention (``[storage] retention_s``, off by default) is a chore of its own, on its own
+interval (:meth:`Housekeeping.prune_once`): usage records and closed holds past their
+age are deleted, request by request, their sums kept per account
+(:class:`~bourse.ports.stores.RetentionStore`). Each pass looks first with a read and
+writes only when something is old enough: an idle pass opens no write transaction.
 """
 
 from __future__ import annotations
@@ -16,10 +22,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from bourse.ports.stores import IdempotencyStore
+from bourse.ports.stores import IdempotencyStore, RetentionStore
 
 log = logging.getLogger("bourse.housekeeping")
+
+
+class HousekeepingStore(IdempotencyStore, RetentionStore, Protocol):
+    """What the chores delete from."""
 
 
 class Housekeeping:
@@ -27,21 +38,33 @@ class Housekeeping:
 
     def __init__(
         self,
-        store: IdempotencyStore,
+        store: HousekeepingStore,
         *,
         interval_s: float,
         batch: int = 1000,
         clock: Callable[[], float] = time.time,
+        retention_s: float | None = None,
+        retention_interval_s: float = 600.0,
+        retention_batch: int = 500,
     ) -> None:
-        if interval_s <= 0 or batch < 1:
-            raise ValueError("housekeeping needs a positive interval and batch")
+        if interval_s <= 0 or batch < 1 or retention_interval_s <= 0 or retention_batch < 1:
+            raise ValueError("housekeeping needs positive intervals and batches")
+        if retention_s is not None and retention_s <= 0:
+            raise ValueError("retention_s must be positive (None: keep for ever)")
         self.store = store
         self.interval_s = interval_s
         self.batch = batch
         self.clock = clock
+        self.retention_s = retention_s
+        self.retention_interval_s = retention_interval_s
+        self.retention_batch = retention_batch
+        """Requests pruned per transaction (their holds and usage records: a few rows each)."""
         self.passes = 0
         """Passes completed (successful or not): what tests and operators can watch."""
+        self.retention_passes = 0
+        """Retention passes completed (successful or not)."""
         self._task: asyncio.Task[None] | None = None
+        self._retention_task: asyncio.Task[None] | None = None
 
     async def purge_once(self) -> int:
         """Delete every idempotency key expired by now; how many were deleted."""
@@ -53,15 +76,53 @@ class Housekeeping:
             if n < self.batch:
                 return total
 
+    async def prune_once(self) -> tuple[int, int]:
+        """Delete the usage records and closed holds past ``retention_s``, in batches of
+        ``retention_batch`` requests (each its own short transaction); (holds, usage
+        records) deleted. Each batch is looked for with a read first: with nothing old
+        enough, no write transaction is opened (an idle gateway writes nothing)."""
+        age_s = self.retention_s
+        holds = records = 0
+        if age_s is None:
+            return holds, records
+        while True:
+            request_ids = await self.store.prunable(age_s, self.retention_batch)
+            if not request_ids:
+                return holds, records
+            h, r = await self.store.prune(request_ids, age_s)
+            holds, records = holds + h, records + r
+            if len(request_ids) < self.retention_batch or h == 0:  # the last batch (or a race: next pass)
+                return holds, records
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="bourse-housekeeping")
+        if self._retention_task is None and self.retention_s is not None:
+            self._retention_task = asyncio.create_task(self._retain(), name="bourse-retention")
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.wait([task])
+        retention, self._retention_task = self._retention_task, None
+        for t in (task, retention):
+            if t is not None:
+                t.cancel()
+                await asyncio.wait([t])
+
+    async def _retain(self) -> None:
+        while True:
+            try:
+                holds, records = await self.prune_once()
+                if holds or records:
+                    log.info(
+                        "housekeeping: %d closed holds and %d usage records past the retention (%g s) deleted",
+                        holds, records, self.retention_s,
+                    )  # fmt: skip
+            except Exception:
+                log.exception(
+                    "housekeeping: pruning the records past the retention failed; next pass retries"
+                )
+            self.retention_passes += 1
+            await asyncio.sleep(self.retention_interval_s)
 
     async def _run(self) -> None:
         while True:

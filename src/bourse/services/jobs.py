@@ -15,7 +15,9 @@ job ends, its webhook (if any) receives one signed POST, retried with capped, ji
 exponential back-off (:mod:`bourse.retrying`). A job that ended reads ``expired``,
 without its result, from ``expires_at`` on; a result stays readable at least
 ``min_result_s`` after its job ends, even when the job's TTL ran out while it ran (its
-``expires_at`` moves). The sweeper frees the stored results later.
+``expires_at`` moves). The sweeper frees the stored results later. A job's times are
+on the database's clock (:class:`~bourse.services.clock.DatabaseClock`), since any
+replica may judge them; which replica's lease lapsed is judged in the store's SQL.
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ class JobService:
         req = validate(kind, body)
         if req.timeout is None and timeout_header is None:
             timeout_header = str(min(ttl, self.completions.limits.book_timeout_max_s))
-        now = time.time()
+        now = self._now()
         run = await self.completions.open(
             kind, body, req, principal,
             request_id=request_id or new_request_id(kind), max_price_header=max_price_header, timeout_header=timeout_header,
@@ -196,6 +198,10 @@ class JobService:
     def _spawn(self, coro: Any) -> asyncio.Task[None]:
         return self.completions.spawn(coro)
 
+    def _now(self) -> float:
+        """Now on the database's clock: a job's times are compared by every replica."""
+        return self.completions.billing.clock.now()
+
     async def _execute(self, act: Active) -> None:
         run, job, agg = act.run, act.job, act.agg
         assert agg is not None
@@ -203,7 +209,7 @@ class JobService:
         canceled = False
 
         def admitted(r: Run) -> None:
-            act.admit_task = self._spawn(self._update(job.id, status="running", started_at=time.time()))
+            act.admit_task = self._spawn(self._update(job.id, status="running", started_at=self._now()))
 
         try:
             try:
@@ -260,7 +266,7 @@ class JobService:
         """The times of a job that ends now: ``finished_at``, and ``expires_at`` moved
         to ``finished_at + min_result_s`` when its TTL would throw the result away sooner
         (a job whose TTL ended while it ran is charged: its result stays readable)."""
-        now = time.time()
+        now = self._now()
         times = {"finished_at": now}
         if job.expires_at < now + self.limits.min_result_s:
             times["expires_at"] = now + self.limits.min_result_s
@@ -288,7 +294,7 @@ class JobService:
 
     async def view(self, job: Job) -> dict[str, Any]:
         act = self.active.get(job.id)
-        if job.status in _ENDED and time.time() >= job.expires_at:  # the sweeper has yet to come
+        if job.status in _ENDED and self._now() >= job.expires_at:  # the sweeper has yet to come
             job = replace(job, status="expired", result=None, error=None)
         status = job.status
         out: dict[str, Any] = {
@@ -342,7 +348,7 @@ class JobService:
             act.task.cancel()
             await asyncio.wait([act.task])
         elif job.status not in FINAL_JOB_STATES:
-            await self.store.update_job(job_id, status="canceled", finished_at=time.time())
+            await self.store.update_job(job_id, status="canceled", finished_at=self._now())
         return await self.get(job_id, account_id)
 
     # -- lifecycle -------------------------------------------------------------------
@@ -372,7 +378,7 @@ class JobService:
         of them on one node at start-up; those whose owner's lease lapsed on replicas)."""
         resumed = 0
         owner = self.completions.billing.owner
-        jobs = await self.store.claim_jobs(owner, time.time(), all_others=all_others, include_own=include_own)
+        jobs = await self.store.claim_jobs(owner, all_others=all_others, include_own=include_own)
         for job in jobs:
             if job.id in self.active:
                 continue
@@ -386,7 +392,7 @@ class JobService:
     async def _resume(self, job: Job) -> None:
         if job.hold_id is not None:
             try:  # nothing was delivered: the old attempt's hold goes back
-                await self.store.release(job.hold_id, None, time.time())
+                await self.store.release(job.hold_id, None, self._now())
             except HoldNotOpen:
                 charged = await self._charged(job.hold_id)
                 if charged:  # it ran to its charge; only its result was never stored
@@ -427,7 +433,7 @@ class JobService:
         while True:
             await asyncio.sleep(self.limits.sweep_interval_s)
             try:
-                n = await self.store.expire_jobs(time.time())
+                n = await self.store.expire_jobs(self._now())
                 if n:
                     log.info("%d job results expired", n)
                 for job in await self.store.jobs_to_notify():
@@ -491,6 +497,7 @@ class JobService:
             return "failed"
         headers = {
             "content-type": "application/json",
+            # the receiver checks the stamp against its own clock: this host's (NTP) time
             "x-bourse-signature": sign(secret, int(time.time()), body),
             "x-bourse-event": "job." + job.status,
             "x-bourse-delivery": f"{job.id}.{attempt + 1}",

@@ -63,6 +63,10 @@ class ConnectionLost(psycopg.OperationalError):
 class _PgExecutor:
     __slots__ = ("_cache", "_conn")
 
+    # the server's clock, stable within one statement (unlike clock_timestamp()); every
+    # replica's leases are written and judged on it
+    clock = "EXTRACT(EPOCH FROM statement_timestamp())::DOUBLE PRECISION"
+
     def __init__(self, conn: psycopg.Connection[Any], cache: dict[str, str]) -> None:
         self._conn = conn
         self._cache = cache

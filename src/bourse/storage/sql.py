@@ -51,6 +51,11 @@ T = TypeVar("T")
 class Executor(Protocol):
     """One connection inside one transaction (synchronous, on the database thread)."""
 
+    clock: str
+    """An SQL expression for the database's own clock, in seconds since the epoch: every
+    lease and take-over between replicas is judged on it, never on a replica's clock
+    (which may be minutes off). On SQLite (one process, one file) it is that process's."""
+
     def fetch(self, sql: str, *args: Any) -> list[Row]: ...
     def fetchrow(self, sql: str, *args: Any) -> Row | None: ...
     def execute(self, sql: str, *args: Any) -> int:
@@ -105,7 +110,8 @@ _ACCOUNTS = (
     "SELECT a.id, a.balance_micros, a.created_at, "
     "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE account_id = a.id AND state = 'open'), 0) AS open_m, "
     "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE account_id = a.id AND state = 'reconciling'), 0) AS rec_m, "
-    "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE account_id = a.id AND state = 'settled'), 0) AS spent_m, "
+    "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE account_id = a.id AND state = 'settled'), 0) "
+    "+ COALESCE((SELECT charged_micros FROM pruned WHERE account_id = a.id), 0) AS spent_m, "
     "COALESCE((SELECT SUM(amount_micros) FROM credits WHERE account_id = a.id), 0) AS credit_m "
     "FROM accounts a"
 )
@@ -557,28 +563,36 @@ def _holds(db: Executor, state: HoldState | None, account_id: str | None, limit:
     return [hold_row(r) for r in db.fetch(sql, *args)]
 
 
-def _reconcile_orphans(db: Executor, owner: str, now: float, all_others: bool, include_own: bool) -> int:
+def _reconcile_orphans(db: Executor, owner: str, all_others: bool, include_own: bool) -> int:
     own = " OR owner = $1" if include_own else ""
     if all_others:
         return db.execute(
-            "UPDATE holds SET state = 'reconciling', note = 'open when its gateway stopped', updated_at = $2 "
-            f"WHERE state = 'open' AND (owner <> $1{own})",
-            owner, now,
+            "UPDATE holds SET state = 'reconciling', note = 'open when its gateway stopped', "
+            f"updated_at = {db.clock} WHERE state = 'open' AND (owner <> $1{own})",
+            owner,
         )  # fmt: skip
     return db.execute(
-        "UPDATE holds SET state = 'reconciling', note = 'its gateway lease lapsed', updated_at = $2 "
-        "WHERE state = 'open' AND (owner <> $1 AND owner NOT IN (SELECT id FROM instances WHERE lease_until >= $2)"
-        f"{own})",
-        owner, now,
+        f"UPDATE holds SET state = 'reconciling', note = 'its gateway lease lapsed', updated_at = {db.clock} "
+        "WHERE state = 'open' AND (owner <> $1 AND owner NOT IN "
+        f"(SELECT id FROM instances WHERE lease_until >= {db.clock}){own})",
+        owner,
     )  # fmt: skip
 
 
-def _heartbeat(db: Executor, owner: str, lease_until: float, now: float) -> None:
-    if db.execute("UPDATE instances SET lease_until = $2 WHERE id = $1", owner, lease_until) == 0:
+def _heartbeat(db: Executor, owner: str, lease_s: float) -> float:
+    """Renew ``owner``'s lease until the database's now + ``lease_s``; the database's now."""
+    row = db.fetchrow(f"SELECT {db.clock} AS now")
+    assert row is not None
+    now = float(row["now"])
+    if db.execute("UPDATE instances SET lease_until = $2 WHERE id = $1", owner, now + lease_s) == 0:
         db.execute(
-            "INSERT INTO instances (id, started_at, lease_until) VALUES ($1, $2, $3)", owner, now, lease_until
+            "INSERT INTO instances (id, started_at, lease_until) VALUES ($1, $2, $3)",
+            owner,
+            now,
+            now + lease_s,
         )
     db.execute("DELETE FROM instances WHERE lease_until < $1", now - 86_400)
+    return now
 
 
 def _totals(db: Executor) -> Totals:
@@ -587,7 +601,8 @@ def _totals(db: Executor) -> Totals:
         "COALESCE((SELECT SUM(amount_micros) FROM credits), 0) AS c, "
         "COALESCE((SELECT SUM(balance_micros) FROM accounts), 0) AS b, "
         "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE state IN ('open', 'reconciling')), 0) AS h, "
-        "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE state = 'settled'), 0) AS r"
+        "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE state = 'settled'), 0) "
+        "+ COALESCE((SELECT SUM(charged_micros) FROM pruned), 0) AS r"
     )
     assert row is not None
     return Totals(int(row["c"]), int(row["b"]), int(row["h"]), int(row["r"]))
@@ -606,6 +621,88 @@ def _job_counts(db: Executor) -> dict[str, int]:
         str(r["status"]): int(r["n"])
         for r in db.fetch("SELECT status, COUNT(*) AS n FROM jobs GROUP BY status")
     }
+
+
+# -- retention: usage records and closed holds past their age ---------------------------
+#
+# The unit is a request: its holds and its usage record go together, and only once all
+# of them are old (the usage record by its created_at, each hold by its updated_at, the
+# time it was closed), none of its holds is open or reconciling and no unfinished job
+# runs it (a resumed job reads its earlier hold). What they added up to goes to
+# ``pruned`` in the same transaction, so the ledger's sums still balance.
+
+_OLD_ENOUGH = (
+    "{h}.state IN ('settled', 'released') AND {h}.updated_at < {cutoff} "
+    "AND NOT EXISTS (SELECT 1 FROM holds o WHERE o.request_id = {h}.request_id "
+    "AND (o.state IN ('open', 'reconciling') OR o.updated_at >= {cutoff})) "
+    "AND NOT EXISTS (SELECT 1 FROM usage u WHERE u.request_id = {h}.request_id AND u.created_at >= {cutoff}) "
+    "AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.request_id = {h}.request_id AND j.status IN ('queued', 'running'))"
+)
+"""A closed hold whose request's records are all older than the cutoff, and free to go."""
+
+
+def _prunable(db: Executor, age_s: float, limit: int) -> list[str]:
+    """Up to ``limit`` requests whose records are all older than ``age_s`` (a read)."""
+    where = _OLD_ENOUGH.format(h="h", cutoff=f"({db.clock} - $1)")
+    rows = db.fetch(
+        f"SELECT DISTINCT h.request_id FROM holds h WHERE {where} LIMIT {max(1, int(limit))}", age_s
+    )
+    return [str(r["request_id"]) for r in rows]
+
+
+def _prune(db: Executor, request_ids: Sequence[str], age_s: float) -> tuple[int, int]:
+    """Delete the holds and usage records of ``request_ids`` that are still old enough
+    (checked again: this is a later transaction than the look), adding their sums to
+    ``pruned``; (holds, usage records) deleted."""
+    if not request_ids:
+        return 0, 0
+    ids = ", ".join(f"${i}" for i in range(2, len(request_ids) + 2))
+    where = _OLD_ENOUGH.format(h="holds", cutoff=f"({db.clock} - $1)")
+    gone = db.fetch(
+        f"DELETE FROM holds WHERE request_id IN ({ids}) AND {where} "
+        "RETURNING account_id, request_id, state, charged_micros, key_id, spend_period",
+        age_s, *request_ids,
+    )  # fmt: skip
+    if not gone:
+        return 0, 0
+    sums: dict[str, list[int]] = {}  # account -> [charged, usage cost, holds, usage records]
+    caps: dict[tuple[str, int], int] = {}  # (key, spend period) -> charged
+    for r in gone:
+        charged = int(r["charged_micros"]) if r["state"] == "settled" else 0
+        acc = sums.setdefault(str(r["account_id"]), [0, 0, 0, 0])
+        acc[0] += charged
+        acc[2] += 1
+        if charged and r["key_id"] is not None and r["spend_period"] is not None:
+            cap = (str(r["key_id"]), int(r["spend_period"]))
+            caps[cap] = caps.get(cap, 0) + charged
+    done = sorted({str(r["request_id"]) for r in gone})
+    used = db.fetch(
+        f"DELETE FROM usage WHERE request_id IN ({', '.join(f'${i}' for i in range(1, len(done) + 1))}) "
+        "RETURNING account_id, cost_micros",
+        *done,
+    )
+    for r in used:
+        acc = sums.setdefault(str(r["account_id"]), [0, 0, 0, 0])
+        acc[1] += int(r["cost_micros"])
+        acc[3] += 1
+    for account_id, (charged, cost, holds, records) in sums.items():
+        db.execute(
+            "INSERT INTO pruned (account_id, charged_micros, usage_cost_micros, holds, usage_records, updated_at) "
+            f"VALUES ($1, $2, $3, $4, $5, {db.clock}) ON CONFLICT (account_id) DO UPDATE SET "
+            "charged_micros = pruned.charged_micros + excluded.charged_micros, "
+            "usage_cost_micros = pruned.usage_cost_micros + excluded.usage_cost_micros, "
+            "holds = pruned.holds + excluded.holds, usage_records = pruned.usage_records + excluded.usage_records, "
+            "updated_at = excluded.updated_at",
+            account_id, charged, cost, holds, records,
+        )  # fmt: skip
+    for (key_id, period), charged in caps.items():
+        db.execute(
+            "INSERT INTO pruned_key_spend (key_id, spend_period, charged_micros) VALUES ($1, $2, $3) "
+            "ON CONFLICT (key_id, spend_period) DO UPDATE SET "
+            "charged_micros = pruned_key_spend.charged_micros + excluded.charged_micros",
+            key_id, period, charged,
+        )  # fmt: skip
+    return len(gone), len(used)
 
 
 def _create_key(db: Executor, key: ApiKey, key_hash: str) -> None:
@@ -836,14 +933,17 @@ def _put_job(db: Executor, job: Job) -> None:
     )  # fmt: skip
 
 
-def _claim_jobs(db: Executor, owner: str, now: float, all_others: bool, include_own: bool) -> list[Job]:
+def _claim_jobs(db: Executor, owner: str, all_others: bool, include_own: bool) -> list[Job]:
     mine = " OR owner = $1" if include_own else ""
     sql = "UPDATE jobs SET owner = $1 WHERE status IN ('queued', 'running') AND ("
     if all_others:
         rows = db.fetch(sql + f"owner IS NULL OR owner <> $1{mine}) RETURNING *", owner)
-    else:  # only those whose owner's lease lapsed
-        live = "owner IS NULL OR (owner <> $1 AND owner NOT IN (SELECT id FROM instances WHERE lease_until >= $2))"
-        rows = db.fetch(sql + live + mine + ") RETURNING *", owner, now)
+    else:  # only those whose owner's lease lapsed, on the database's clock
+        live = (
+            "owner IS NULL OR (owner <> $1 AND owner NOT IN "
+            f"(SELECT id FROM instances WHERE lease_until >= {db.clock}))"
+        )
+        rows = db.fetch(sql + live + mine + ") RETURNING *", owner)
     jobs = [_job(r) for r in rows]
     jobs.sort(key=lambda j: (j.created_at, j.id))
     return jobs
@@ -1111,13 +1211,11 @@ class SqlStore:
 
         return await self._read(get)
 
-    async def reconcile_orphans(
-        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
-    ) -> int:
-        return await self._run(_reconcile_orphans, owner, now, all_others, include_own)
+    async def reconcile_orphans(self, owner: str, *, all_others: bool, include_own: bool = False) -> int:
+        return await self._run(_reconcile_orphans, owner, all_others, include_own)
 
-    async def heartbeat(self, owner: str, lease_until: float, now: float) -> None:
-        await self._run(_heartbeat, owner, lease_until, now)
+    async def heartbeat(self, owner: str, lease_s: float) -> float:
+        return await self._run(_heartbeat, owner, lease_s)
 
     async def totals(self) -> Totals:
         return await self._read(_totals)
@@ -1225,6 +1323,14 @@ class SqlStore:
 
         return await self._run(purge)
 
+    # -- retention --------------------------------------------------------------------
+
+    async def prunable(self, age_s: float, limit: int) -> Sequence[str]:
+        return await self._read(_prunable, age_s, limit)
+
+    async def prune(self, request_ids: Sequence[str], age_s: float) -> tuple[int, int]:
+        return await self._run(_prune, list(request_ids), age_s)
+
     # -- jobs -------------------------------------------------------------------------
 
     async def put_job(self, job: Job) -> None:
@@ -1246,10 +1352,8 @@ class SqlStore:
     async def update_job(self, job_id: str, **fields: Any) -> None:
         await self._run(_update_job, job_id, fields)
 
-    async def claim_jobs(
-        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
-    ) -> Sequence[Job]:
-        return await self._run(_claim_jobs, owner, now, all_others, include_own)
+    async def claim_jobs(self, owner: str, *, all_others: bool, include_own: bool = False) -> Sequence[Job]:
+        return await self._run(_claim_jobs, owner, all_others, include_own)
 
     async def jobs_to_notify(self) -> Sequence[Job]:
         def get(db: Executor) -> list[Job]:

@@ -53,6 +53,10 @@ class _Locked(sqlite3.OperationalError):
 class _SqliteExecutor:
     __slots__ = ("_cache", "_conn")
 
+    # one process owns the file: the database's clock is this process's (julianday('now')
+    # reads the system clock, to the millisecond, once per statement)
+    clock = "((julianday('now') - 2440587.5) * 86400.0)"
+
     def __init__(self, conn: sqlite3.Connection, cache: dict[str, str]) -> None:
         self._conn = conn
         self._cache = cache

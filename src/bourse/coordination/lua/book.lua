@@ -17,7 +17,7 @@
 --                  attempt tells a requeued order's admissions apart)
 --   lease   ZSET   order_id -> lease expiry (ms); renewed by the owner's heartbeat
 --   busy    HASH   deployment -> slots in use
---   cool    HASH   deployment -> cooling until (ms), set by a replica's breaker
+--   cool    HASH   deployment -> cooling until (ms, Redis's clock), set by a replica's breaker
 --   stats   HASH   'admitted' -> admissions ever; 'swept' -> last sweep of parked orders (ms)
 --   recent  LIST   'ms|price|bid|deployment', newest first, 32 kept
 --   seq     STRING arrival counter (at least the arrival time in µs, so arrivals stay
@@ -73,9 +73,11 @@ end
 local function busy_of(name) return tonumber(redis.call('HGET', busy, name) or '0') end
 local function cool_of(name) return tonumber(redis.call('HGET', cool, name) or '0') end
 
-local function cool_until(name, until_ms)
-  -- a replica's breaker opened: no clear uses ``name`` before ``until_ms``
-  if until_ms > 0 and until_ms > cool_of(name) then redis.call('HSET', cool, name, until_ms) end
+local function cool_for(name, for_ms)
+  -- a replica's breaker opened: no clear uses ``name`` for ``for_ms`` from now, on
+  -- Redis's clock (a replica sends a duration, never its own clock's time)
+  local until_ms = now + for_ms
+  if for_ms > 0 and until_ms > cool_of(name) then redis.call('HSET', cool, name, until_ms) end
 end
 
 local function free_slot(name)

@@ -1,11 +1,11 @@
--- ARGV[A..A+7]: order_id, bid, seq (0: new), avoid, replica, max_waiting, cool_until
--- (ms, 0: no), attempt.
+-- ARGV[A..A+7]: order_id, bid, seq (0: new), avoid, replica, max_waiting, cool_for
+-- (ms from now, 0: no), attempt.
 -- A requeue is a submit of an order that holds a slot: the slot is given back and
 -- the order rests again with its arrival in the same step, so no later order of
 -- equal bid can take its place in between.
 local oid, bid_s, seq, avoid, replica = ARGV[A], ARGV[A + 1], tonumber(ARGV[A + 2]), ARGV[A + 3], ARGV[A + 4]
 local h = redis.call('HGET', held, oid)
-if h then cool_until(split(h)[1], tonumber(ARGV[A + 6] or '0')) end
+if h then cool_for(split(h)[1], tonumber(ARGV[A + 6] or '0')) end
 drop(oid)   -- the slot of a requeued order, or an earlier life of it (a job resumed after a crash)
 prune()
 if redis.call('ZCARD', book) >= tonumber(ARGV[A + 5]) then

@@ -1,0 +1,167 @@
+"""Replicas whose clocks disagree: leases, take-overs and expiry judged on one clock.
+
+Found by the fault drills of issue 35 (item 3): with one replica's clock 120 s ahead,
+it "resumed 10 jobs of a replica whose lease lapsed" while that replica was alive and
+running them. Every job was generated twice, the owner's settlements were dropped
+("hold ... was already closed") and, in a longer run, jobs ended ``failed`` ("the
+result is lost"). Each replica wrote its ledger lease (``instances.lease_until``) and
+judged the others' on its own ``time.time()``: a clock ahead sees every other lease
+lapsed; a clock behind writes leases that the others see lapsed already.
+
+Two ``bourse serve`` replicas share one PostgreSQL database and one Redis book, as
+docs/replicas.md runs them; one of them runs under libfaketime (Debian's
+``libfaketime``, ``LD_PRELOAD`` with ``FAKETIME``), +120 s in one case and -120 s in
+the other. Slow jobs (the simulator at 10 tokens/s, longer than two of the replicas'
+lease sweeps) are submitted to both. Every job must succeed, run once (one hold per
+request, settled), with no settlement dropped, no take-over logged, and the books
+balanced (:mod:`tests.faults.ledger`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from tests.faults.ledger import read_books
+from tests.support.databases import MISSING_SERVICE_MARK, services_required
+from tests.support.processes import serve_process
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+ADMIN_KEY = "bk_admin_clock_skew"
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
+LIBFAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))), None)
+"""Debian's libfaketime (scripts/ensure-faketime installs it from the test command)."""
+JOBS_PER_REPLICA = 5
+OUTPUT_TOKENS = 130
+TOKENS_PER_S = 10
+"""A job runs ~13 s: past two of the replicas' lease sweeps (every 5 s, the ledger lease being 15 s)."""
+DONE_S = 60.0
+
+
+def _config(redis_url: str, prefix: str) -> str:
+    return f"""
+[server]
+log_level = "info"
+log_format = "json"
+
+[cluster]
+redis_url = "{redis_url}"
+key_prefix = "{prefix}"
+lease_s = 1
+
+[products.slow]
+sim_overrides = true
+[[products.slow.deployments]]
+engine = "sim"
+slots = {2 * JOBS_PER_REPLICA}
+floor = 0.1
+"""
+
+
+def _log_lines(tmp: Path, name: str) -> list[str]:
+    logs = sorted(tmp.glob(f"{name}-*.log"), key=lambda p: p.stat().st_mtime)
+    return logs[-1].read_text(errors="replace").splitlines() if logs else []
+
+
+def _clock_of(tmp: Path, name: str) -> float:
+    """The replica's own time, read from the timestamp of its latest JSON log line."""
+    for line in reversed(_log_lines(tmp, name)):
+        if line.startswith("{"):
+            ts = json.loads(line)["ts"]
+            return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
+    raise AssertionError(f"no JSON log line from {name}")
+
+
+def _holds_per_request(dsn: str) -> dict[str, list[tuple[str, int, str]]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT request_id, state, charged_micros, owner FROM holds").fetchall()
+    out: dict[str, list[tuple[str, int, str]]] = {}
+    for request_id, state, charged, owner in rows:
+        out.setdefault(str(request_id), []).append((str(state), int(charged), str(owner)))
+    return out
+
+
+@pytest.fixture
+def skew_setup(tmp_path: Path, postgres_dsn: str, redis_service_url: str) -> Iterator[dict[str, Any]]:
+    if LIBFAKETIME is None:
+        problem = "libfaketime is not installed (apt-get install faketime libfaketime; scripts/test does it)"
+        if services_required():
+            pytest.fail(f"{problem}; BOURSE_REQUIRE_SERVICES=1 makes this a failure", pytrace=False)
+        pytest.skip(f"{problem}; {MISSING_SERVICE_MARK}")
+    yield {"tmp": tmp_path, "dsn": postgres_dsn, "redis": redis_service_url}
+
+
+@pytest.mark.parametrize("skew", ["+120s", "-120s"], ids=["ahead", "behind"])
+def test_a_replica_with_a_skewed_clock_runs_no_job_twice(skew_setup: dict[str, Any], skew: str) -> None:
+    tmp, dsn = skew_setup["tmp"], skew_setup["dsn"]
+    prefix = "t" + os.urandom(6).hex()
+    config = _config(skew_setup["redis"], prefix)
+    faked = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": skew}
+    with ExitStack() as stack:
+        urls = []
+        for i, env in enumerate([None, faked]):
+            data = tmp / f"data{i}"
+            data.mkdir()
+            url, _ = stack.enter_context(
+                serve_process(tmp, f"replica{i}", config, data, ADMIN_KEY, dsn, env=env)
+            )
+            urls.append(url)
+        r = httpx.post(urls[0] + "/admin/accounts", headers=ADMIN, json={"id": "skew", "credit_usd": 100.0})
+        assert r.status_code == 201, r.text
+        r = httpx.post(urls[0] + "/admin/keys", headers=ADMIN, json={"account": "skew"})
+        assert r.status_code == 201, r.text
+        user = {"authorization": f"Bearer {r.json()['key']}"}
+
+        # the skew is real: the faked replica's log lines are stamped ~120 s off
+        offset = _clock_of(tmp, "replica1") - time.time()
+        expected = float(skew.rstrip("s"))
+        assert abs(offset - expected) < 20, f"replica1's clock is {offset:+.1f} s off, not {skew}"
+
+        jobs: dict[str, str] = {}  # job id -> request id
+        body = {"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": OUTPUT_TOKENS,
+                "sim": {"output_tokens": OUTPUT_TOKENS, "tokens_per_s": TOKENS_PER_S}}  # fmt: skip
+        for n in range(2 * JOBS_PER_REPLICA):
+            r = httpx.post(urls[n % 2] + "/v1/jobs", headers=user, timeout=30,
+                           json={"endpoint": "/v1/chat/completions", "body": body})  # fmt: skip
+            assert r.status_code == 202, r.text
+            jobs[r.json()["id"]] = r.json()["request_id"]
+
+        deadline = time.monotonic() + DONE_S
+        views: dict[str, dict[str, Any]] = {}
+        while time.monotonic() < deadline:
+            for job_id in jobs:
+                views[job_id] = httpx.get(urls[0] + f"/v1/jobs/{job_id}", headers=user, timeout=30).json()
+            ended = all(v["status"] not in ("queued", "running") for v in views.values())
+            if ended and not read_books(tmp, dsn).ids("open"):
+                break
+            time.sleep(0.5)
+        statuses = {j: v["status"] for j, v in views.items()}
+        assert set(statuses.values()) == {"succeeded"}, (statuses, [v.get("error") for v in views.values()])
+
+        holds = _holds_per_request(dsn)
+        twice = {jobs[j]: holds.get(jobs[j]) for j in jobs if len(holds.get(jobs[j], [])) != 1}
+        assert not twice, f"jobs run more than once (holds per request): {twice}"
+        for j in jobs:
+            [(state, charged, _)] = holds[jobs[j]]
+            assert state == "settled" and charged > 0, (j, holds[jobs[j]])
+            assert charged == views[j]["result"]["usage"]["cost_micros"], (j, holds[jobs[j]], views[j])
+        books = read_books(tmp, dsn)
+        books.assert_balanced()
+        assert not books.ids("open") and not books.ids("reconciling"), books
+
+        lines = _log_lines(tmp, "replica0") + _log_lines(tmp, "replica1")
+        dropped = [ln for ln in lines if "already closed" in ln]
+        taken = [ln for ln in lines if "lease lapsed" in ln or "reconciling" in ln]
+        assert not dropped, f"settlements dropped: {dropped[:3]}"
+        assert not taken, f"a live replica's work was taken over: {taken[:3]}"
