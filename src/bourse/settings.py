@@ -283,6 +283,9 @@ class StorageConfig(_Strict):
     idempotency_ttl_s: float = Field(default=86_400.0, ge=60, le=30 * 86_400)
     idempotency_purge_interval_s: float = Field(default=600.0, ge=0.05, le=86_400)
     """How often expired idempotency keys are deleted (default every 10 minutes)."""
+    unavailable_timeout_s: float = Field(default=5.0, ge=0.1, le=60)
+    """The longest a request waits for the database (a connection from the pool, a
+    locked SQLite file) before it gets 503 ``no_capacity`` with ``retry-after``."""
 
 
 class JobsConfig(_Strict):

@@ -36,6 +36,7 @@ from bourse.ports.stores import (
     KeyRevoked,
     ResponseRecord,
     StoredResponse,
+    StoreUnavailable,
     Totals,
     UnknownAccount,
     UnknownKey,
@@ -1021,7 +1022,7 @@ class SqlStore:
 
     def _ledger_writer(self) -> tuple[Coalescer[LedgerWrite, Hold | None], dict[str, str]]:
         if self._writes is None or self._hold_accounts is None:
-            self._writes = Coalescer(self._write_one, self._write_many)
+            self._writes = Coalescer(self._write_one, self._write_many, fail_together=(StoreUnavailable,))
             self._hold_accounts = {}
         return self._writes, self._hold_accounts
 
