@@ -196,7 +196,9 @@ class Container:
 
     def drainer(self) -> Drain:
         """What a stop signal runs before the server stops (``[server] drain_timeout_s``)."""
-        return Drain(self.completions, self.jobs, self.config.server.drain_timeout_s)
+        return Drain(
+            self.completions, self.jobs, self.config.server.drain_timeout_s, self.housekeeping.sweep_once
+        )
 
 
 def unreachable_services(config: Config, env: Environment, database: str | None = None) -> list[str]:
@@ -385,7 +387,12 @@ def build(
         ),
         observer=observer,
     )
-    housekeeping = Housekeeping(store, interval_s=config.storage.idempotency_purge_interval_s)
+    housekeeping = Housekeeping(
+        store,
+        interval_s=config.storage.idempotency_purge_interval_s,
+        sweeps=(billing.sweeper.sweep, jobs.sweep),
+        sweep_interval_s=config.storage.hold_sweep_interval_s,
+    )
     r = config.responses
     responses = ResponseService(store, jobs, ResponseLimits(r.retention_s, r.sweep_interval_s))
     from bourse.storage.reports import SqlReports

@@ -1,19 +1,20 @@
 """PostgreSQL refusing every connection of the gateway's database (issue 35, item 2).
 
-A ``bourse serve`` process on a fresh PostgreSQL database serves one account; then
-its database is made to refuse connections (``ALTER DATABASE … ALLOW_CONNECTIONS
-false``, and every backend of it terminated) and ten requests of that account come at
-once. Before the fix 9 of 10 got 500 ``internal_error`` after 20 s and one a 503: the
+A ``bourse serve`` process on a fresh PostgreSQL database serves one account; slow
+streams and a job of it are started, then its database is made to refuse connections
+(``ALTER DATABASE … ALLOW_CONNECTIONS false``, and every backend of it terminated) and
+ten requests of that account come at once. Before the fix 9 of 10 got 500 ``internal_error`` after 20 s and one a 503: the
 concurrent holds of one account go as one batch (``PostgresStore._write_many``), and
 that path let the pool's ``PoolTimeout`` through unmapped, after the pool's 10 s wait
 and a retry.
 
 Now every store call maps unavailability alike, within ``[storage]
 unavailable_timeout_s`` (default 5 s): each of the ten gets 503 ``no_capacity`` with
-``retry-after`` within that time (and a small margin), none a 500. Once the database
-accepts connections again requests succeed (within :data:`BACK_S`: the pool gives up
-a reconnection after that same timeout, so its backed-off waits do not outlive the
-outage), and at rest the books balance with no hold open.
+``retry-after`` within that time (and a small margin), none a 500; the streams under
+way end for their clients within one such timeout of their last token (their
+settlements, refused, are kept). Once the database accepts connections again requests
+succeed, and on the live gateway every hold is closed as its run decided (none left
+open or to an operator, the balance back), the job has its result, the books balance.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ UNAVAILABLE_TIMEOUT_S = 5.0
 """The default of ``[storage] unavailable_timeout_s``."""
 MARGIN_S = 1.5
 """What an answer may take past the timeout (the event loop, the client, a slow CI)."""
+LONG_STREAMS = 3
+LONG_SIM = {"output_tokens": 30, "tokens_per_s": 10}
+LONG_S = 3.0
+"""The runs under way when the database starts refusing: three seconds each."""
 BACK_S = 10.0
 """Within this after the database accepts connections again, requests succeed."""
 SETTLE_S = 20.0
@@ -98,13 +103,54 @@ async def _request(client: httpx.AsyncClient, key: str, n: int) -> tuple[int, st
     return r.status_code, code, r.headers.get("retry-after"), took
 
 
-async def _outage(url: str, key: str, dsn: str) -> list[tuple[int, str | None, str | None, float]]:
-    """The database made to refuse, ten requests at once, the database back."""
+async def _long_runs(url: str, key: str, started: asyncio.Event) -> list[tuple[str, float]]:
+    """Streams and a job whose holds are placed before the outage and whose runs end
+    during it (``started`` once every stream has its first token): each stream's end
+    (its last data frame) and how long it took, and the job's id."""
+    auth = {"authorization": f"Bearer {key}"}
+    body = {"model": "pd", "messages": USER, "sim": LONG_SIM}
+    first = asyncio.Semaphore(0)
+
+    async def stream(client: httpx.AsyncClient) -> tuple[str, float]:
+        t0 = time.monotonic()
+        last = ""
+        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        async with client.stream("POST", "/v1/chat/completions", json=streamed, headers=auth) as r:
+            assert r.status_code == 200, await r.aread()
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    if not last:
+                        first.release()
+                    last = line
+        return last, time.monotonic() - t0
+
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(60.0)) as client:
+        r = await client.post(
+            "/v1/jobs", json={"endpoint": "/v1/chat/completions", "body": body}, headers=auth
+        )
+        assert r.status_code == 202, r.text
+        tasks = [asyncio.create_task(stream(client)) for _ in range(LONG_STREAMS)]
+        for _ in range(LONG_STREAMS):
+            await first.acquire()
+        started.set()
+        return [*await asyncio.gather(*tasks), (orjson.loads(r.content)["id"], 0.0)]
+
+
+async def _outage(
+    url: str, key: str, dsn: str
+) -> tuple[list[tuple[int, str | None, str | None, float]], list[tuple[str, float]]]:
+    """Long runs started, the database made to refuse, ten requests at once; the
+    database accepts connections again once the long runs have ended."""
+    started = asyncio.Event()
+    long_runs = asyncio.create_task(_long_runs(url, key, started))
+    await asyncio.wait_for(started.wait(), 30)
     await asyncio.to_thread(_refuse, dsn, True)
     try:
-        return await _concurrent(url, key)
+        results = await _concurrent(url, key)
+        ended = await asyncio.wait_for(long_runs, 60)
     finally:
         await asyncio.to_thread(_refuse, dsn, False)
+    return results, ended
 
 
 async def _concurrent(url: str, key: str) -> list[tuple[int, str | None, str | None, float]]:
@@ -135,13 +181,24 @@ def test_a_database_refusing_connections_answers_503_within_the_timeout_never_50
         (key,) = gw.accounts("refuse", 1, 20.0)
         warm = asyncio.run(_concurrent(url, key))
         assert all(status in (200, 202) for status, *_ in warm), warm
-        results = asyncio.run(_outage(url, key, dsn))
+        results, ended = asyncio.run(_outage(url, key, dsn))
         bad = [r for r in results if r[0] != 503 or r[1] != "no_capacity" or r[2] is None]
         assert not bad, results
         slowest = max(took for *_, took in results)
         assert slowest <= UNAVAILABLE_TIMEOUT_S + MARGIN_S, results
+        # the runs under way end for their clients (their usage as settled, the settlement
+        # itself refused and kept), each within one timeout of the database's
+        streams = ended[:LONG_STREAMS]
+        assert all('"usage"' in last and "internal_error" not in last for last, _ in streams), streams
+        assert max(took for _, took in streams) <= LONG_S + UNAVAILABLE_TIMEOUT_S + MARGIN_S, streams
         back_s = _served_again(url, key)
-        books = gw.at_rest(SETTLE_S)
+        books = gw.at_rest(SETTLE_S)  # no hold open, the job ended: on the live gateway
         books.assert_balanced()
-        assert not books.ids("open"), books.ids("open")
+        assert not books.ids("reconciling"), books.ids("reconciling")  # each closed as its run decided
+        a = gw.admin("GET", "/admin/accounts/refuse-0").json()
+        assert a["balance_micros"] == a["credited_micros"] - a["spent_micros"], a
+        job = httpx.get(
+            f"{url}/v1/jobs/{ended[-1][0]}", headers={"authorization": f"Bearer {key}"}, timeout=10
+        )
+        assert job.json()["status"] == "succeeded", job.text
         print(f"outage: {[r[:2] for r in results]}; slowest {slowest:.2f} s; served again in {back_s:.1f} s")

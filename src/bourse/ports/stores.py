@@ -237,11 +237,23 @@ class LedgerStore(Protocol):
     ) -> list[Hold]: ...
     async def hold(self, hold_id: str) -> Hold | None: ...
     async def reconcile_orphans(
-        self, owner: str, now: float, *, all_others: bool, include_own: bool = False
+        self,
+        owner: str,
+        now: float,
+        *,
+        all_others: bool,
+        include_own: bool = False,
+        hold_ids: Sequence[str] | None = None,
     ) -> int:
         """Move open holds owned by others to reconciling: all of them (single node),
         or those whose owner's lease has lapsed (replicas); ``include_own`` adds this
-        instance's own from a previous life (at start-up, before anything runs)."""
+        instance's own from a previous life (at start-up, before anything runs).
+        ``hold_ids``: only those of this instance's own open holds (that no run of it
+        holds any more: the hold sweeper's)."""
+        ...
+
+    async def open_hold_ids(self, owner: str, limit: int) -> Sequence[str]:
+        """The ids of ``owner``'s open holds, oldest first, at most ``limit``."""
         ...
 
     async def heartbeat(self, owner: str, lease_until: float, now: float) -> None: ...
