@@ -144,6 +144,8 @@ class SqliteStore(SqlStore):
         self._dirty = False
         """Commits since the WAL was last reset."""
         self._last_commit = 0.0
+        """When (monotonic) a batch last changed a row (``total_changes``): reads and empty
+        sweeps do not count."""
         self._wake_at = self.WAL_STEP_BYTES
         """WAL size at which the commit thread next wakes the checkpoint thread."""
         self._frame_size = 0
@@ -264,7 +266,8 @@ class SqliteStore(SqlStore):
 
     def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         """The commit thread: each batch of what is queued, in one transaction."""
-        inbox = self._inbox
+        inbox, conn = self._inbox, self._conn
+        assert conn is not None
         while True:
             item = inbox.get()
             if item is None:
@@ -279,18 +282,25 @@ class SqliteStore(SqlStore):
                     break
                 batch.append(item)
             with self._batch_lock:
+                changes = conn.total_changes
                 try:
                     results = self._run_batch(batch)
                 except BaseException as exc:  # a fault of this module: fail the batch, keep serving
                     log.exception("SQLite batch failed")
                     results = [(fut, False, exc) for _, _, fut in batch]
                     self._roll_back()
+                wrote = conn.total_changes != changes
             try:
                 loop.call_soon_threadsafe(_resolve, results)
             except RuntimeError:  # the loop is closed (shutdown)
                 return
             if stop:
                 return
+            if not wrote:
+                # reads, and sweeps that found nothing to change: nothing reached the WAL,
+                # so the store stays idle (a sweeper every half second would otherwise
+                # keep the idle pass, which empties the WAL, from ever coming)
+                continue
             self._dirty = True
             self._last_commit = time.monotonic()
             self._commits += len(batch)  # writes: a batch of many writes grows the log as much
@@ -349,8 +359,11 @@ class SqliteStore(SqlStore):
     #   twice the limit the commit thread waits for the pass (at most a second): the WAL
     #   stays bounded even when this thread is starved of CPU (not when another process's
     #   readers hold the log: waiting would not help);
-    # - when no commit came for IDLE_CHECKPOINT_S, empties a WAL that is not (TRUNCATE:
-    #   nothing waits on it then), so an idle gateway keeps no log behind.
+    # - when no row was written for IDLE_CHECKPOINT_S, empties a WAL that is not
+    #   (TRUNCATE: nothing waits on it then), so an idle gateway keeps no log behind.
+    #   Idle means no work written, not no commit called: reads, and periodic sweeps
+    #   that find nothing to change (each a transaction on the commit thread, with no
+    #   row changed, so no WAL frame), leave the store idle (``_serve``).
     #
     # ``journal_size_limit`` (twice WAL_LIMIT_BYTES) trims the file when the log restarts
     # and the file had grown past it: not at the limit itself, since a reset comes only
