@@ -125,7 +125,7 @@ class JobService:
     _claimer: asyncio.Task[None] | None = None
     _notifying: set[str] = field(default_factory=set)
     _unwritten: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Job states the store refused past their retries, by job id: the next write of the
+    """Job states the database refused (unavailable), by job id: the next write of the
     job carries them, or :meth:`sweep` writes them once the job no longer runs here."""
 
     # -- submit -------------------------------------------------------------------
@@ -273,6 +273,10 @@ class JobService:
                 log.error("job %s: the database refused its state (%s) and %d states wait already; the "
                           "gateway's next start resumes the job", job_id, fields.get("status"), MAX_UNWRITTEN)  # fmt: skip
             return False
+        except BaseException:  # not the database's unavailability: what was kept before stays kept
+            if kept is not None:
+                self._unwritten.setdefault(job_id, kept)
+            raise
         return True
 
     async def sweep(self) -> int:

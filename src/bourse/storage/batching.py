@@ -9,7 +9,9 @@ go together, as one batch, in one transaction that takes the row once. Unloaded,
 costs nothing; loaded, a commit carries as many writes as have queued up.
 
 A batch function answers each item separately (a value or the exception that item
-alone would have raised), so a refused item never fails its neighbours.
+alone would have raised), so a refused item never fails its neighbours. A write that
+finds the database unavailable (``fail_together``) is the exception: the writes queued
+behind it get the same answer at once, rather than each waiting out the one before it.
 """
 
 from __future__ import annotations
