@@ -112,20 +112,20 @@ def _openai_engine(
     return engine, dep.model
 
 
-def build_store(database: str | None, data_dir: Path) -> SqlStore:
+def build_store(database: str | None, data_dir: Path, unavailable_timeout_s: float = 5.0) -> SqlStore:
     if database and database.startswith(("postgresql://", "postgres://")):
         from bourse.storage.postgres import PostgresStore
 
-        return PostgresStore(database)
+        return PostgresStore(database, unavailable_timeout_s=unavailable_timeout_s)
     from bourse.storage.sqlite import SqliteStore
 
     if database and database.startswith("sqlite:///"):
-        return SqliteStore(database.removeprefix("sqlite:///"))
+        return SqliteStore(database.removeprefix("sqlite:///"), unavailable_timeout_s=unavailable_timeout_s)
     if database:
         raise ValueError(
             f"database: expected postgresql://… or sqlite:///path, got {database.split(':', 1)[0]}:…"
         )
-    return SqliteStore(data_dir / "bourse.db")
+    return SqliteStore(data_dir / "bourse.db", unavailable_timeout_s=unavailable_timeout_s)
 
 
 @dataclass
@@ -206,7 +206,9 @@ class Container:
 
     def drainer(self) -> Drain:
         """What a stop signal runs before the server stops (``[server] drain_timeout_s``)."""
-        return Drain(self.completions, self.jobs, self.config.server.drain_timeout_s)
+        return Drain(
+            self.completions, self.jobs, self.config.server.drain_timeout_s, self.housekeeping.sweep_once
+        )
 
 
 def unreachable_services(config: Config, env: Environment, database: str | None = None) -> list[str]:
@@ -305,7 +307,7 @@ def build(
             return RedisBook(hub, product, deployments, max_waiting=max_waiting)
         return LocalBook(ProductBook(product, deployments, max_waiting=max_waiting))
 
-    store = build_store(database, data)
+    store = build_store(database, data, config.storage.unavailable_timeout_s)
     markets: dict[str, Market] = {}
     kind = "postgresql" if database and database.startswith(("postgresql://", "postgres://")) else "sqlite"
     # the observer reads the markets' books when scraped: the dict is filled below
@@ -399,6 +401,8 @@ def build(
     housekeeping = Housekeeping(
         store,
         interval_s=st.idempotency_purge_interval_s,
+        sweeps=(billing.sweeper.sweep, jobs.sweep),
+        sweep_interval_s=st.hold_sweep_interval_s,
         retention_s=st.retention_s,
         retention_interval_s=st.retention_interval_s,
     )

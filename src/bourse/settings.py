@@ -289,6 +289,13 @@ class StorageConfig(_Strict):
     default): kept for ever."""
     retention_interval_s: float = Field(default=600.0, ge=0.05, le=86_400)
     """How often the records past ``retention_s`` are looked for (default every 10 minutes)."""
+    unavailable_timeout_s: float = Field(default=5.0, ge=0.1, le=60)
+    """The longest a request waits for the database (a connection from the pool, a
+    locked SQLite file) before it gets 503 ``no_capacity`` with ``retry-after``."""
+    hold_sweep_interval_s: float = Field(default=5.0, ge=0.05, le=3600)
+    """How often this gateway writes what its store refused while it was unavailable
+    (the closes of holds and the states of jobs whose runs ended meanwhile) and
+    reconciles any hold of its own that no run holds any more."""
 
 
 class JobsConfig(_Strict):

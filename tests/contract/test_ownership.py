@@ -101,3 +101,27 @@ async def test_own_holds_from_a_previous_life_are_reconciled_at_start(store_fact
         assert (await s.hold(theirs.id)).state == "open"
         t = await s.totals()
         assert t.credits_micros == t.balances_micros + t.holds_micros + t.revenue_micros
+
+
+@pytest.mark.anyio
+async def test_the_hold_sweeper_reconciles_only_the_named_holds_of_its_own(
+    store_factory: StoreFactory,
+) -> None:
+    async with store_factory() as s:
+        await s.create_account("a", 10_000, NOW)
+        await s.heartbeat("me", 30)
+        await s.heartbeat("alive", 30)
+        unheld, held, theirs = mk_hold("me"), mk_hold("me"), mk_hold("alive")
+        for h in (unheld, held, theirs):
+            await s.place_hold(h)
+        assert set(await s.open_hold_ids("me", 100)) == {unheld.id, held.id}
+        assert len(await s.open_hold_ids("me", 1)) == 1
+        # another owner's hold named by mistake is not touched, nor one closed meanwhile
+        assert await s.reconcile_orphans("me", all_others=False, hold_ids=[unheld.id, theirs.id]) == 1
+        assert await s.reconcile_orphans("me", all_others=False, hold_ids=[unheld.id]) == 0
+        assert await s.reconcile_orphans("me", all_others=False, hold_ids=[]) == 0
+        states = {h.id: (await s.hold(h.id)).state for h in (unheld, held, theirs)}
+        assert states == {unheld.id: "reconciling", held.id: "open", theirs.id: "open"}
+        assert await s.open_hold_ids("me", 100) == [held.id]
+        t = await s.totals()
+        assert t.credits_micros == t.balances_micros + t.holds_micros + t.revenue_micros

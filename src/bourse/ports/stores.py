@@ -239,11 +239,23 @@ class LedgerStore(Protocol):
         self, state: HoldState | None, account_id: str | None = None, limit: int = 100
     ) -> list[Hold]: ...
     async def hold(self, hold_id: str) -> Hold | None: ...
-    async def reconcile_orphans(self, owner: str, *, all_others: bool, include_own: bool = False) -> int:
+    async def reconcile_orphans(
+        self,
+        owner: str,
+        *,
+        all_others: bool,
+        include_own: bool = False,
+        hold_ids: Sequence[str] | None = None,
+    ) -> int:
         """Move open holds owned by others to reconciling: all of them (single node),
         or those whose owner's lease has lapsed on the database's clock (replicas);
         ``include_own`` adds this instance's own from a previous life (at start-up,
-        before anything runs)."""
+        before anything runs). ``hold_ids``: only those of this instance's own open
+        holds (that no run of it holds any more: the hold sweeper's)."""
+        ...
+
+    async def open_hold_ids(self, owner: str, limit: int) -> Sequence[str]:
+        """The ids of ``owner``'s open holds, oldest first, at most ``limit``."""
         ...
 
     async def heartbeat(self, owner: str, lease_s: float) -> float:

@@ -12,9 +12,9 @@ never sees the run itself.
   following the outcome x policy table of :mod:`bourse.domain.charging` (SPEC
   sections 7, 8, 12), and writes the usage record in the same transaction. The run
   starts it as a task of its own, so a client that leaves can neither strand a hold
-  nor lose a charge; a store that fails is retried with back-off
-  (:mod:`bourse.retrying`), and a hold still open after that is reconciled at the
-  next start.
+  nor lose a charge; a close the store refuses (after the adapter's own retries) is
+  kept for the hold sweeper (:mod:`bourse.services.hold_sweep`), which writes it once
+  the store takes it again, on the live gateway and in the drain before it exits.
 - Recovery: at start-up the holds left open by a previous run go to
   ``reconciling``; a heartbeat keeps this instance's lease for replicas, on the
   database's clock (the store writes and judges leases in its SQL), and measures this
@@ -52,17 +52,17 @@ from bourse.ports.stores import (
     InsufficientFunds,
     KeyBudgetExceeded,
     LedgerStore,
+    StoreUnavailable,
     UnknownAccount,
     UsageRecord,
     cap_period,
 )
-from bourse.retrying import retry_call
 from bourse.services.clock import DatabaseClock
+from bourse.services.hold_sweep import HoldClose, HoldSweeper
 from bourse.wire.prompt import PromptSize
 
 log = logging.getLogger("bourse.billing")
 
-SETTLE_ATTEMPTS = 5
 NO_USAGE_NOTE = "the engine gave no usage"
 """The note of a hold moved to ``reconciling`` because its run reported no usage."""
 ENDPOINTS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
@@ -189,6 +189,8 @@ class Billing:
         """The database's clock (its offset measured by each heartbeat): the time of
         every ledger and job record that another replica compares."""
         self._heartbeat: asyncio.Task[None] | None = None
+        self.sweeper = HoldSweeper(store, self.owner, self._write, self.clock.now)
+        """This gateway's holds not closed yet, and their sweep (``[storage] hold_sweep_interval_s``)."""
 
     # -- before the book ----------------------------------------------------------
 
@@ -203,6 +205,8 @@ class Billing:
         if key is not None and key.spend_cap_period is not None and key.spend_cap_micros is not None:
             period = cap_period(key.spend_cap_period, now)
         t = time.perf_counter()
+        sweeper = self.sweeper
+        sweeper.placing(hold_id)
         try:
             await self.store.place_hold(
                 Hold(
@@ -219,8 +223,10 @@ class Billing:
                 )
             )
         except KeyBudgetExceeded as exc:
+            sweeper.done(hold_id)
             raise budget_exceeded(exc, quote) from None
         except InsufficientFunds as exc:
+            sweeper.done(hold_id)
             can = affordable_tokens(exc.balance_micros, price_units(quote.bid))
             raise GatewayError(
                 402,
@@ -230,28 +236,39 @@ class Billing:
                 f"can afford {can} tokens: lower max_tokens, shorten the prompt, or add credit.",
             ) from None
         except UnknownAccount:
+            sweeper.done(hold_id)
             raise GatewayError(401, "invalid_api_key", "This API key's account no longer exists.") from None
-        except Exception as exc:
-            self.observer.backend_error("database", "hold", exc)
+        except BaseException as exc:  # cancelled too: the transaction may stand
+            sweeper.not_placed(hold_id)
+            if isinstance(exc, Exception):
+                self.observer.backend_error("database", "hold", exc)
             raise
         self.observer.ledger_timed("hold", time.perf_counter() - t)
         return hold_id
 
     async def release(self, hold_id: str) -> None:
-        """The order never entered the book (503): give the hold back."""
+        """The order never entered the book (503), or a job is handed back: give the
+        hold back (the hold sweeper does, if the store refuses it now)."""
         t = time.perf_counter()
         try:
             await self.store.release(hold_id, None, self.clock.now())
-        except Exception as exc:
+        except HoldNotOpen as exc:
             self.observer.backend_error("database", "release", exc)
             raise
+        except BaseException as exc:
+            self.sweeper.keep(HoldClose(hold_id, "release", 0, None, self.clock.now()), exc)
+            if isinstance(exc, Exception):
+                self.observer.backend_error("database", "release", exc)
+            raise
+        finally:
+            self.sweeper.done(hold_id)
         self.observer.ledger_timed("release", time.perf_counter() - t)
 
     # -- after the outcome ----------------------------------------------------------
 
     async def settle(self, closing: Closing) -> Settlement:
         """Close the hold per policy with its usage record; the settlement. Never raises
-        for the store: a hold it cannot close stays open, to be reconciled at the next start.
+        for the store: a close it refuses past the retries is kept for the hold sweeper.
         (One coroutine, with the write's below it: every suspension of the write resumes
         each coroutine above it.)"""
         s = assess(closing)
@@ -267,45 +284,46 @@ class Billing:
             cost_micros=s.cost_micros,
             record=usage_document(closing, s),
         )
-        now = self.clock.now()
-        store, observer = self.store, self.observer
-
-        async def write() -> None:
-            # one coroutine between the retry and the store's write (each suspension of
-            # the write resumes every coroutine above it)
-            t = time.perf_counter()
-            try:
-                if s.action == "settle":
-                    await store.settle(hold_id, s.cost_micros, record, now)
-                elif s.action == "release":
-                    await store.release(hold_id, record, now)
-                else:
-                    await store.to_reconciling(hold_id, record, NO_USAGE_NOTE, now)
-                    observer.hold_reconciling(hold_id, record.request_id, NO_USAGE_NOTE)
-            except HoldNotOpen:
-                log.error("hold %s of request %s was already closed", hold_id, request_id)
-                return
-            except Exception as exc:
-                observer.backend_error("database", s.action, exc)
-                raise
-            observer.ledger_timed(s.action, time.perf_counter() - t)
-
+        close = HoldClose(hold_id, s.action, s.cost_micros, record, self.clock.now())
+        # one attempt: the adapters already retry what a retry mends (a lost connection,
+        # a file locked within the busy timeout); a store still unavailable after that
+        # would keep the client waiting (its last frames follow the settlement), so the
+        # close is kept for the hold sweeper, which writes it once the store is back
         try:
-            await retry_call(
-                write,
-                attempts=SETTLE_ATTEMPTS,
-                base_s=0.05,
-                max_s=1.0,
-                what=f"closing hold {hold_id}",
-                logger=log,
-            )
-        except Exception:
-            log.exception(
-                "hold %s stays open after %d attempts; it will be reconciled at the next start",
-                hold_id,
-                SETTLE_ATTEMPTS,
-            )
+            await self._write(close, False)
+        except Exception as exc:
+            self.sweeper.keep(close, exc)
+        except BaseException as exc:
+            self.sweeper.keep(close, exc)
+            raise
+        finally:
+            self.sweeper.done(hold_id)
         return s
+
+    async def _write(self, close: HoldClose, swept: bool) -> None:
+        """Write one close (``swept``: by the hold sweeper, after the store refused it)."""
+        store, observer = self.store, self.observer
+        hold_id, usage = close.hold_id, close.usage
+        t = time.perf_counter()
+        try:
+            if close.action == "settle":
+                await store.settle(hold_id, close.cost_micros, usage, close.now)
+            elif close.action == "release":
+                await store.release(hold_id, usage, close.now)
+            else:
+                assert usage is not None  # a run's own decision: it has its usage record
+                await store.to_reconciling(hold_id, usage, NO_USAGE_NOTE, close.now)
+                observer.hold_reconciling(hold_id, usage.request_id, NO_USAGE_NOTE)
+        except HoldNotOpen:
+            if swept:  # a refused try whose outcome was unknown had been written after all
+                log.info("hold %s was closed already when the sweeper came", hold_id)
+            else:
+                log.error("hold %s of request %s was already closed", hold_id, usage and usage.request_id)
+            return
+        except Exception as exc:
+            observer.backend_error("database", close.action, exc)
+            raise
+        observer.ledger_timed(close.action, time.perf_counter() - t)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -338,6 +356,9 @@ class Billing:
                 await self._renew()
                 if not self.store.single_node:
                     await self.store.reconcile_orphans(self.owner, all_others=False)
+            except StoreUnavailable as exc:  # the next beat tries again; no trace for a known state
+                self.observer.backend_error("database", "heartbeat", exc)
+                log.warning("lease heartbeat failed: %s", exc)
             except Exception as exc:
                 self.observer.backend_error("database", "heartbeat", exc)
                 log.exception("lease heartbeat failed")

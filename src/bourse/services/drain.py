@@ -15,6 +15,11 @@ accepts connections:
 4. Those still running then end with an in-band error frame, settled by their policy;
    running jobs are handed back (hold released, no usage record, stored queued with no
    owner), so another gateway on the same ledger runs each exactly once.
+5. Once the runs' settlements are done (at most ``GRACE_S``), the sweep runs once
+   (:meth:`~bourse.services.housekeeping.Housekeeping.sweep_once`): what the store
+   refused while it was unavailable is written, and this gateway's holds that no run
+   holds are closed, so it exits with no hold open. If the store still refuses, what
+   is left is logged; the next start reconciles it.
 
 When it returns the server shuts down; nothing it started is left running.
 """
@@ -23,9 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from bourse.domain.errors import draining
 from bourse.services.completion import CompletionService, Phase
+from bourse.services.housekeeping import Sweep
 from bourse.services.jobs import JobService
 
 log = logging.getLogger("bourse.drain")
@@ -39,10 +46,14 @@ GRACE_S = 10.0
 class Drain:
     """Drains a gateway: called once; :meth:`hurry` ends the wait for running generations."""
 
-    def __init__(self, completions: CompletionService, jobs: JobService, timeout_s: float) -> None:
+    def __init__(
+        self, completions: CompletionService, jobs: JobService, timeout_s: float, sweep: Sweep | None = None
+    ) -> None:
         self.completions = completions
         self.jobs = jobs
         self.timeout_s = timeout_s
+        self.sweep = sweep
+        """Run once the runs have ended and settled (step 5)."""
         self._hurry = False
 
     def hurry(self) -> None:
@@ -62,29 +73,50 @@ class Drain:
             "draining: %d orders waiting ended, %d generations running get up to %g s",
             len(waiting), len(c.live) - len(waiting), self.timeout_s,
         )  # fmt: skip
-        if await self._until_idle(self.timeout_s, hurry=True):
+        if await self._until(self._idle, self.timeout_s, hurry=True):
             log.warning("drained: every generation has ended")
+        else:
+            late = list(c.live)
+            log.warning(
+                "drain timeout (%g s): %d generations still running are ended", self.timeout_s, len(late)
+            )
+            message = (
+                f"The gateway shut down before this generation ended (drain_timeout_s = {self.timeout_s:g}); "
+                "what was generated is settled by the product's policy."
+            )
+            for run in late:
+                run.interrupt(draining(message))
+            if not await self._until(self._idle, GRACE_S, hurry=False):
+                log.error("drain: %d runs did not end within %g s of the deadline", len(c.live), GRACE_S)
+        await self._sweep()
+
+    async def _sweep(self) -> None:
+        """Step 5: the sweep, once the runs' settlements are done (or kept for it)."""
+        if self.sweep is None:
             return
-        late = list(c.live)
-        log.warning("drain timeout (%g s): %d generations still running are ended", self.timeout_s, len(late))
-        message = (
-            f"The gateway shut down before this generation ended (drain_timeout_s = {self.timeout_s:g}); "
-            "what was generated is settled by the product's policy."
-        )
-        for run in late:
-            run.interrupt(draining(message))
-        if not await self._until_idle(GRACE_S, hurry=False):
-            log.error("drain: %d runs did not end within %g s of the deadline", len(c.live), GRACE_S)
+        sweeper = self.completions.billing.sweeper
+        if not await self._until(lambda: not sweeper.in_flight, GRACE_S, hurry=False):
+            log.error("drain: %d holds are still being closed by their runs", len(sweeper.in_flight))
+        try:
+            closed = await asyncio.wait_for(self.sweep(), GRACE_S)
+        except Exception as exc:  # the store still refuses (or the sweep took too long)
+            log.error("drain: the sweep failed (%s); %d refused hold closes are left to the next start, "
+                      "which reconciles their holds", exc or type(exc).__name__, len(sweeper.refused))  # fmt: skip
+            return
+        if closed:
+            log.warning(
+                "drain: the sweep closed or wrote %d holds and job states the database had refused", closed
+            )
 
     def _idle(self) -> bool:
         return not self.completions.live and not self.jobs.active
 
-    async def _until_idle(self, timeout_s: float, *, hurry: bool) -> bool:
-        """Wait until every run and job has ended (True), or ``timeout_s`` passed or,
-        with ``hurry``, :meth:`hurry` was called (False)."""
+    async def _until(self, done: Callable[[], bool], timeout_s: float, *, hurry: bool) -> bool:
+        """Wait until ``done()`` (True), or ``timeout_s`` passed or, with ``hurry``,
+        :meth:`hurry` was called (False)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while not self._idle():
+        while not done():
             left = deadline - loop.time()
             if left <= 0 or (hurry and self._hurry):
                 return False

@@ -17,7 +17,10 @@ without its result, from ``expires_at`` on; a result stays readable at least
 ``min_result_s`` after its job ends, even when the job's TTL ran out while it ran (its
 ``expires_at`` moves). The sweeper frees the stored results later. A job's times are
 on the database's clock (:class:`~bourse.services.clock.DatabaseClock`), since any
-replica may judge them; which replica's lease lapsed is judged in the store's SQL.
+replica may judge them; which replica's lease lapsed is judged in the store's SQL. A job state the
+database refuses (it is unavailable) is kept in memory and written by the job's next
+write or by :meth:`JobService.sweep` once the database takes it again (see
+:mod:`bourse.services.housekeeping`); its webhook waits for it.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from bourse.ports.stores import (
     StoreUnavailable,
 )
 from bourse.ports.webhooks import WebhookSender
-from bourse.retrying import backoff_s, retrying
+from bourse.retrying import backoff_s
 from bourse.services.auth import Principal
 from bourse.services.completion import CompletionService, Finished, HandedBack, Phase, Run
 from bourse.services.ids import new_request_id
@@ -59,8 +62,9 @@ from bourse.wire.requests import validate
 log = logging.getLogger("bourse.jobs")
 
 ENDPOINTS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
-JOB_WRITE_ATTEMPTS = 8
-"""Attempts of a job state write while the database is unavailable (about 10 s in all)."""
+MAX_UNWRITTEN = 100_000
+"""Job states the database refused, kept for the sweep; past it a job stays as stored
+until the gateway's next start resumes it."""
 WEBHOOK_BACKOFF_CAP = 64
 """The jittered share of the wait between two webhook attempts is at most this many ``webhook_backoff_s``."""
 _ENDED = FINAL_JOB_STATES - {"expired"}
@@ -122,6 +126,9 @@ class JobService:
     _sweeper: asyncio.Task[None] | None = None
     _claimer: asyncio.Task[None] | None = None
     _notifying: set[str] = field(default_factory=set)
+    _unwritten: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Job states the database refused (unavailable), by job id: the next write of the
+    job carries them, or :meth:`sweep` writes them once the job no longer runs here."""
 
     # -- submit -------------------------------------------------------------------
 
@@ -238,7 +245,7 @@ class JobService:
             await self._update(job.id, status="failed", error={"error": err.envelope()}, **self._ended(job))
         finally:
             self.active.pop(job.id, None)
-        if job.webhook_url:
+        if job.webhook_url and job.id not in self._unwritten:  # else the sweep notifies, once it is written
             await self._notify(job.id)
 
     async def _hand_back(self, job: Job, run: Run) -> None:
@@ -246,21 +253,55 @@ class JobService:
         released without a usage record, for the next gateway to run from the start."""
         try:
             await self.completions.give_back(run)
-            await self._update(job.id, status="queued", hold_id=None, started_at=None, owner=None)
+            written = await self._update(job.id, status="queued", hold_id=None, started_at=None, owner=None)
         except Exception:  # still this gateway's: its next start (or a replica, its lease lapsed) resumes it
             log.exception("job %s could not be handed back", job.id)
             return
-        log.info("job %s handed back: the gateway is draining", job.id)
+        if written:
+            log.info("job %s handed back: the gateway is draining", job.id)
 
-    async def _update(self, job_id: str, **fields: Any) -> None:
-        """Write a running job's state, retried while the database is unavailable (a
-        state lost here would strand the job as queued or running)."""
-        async for attempt in retrying(
-            attempts=JOB_WRITE_ATTEMPTS, base_s=0.05, max_s=2.0, retry_on=StoreUnavailable,
-            what=f"updating job {job_id}", logger=log,
-        ):  # fmt: skip
-            with attempt:
-                await self.store.update_job(job_id, **fields)
+    async def _update(self, job_id: str, **fields: Any) -> bool:
+        """Write a running job's state. One the database refuses (unavailable, after the
+        adapter's own retries) is kept, not lost (a state lost here would strand the job
+        as queued or running): the job's next write carries it, or :meth:`sweep` writes
+        it (False)."""
+        kept = self._unwritten.pop(job_id, None)
+        if kept is not None:
+            fields = {**kept, **fields}
+        try:
+            await self.store.update_job(job_id, **fields)
+        except StoreUnavailable:
+            if len(self._unwritten) < MAX_UNWRITTEN:
+                self._unwritten[job_id] = fields
+                log.error("job %s: the database refused its state (%s); the sweep writes it once the "
+                          "database takes it", job_id, fields.get("status"))  # fmt: skip
+            else:
+                log.error("job %s: the database refused its state (%s) and %d states wait already; the "
+                          "gateway's next start resumes the job", job_id, fields.get("status"), MAX_UNWRITTEN)  # fmt: skip
+            return False
+        except BaseException:  # not the database's unavailability: what was kept before stays kept
+            if kept is not None:
+                self._unwritten.setdefault(job_id, kept)
+            raise
+        return True
+
+    async def sweep(self) -> int:
+        """Write the states the database refused of the jobs that no longer run here
+        (one attempt each; the store's failure is raised, what is left waits for the next
+        sweep); the number written. A job that has ended then gets its webhook."""
+        written = 0
+        for job_id, fields in list(self._unwritten.items()):
+            if job_id in self.active:  # its run writes again: that write carries these fields
+                continue
+            await self.store.update_job(job_id, **fields)
+            if self._unwritten.get(job_id) is fields:
+                del self._unwritten[job_id]
+            written += 1
+            if fields.get("status") in FINAL_JOB_STATES:
+                self._spawn(self._notify(job_id))
+        if written:
+            log.warning("job sweep: %d job states written (the database had refused them)", written)
+        return written
 
     def _ended(self, job: Job) -> dict[str, float]:
         """The times of a job that ends now: ``finished_at``, and ``expires_at`` moved
@@ -425,8 +466,8 @@ class JobService:
 
     async def _fail_resumed(self, job: Job, exc: GatewayError) -> None:
         error = {"error": exc.envelope(), "status": exc.status}
-        await self._update(job.id, status="failed", error=error, hold_id=None, **self._ended(job))
-        if job.webhook_url:
+        written = await self._update(job.id, status="failed", error=error, hold_id=None, **self._ended(job))
+        if job.webhook_url and written:
             self._spawn(self._notify(job.id))
 
     async def _sweep(self) -> None:
@@ -437,7 +478,11 @@ class JobService:
                 if n:
                     log.info("%d job results expired", n)
                 for job in await self.store.jobs_to_notify():
-                    if job.id not in self._notifying and job.id not in self.active:
+                    if (
+                        job.id not in self._notifying
+                        and job.id not in self.active
+                        and job.id not in self._unwritten
+                    ):
                         self._spawn(self._notify(job.id))
             except Exception:
                 log.exception("job sweep failed")
@@ -463,8 +508,13 @@ class JobService:
 
     async def _deliver(self, job_id: str) -> None:
         job = await self.store.job(job_id)
-        if job is None or not job.webhook_url or job.webhook_state != "pending":
-            return
+        if (
+            job is None
+            or not job.webhook_url
+            or job.webhook_state != "pending"
+            or job.status not in FINAL_JOB_STATES
+        ):
+            return  # (one that has not ended, as stored: its final state may wait for the sweep)
         secret = await self.store.webhook_secret(job.account_id) or ""
         body = orjson.dumps(await self.view(job))
         attempts = self.limits.webhook_attempts

@@ -13,13 +13,16 @@ which opens a new one in the background; the transaction that found it broken is
 retried with :func:`bourse.retrying.retrying` after the pool has checked its idle
 connections (so the retry does not pick up another dead one). A connection failure
 that remains after those retries (or a pool with no connection to give) is
-:class:`~bourse.ports.stores.StoreUnavailable`.
+:class:`~bourse.ports.stores.StoreUnavailable`, on every path (one transaction, a
+batch of one account's ledger writes), within ``[storage] unavailable_timeout_s`` of
+the call: the HTTP layer answers it 503 ``no_capacity`` with ``retry-after``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -49,7 +52,10 @@ T = TypeVar("T")
 _PARAM = re.compile(r"\$(\d+)")
 
 CONNECT_TIMEOUT_S = 10.0
-"""How long opening a connection, or waiting for a free one, may take."""
+"""How long opening a connection may take (the pool opens them in the background; a
+transaction waits for one at most ``unavailable_timeout_s``)."""
+MIN_WAIT_S = 0.001
+"""The shortest wait for a pooled connection (see ``_tx``)."""
 RECONNECT_ATTEMPTS = 3
 """Attempts of a transaction whose connection the server dropped (the first included)."""
 
@@ -107,8 +113,11 @@ class PostgresStore(SqlStore):
     single_node = False
     migration_lock_sql = "SELECT pg_advisory_xact_lock(7243001)"
 
-    def __init__(self, dsn: str, *, max_size: int = 8) -> None:
+    def __init__(self, dsn: str, *, max_size: int = 8, unavailable_timeout_s: float = 5.0) -> None:
         self.dsn = dsn
+        self.unavailable_timeout_s = unavailable_timeout_s
+        """How long a transaction may wait for a connection (with its retries) before it
+        is :class:`StoreUnavailable` (``[storage] unavailable_timeout_s``)."""
         self._size = max(1, max_size)
         self._threads: ThreadPoolExecutor | None = None
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
@@ -120,7 +129,13 @@ class PostgresStore(SqlStore):
             min_size=1,
             max_size=self._size,
             kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": int(CONNECT_TIMEOUT_S)},
-            timeout=CONNECT_TIMEOUT_S,
+            timeout=self.unavailable_timeout_s,
+            # psycopg_pool doubles the wait between reconnection attempts, without a cap,
+            # until this much time has passed; then it gives the attempt up and the next
+            # transaction that finds no connection starts a new one at once. Its default
+            # (5 min) let the waits grow to a minute in a long outage, which then kept the
+            # gateway refusing for up to that long after the database was back.
+            reconnect_timeout=self.unavailable_timeout_s,
             open=False,
             name="bourse-pg",
         )
@@ -141,12 +156,16 @@ class PostgresStore(SqlStore):
         if pool is not None:
             pool.close()
 
-    def _tx(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool) -> T:
-        """One transaction on a worker thread: ``fn(executor, *args)`` on a pooled connection."""
+    def _tx(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool, deadline: float) -> T:
+        """One transaction on a worker thread: ``fn(executor, *args)`` on a pooled
+        connection, waiting for one no later than ``deadline`` (monotonic)."""
         pool = self._pool
         if pool is None:
             raise RuntimeError("the PostgreSQL store is not open")
-        conn = pool.getconn()
+        # a pool with no connection to give (the server refuses them) answers PoolTimeout
+        # at the deadline; psycopg_pool gives up at once on a timeout of 0, even with an
+        # idle connection in hand, so a call past its deadline still takes one that is free
+        conn = pool.getconn(max(MIN_WAIT_S, deadline - time.monotonic()))
         try:
             ex = _PgExecutor(conn, self._cache)
             if not write:
@@ -163,37 +182,38 @@ class PostgresStore(SqlStore):
         raise ConnectionLost(str(lost)) from lost
 
     async def _call(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool) -> T:
+        """Every transaction's way to the database: run on a worker, again (twice at most)
+        after a lost connection, and within ``unavailable_timeout_s`` of the call; a
+        connection failure that outlasts that (the server is gone or refuses connections,
+        the pool has none to give) is :class:`StoreUnavailable`."""
         threads = self._threads
         if threads is None:
             raise RuntimeError("the PostgreSQL store is not open")
         loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.unavailable_timeout_s
         try:
-            return await loop.run_in_executor(threads, self._tx, fn, args, write)
-        except ConnectionLost:
-            pass  # the retries below, off the fast path (no retry state per transaction)
-        async for attempt in retrying(
-            attempts=RECONNECT_ATTEMPTS - 1,
-            base_s=0.05,
-            max_s=1.0,
-            retry_on=ConnectionLost,
-            what="a PostgreSQL transaction after a lost connection",
-        ):
-            with attempt:
-                return await loop.run_in_executor(threads, self._tx, fn, args, write)
+            try:
+                return await loop.run_in_executor(threads, self._tx, fn, args, write, deadline)
+            except ConnectionLost:
+                pass  # the retries below, off the fast path (no retry state per transaction)
+            async for attempt in retrying(
+                attempts=RECONNECT_ATTEMPTS - 1,
+                base_s=0.05,
+                max_s=1.0,
+                retry_on=ConnectionLost,
+                what="a PostgreSQL transaction after a lost connection",
+            ):
+                with attempt:
+                    return await loop.run_in_executor(threads, self._tx, fn, args, write, deadline)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
         raise AssertionError("unreachable: retrying re-raises the last failure")
 
     def _run(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
-        return self._unavailable_as_such(fn, args, True)
+        return self._call(fn, args, True)
 
     def _read(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
-        return self._unavailable_as_such(fn, args, False)
-
-    async def _unavailable_as_such(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool) -> T:
-        """A transaction whose connection failure outlasted the retries is :class:`StoreUnavailable`."""
-        try:
-            return await self._call(fn, args, write)
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
+        return self._call(fn, args, False)
 
     async def _write_many(self, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
         if any(isinstance(i, Hold) and i.spend_period is not None for i in items):

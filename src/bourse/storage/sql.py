@@ -36,6 +36,7 @@ from bourse.ports.stores import (
     KeyRevoked,
     ResponseRecord,
     StoredResponse,
+    StoreUnavailable,
     Totals,
     UnknownAccount,
     UnknownKey,
@@ -563,7 +564,24 @@ def _holds(db: Executor, state: HoldState | None, account_id: str | None, limit:
     return [hold_row(r) for r in db.fetch(sql, *args)]
 
 
-def _reconcile_orphans(db: Executor, owner: str, all_others: bool, include_own: bool) -> int:
+RECONCILE_CHUNK = 500
+"""Hold ids one reconciling statement names (SQLite's parameter limit is far above)."""
+
+
+def _reconcile_orphans(
+    db: Executor, owner: str, all_others: bool, include_own: bool, hold_ids: Sequence[str] | None
+) -> int:
+    if hold_ids is not None:  # the hold sweeper's: this instance's own, that no run holds any more
+        n = 0
+        for i in range(0, len(hold_ids), RECONCILE_CHUNK):
+            chunk = hold_ids[i : i + RECONCILE_CHUNK]
+            marks = ", ".join(f"${k}" for k in range(2, 2 + len(chunk)))
+            n += db.execute(
+                "UPDATE holds SET state = 'reconciling', note = 'no run of its gateway holds it', "
+                f"updated_at = {db.clock} WHERE state = 'open' AND owner = $1 AND id IN ({marks})",
+                owner, *chunk,
+            )  # fmt: skip
+        return n
     own = " OR owner = $1" if include_own else ""
     if all_others:
         return db.execute(
@@ -1121,7 +1139,7 @@ class SqlStore:
 
     def _ledger_writer(self) -> tuple[Coalescer[LedgerWrite, Hold | None], dict[str, str]]:
         if self._writes is None or self._hold_accounts is None:
-            self._writes = Coalescer(self._write_one, self._write_many)
+            self._writes = Coalescer(self._write_one, self._write_many, fail_together=(StoreUnavailable,))
             self._hold_accounts = {}
         return self._writes, self._hold_accounts
 
@@ -1211,8 +1229,31 @@ class SqlStore:
 
         return await self._read(get)
 
-    async def reconcile_orphans(self, owner: str, *, all_others: bool, include_own: bool = False) -> int:
-        return await self._run(_reconcile_orphans, owner, all_others, include_own)
+    async def reconcile_orphans(
+        self,
+        owner: str,
+        *,
+        all_others: bool,
+        include_own: bool = False,
+        hold_ids: Sequence[str] | None = None,
+    ) -> int:
+        if hold_ids is not None:
+            if not hold_ids:
+                return 0
+            for hold_id in hold_ids:
+                self._forget(hold_id)
+        return await self._run(_reconcile_orphans, owner, all_others, include_own, hold_ids)
+
+    async def open_hold_ids(self, owner: str, limit: int) -> Sequence[str]:
+        def get(db: Executor) -> list[str]:
+            rows = db.fetch(
+                "SELECT id FROM holds WHERE owner = $1 AND state = 'open' "
+                f"ORDER BY created_at LIMIT {max(1, min(int(limit), 100_000))}",
+                owner,
+            )
+            return [str(r["id"]) for r in rows]
+
+        return await self._read(get)
 
     async def heartbeat(self, owner: str, lease_s: float) -> float:
         return await self._run(_heartbeat, owner, lease_s)

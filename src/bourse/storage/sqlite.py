@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bourse.ports.stores import StoreUnavailable
 from bourse.retrying import retrying
 from bourse.storage.private import narrow_files, private_file
 from bourse.storage.sql import IntegrityError, Row, SqlStore
@@ -48,6 +49,35 @@ _Result = tuple["asyncio.Future[Any]", bool, Any]
 
 class _Locked(sqlite3.OperationalError):
     """The file is locked by another connection (retried)."""
+
+
+class _RolledBack(Exception):
+    """SQLite ended the batch's transaction itself when one of its functions failed."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+UNAVAILABLE_CODES = frozenset({
+    sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN,
+    sqlite3.SQLITE_PROTOCOL,
+})  # fmt: skip
+"""The primary result codes of a database that cannot take a transaction now (the disk
+is full, failing or read-only, memory ran out, the file is locked past the busy timeout),
+as opposed to a statement that is wrong."""
+
+
+def unavailable_as_such(exc: Exception) -> Exception:
+    """``exc`` as :class:`StoreUnavailable` when SQLite failed for one of
+    :data:`UNAVAILABLE_CODES` (the HTTP layer answers 503 ``no_capacity``), else ``exc``."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF in UNAVAILABLE_CODES:
+        out = StoreUnavailable(f"SQLite: {exc}")
+        out.__cause__ = exc
+        return out
+    return exc
 
 
 class _SqliteExecutor:
@@ -92,8 +122,12 @@ class SqliteStore(SqlStore):
 
     single_node = True
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, unavailable_timeout_s: float = 5.0) -> None:
         self.path = str(path)
+        self.unavailable_timeout_s = unavailable_timeout_s
+        """How long a transaction waits for a file another connection has locked (SQLite's
+        busy timeout) before it is :class:`StoreUnavailable` (``[storage]
+        unavailable_timeout_s``); a full or failing disk answers at once."""
         self._pool: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
         self._exec: _SqliteExecutor | None = None
@@ -114,6 +148,8 @@ class SqliteStore(SqlStore):
         self._dirty = False
         """Commits since the WAL was last reset."""
         self._last_commit = 0.0
+        """When (monotonic) a batch last changed a row (``total_changes``): reads and empty
+        sweeps do not count."""
         self._wake_at = self.WAL_STEP_BYTES
         """WAL size at which the commit thread next wakes the checkpoint thread."""
         self._frame_size = 0
@@ -135,12 +171,12 @@ class SqliteStore(SqlStore):
             private_file(Path(self.path))
             narrow_files(Path(self.path + "-wal"), Path(self.path + "-shm"))
         conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=5.0,
+            self.path, isolation_level=None, check_same_thread=False, timeout=self.unavailable_timeout_s,
             cached_statements=STATEMENTS_CACHED,
         )  # fmt: skip
         conn.row_factory = sqlite3.Row
         self._conn = conn  # closed by close(), also after a failed open()
-        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute(f"PRAGMA busy_timeout={int(self.unavailable_timeout_s * 1000)}")
 
     def _use_wal(self) -> None:
         conn = self._conn
@@ -234,7 +270,8 @@ class SqliteStore(SqlStore):
 
     def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         """The commit thread: each batch of what is queued, in one transaction."""
-        inbox = self._inbox
+        inbox, conn = self._inbox, self._conn
+        assert conn is not None
         while True:
             item = inbox.get()
             if item is None:
@@ -249,18 +286,25 @@ class SqliteStore(SqlStore):
                     break
                 batch.append(item)
             with self._batch_lock:
+                changes = conn.total_changes
                 try:
                     results = self._run_batch(batch)
                 except BaseException as exc:  # a fault of this module: fail the batch, keep serving
                     log.exception("SQLite batch failed")
                     results = [(fut, False, exc) for _, _, fut in batch]
                     self._roll_back()
+                wrote = conn.total_changes != changes
             try:
                 loop.call_soon_threadsafe(_resolve, results)
             except RuntimeError:  # the loop is closed (shutdown)
                 return
             if stop:
                 return
+            if not wrote:
+                # reads, and sweeps that found nothing to change: nothing reached the WAL,
+                # so the store stays idle (a sweeper every half second would otherwise
+                # keep the idle pass, which empties the WAL, from ever coming)
+                continue
             self._dirty = True
             self._last_commit = time.monotonic()
             self._commits += len(batch)  # writes: a batch of many writes grows the log as much
@@ -319,8 +363,11 @@ class SqliteStore(SqlStore):
     #   twice the limit the commit thread waits for the pass (at most a second): the WAL
     #   stays bounded even when this thread is starved of CPU (not when another process's
     #   readers hold the log: waiting would not help);
-    # - when no commit came for IDLE_CHECKPOINT_S, empties a WAL that is not (TRUNCATE:
-    #   nothing waits on it then), so an idle gateway keeps no log behind.
+    # - when no row was written for IDLE_CHECKPOINT_S, empties a WAL that is not
+    #   (TRUNCATE: nothing waits on it then), so an idle gateway keeps no log behind.
+    #   Idle means no work written, not no commit called: reads, and periodic sweeps
+    #   that find nothing to change (each a transaction on the commit thread, with no
+    #   row changed, so no WAL frame), leave the store idle (``_serve``).
     #
     # ``journal_size_limit`` (twice WAL_LIMIT_BYTES) trims the file when the log restarts
     # and the file had grown past it: not at the limit itself, since a reset comes only
@@ -385,8 +432,11 @@ class SqliteStore(SqlStore):
                 # so the held part below has little left to copy
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 self._reset_wal(conn, "TRUNCATE" if reset else "RESTART")
-        except sqlite3.Error:
-            log.exception("WAL checkpoint failed; the next one retries")
+        except sqlite3.Error as exc:
+            if isinstance(unavailable_as_such(exc), StoreUnavailable):  # a full disk: no trace each second
+                log.warning("WAL checkpoint failed: %s; the next one retries", exc)
+            else:
+                log.exception("WAL checkpoint failed; the next one retries")
 
     def _frame_bytes(self, conn: sqlite3.Connection) -> int:
         """The size of one WAL frame (a page and its 24-byte header)."""
@@ -430,33 +480,38 @@ class SqliteStore(SqlStore):
         out: list[_Result] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            return [(fut, False, exc) for _, _, fut in batch]
-        if len(batch) == 1:  # alone (no load): its own transaction, no savepoint
-            fn, args, fut = batch[0]
-            try:
-                value = fn(ex, *args)
-            except Exception as exc:
-                conn.execute("ROLLBACK")
-                return [(fut, False, exc)]
-            out.append((fut, True, value))
-            batch = []
-        for fn, args, fut in batch:
-            conn.execute("SAVEPOINT op")
-            try:
-                value = fn(ex, *args)
-            except Exception as exc:
-                conn.execute("ROLLBACK TO op")
-                conn.execute("RELEASE op")
-                out.append((fut, False, exc))
-                continue
-            conn.execute("RELEASE op")
-            out.append((fut, True, value))
-        try:
+            if len(batch) == 1:  # alone (no load): its own transaction, no savepoint
+                fn, args, fut = batch[0]
+                try:
+                    value = fn(ex, *args)
+                except Exception as exc:
+                    self._roll_back()
+                    return [(fut, False, unavailable_as_such(exc))]
+                out.append((fut, True, value))
+            else:
+                for fn, args, fut in batch:
+                    conn.execute("SAVEPOINT op")
+                    try:
+                        value = fn(ex, *args)
+                    except Exception as exc:
+                        if not conn.in_transaction:  # SQLite rolled the whole batch back itself
+                            raise _RolledBack(exc) from exc
+                        conn.execute("ROLLBACK TO op")
+                        conn.execute("RELEASE op")
+                        out.append((fut, False, unavailable_as_such(exc)))
+                        continue
+                    conn.execute("RELEASE op")
+                    out.append((fut, True, value))
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            conn.execute("ROLLBACK")
-            return [(fut, False, exc) for fut, _, _ in out]
+        except (sqlite3.Error, _RolledBack) as exc:
+            # the transaction could not begin or commit, or SQLite rolled it back (after
+            # SQLITE_FULL, IOERR, NOMEM or BUSY it may do so itself): nothing of the
+            # batch stands, and a ROLLBACK of a transaction SQLite ended would fail
+            self._roll_back()
+            cause = exc.cause if isinstance(exc, _RolledBack) else exc
+            lost = StoreUnavailable(f"SQLite: {cause}")
+            lost.__cause__ = cause
+            return [(fut, False, lost) for _, _, fut in batch]
         return out
 
     def _run(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
