@@ -261,6 +261,10 @@ class ServerConfig(_Strict):
     max_connections: int = Field(default=2048, ge=1, le=1_000_000)
     """Client connections open at once; one more is answered 503 (``retry-after``) and
     closed at once. Streams in progress count: size it above the expected concurrency."""
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    """The largest request head (request line and headers, together), and the most a
+    chunked body may carry besides its data (trailers); above it 431 and the connection
+    is closed. The bytes past it are never kept."""
     drain_timeout_s: float = Field(default=30.0, ge=0, le=86_400)
     """On SIGTERM or SIGINT, how long generations already running may go on before they
     are ended with an error frame (orders still waiting end at once); then the process exits."""
