@@ -30,6 +30,7 @@ from pydantic import (
 
 from bourse.domain.policy import CHOICES, KNOBS, Policy, resolve_policy
 from bourse.domain.values import immutable
+from bourse.wire.requests import MAX_JSON_DEPTH_CEILING
 
 
 def _casefold(value: Any) -> Any:
@@ -237,6 +238,9 @@ class ServerConfig(_Strict):
     """Cap on a client's ``timeout``."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
     """The largest request body; a larger one gets 413 ``request_too_large`` naming the limit."""
+    max_json_depth: int = Field(default=64, ge=16, le=MAX_JSON_DEPTH_CEILING)
+    """How deep a JSON body may nest (the top object is the first level; a schema in it
+    counts from there); deeper is a 400 naming the limit and the field, before any hold."""
     log_level: LogLevel = "info"
     cors_origins: list[str] = Field(default_factory=list, max_length=1000)
     """Browser origins allowed to call the API (``"*"``: any); empty: CORS off."""

@@ -52,7 +52,7 @@ from bourse.services.completion import CompletionService, Finished, HandedBack, 
 from bourse.services.ids import new_request_id
 from bourse.services.webhooks import check_target, sign
 from bourse.wire.chunks import Aggregator
-from bourse.wire.requests import validate
+from bourse.wire.requests import check_storable, validate
 
 log = logging.getLogger("bourse.jobs")
 
@@ -156,6 +156,7 @@ class JobService:
         body = {k: v for k, v in body.items() if k != "detached"}
         body["stream"] = False
         req = validate(kind, body)
+        check_storable(body, "body")  # the job's row keeps it: written once before the hold
         if req.timeout is None and timeout_header is None:
             timeout_header = str(min(ttl, self.completions.limits.book_timeout_max_s))
         now = time.time()
