@@ -200,6 +200,7 @@ def server_config(app: Any, server: ServerConfig) -> uvicorn.Config:
         body_timeout_s=server.body_timeout_s,
         keep_alive_timeout_s=server.keep_alive_timeout_s,
         max_connections=server.max_connections,
+        max_header_bytes=server.max_header_bytes,
     )
     return uvicorn.Config(
         app,

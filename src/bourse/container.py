@@ -157,6 +157,10 @@ class Container:
         return self.config.server.max_body_bytes
 
     @property
+    def max_json_depth(self) -> int:
+        return self.config.server.max_json_depth
+
+    @property
     def idempotency_ttl_s(self) -> float:
         return self.config.storage.idempotency_ttl_s
 

@@ -30,6 +30,7 @@ from pydantic import (
 
 from bourse.domain.policy import CHOICES, KNOBS, Policy, resolve_policy
 from bourse.domain.values import immutable
+from bourse.wire.requests import MAX_JSON_DEPTH_CEILING
 
 
 def _casefold(value: Any) -> Any:
@@ -237,6 +238,9 @@ class ServerConfig(_Strict):
     """Cap on a client's ``timeout``."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=512 * 1024 * 1024)
     """The largest request body; a larger one gets 413 ``request_too_large`` naming the limit."""
+    max_json_depth: int = Field(default=64, ge=16, le=MAX_JSON_DEPTH_CEILING)
+    """How deep a JSON body may nest (the top object is the first level; a schema in it
+    counts from there); deeper is a 400 naming the limit and the field, before any hold."""
     log_level: LogLevel = "info"
     cors_origins: list[str] = Field(default_factory=list, max_length=1000)
     """Browser origins allowed to call the API (``"*"``: any); empty: CORS off."""
@@ -261,6 +265,10 @@ class ServerConfig(_Strict):
     max_connections: int = Field(default=2048, ge=1, le=1_000_000)
     """Client connections open at once; one more is answered 503 (``retry-after``) and
     closed at once. Streams in progress count: size it above the expected concurrency."""
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    """The largest request head (request line and headers, together), and the most a
+    chunked body may carry besides its data (trailers); above it 431 and the connection
+    is closed. The bytes past it are never kept."""
     drain_timeout_s: float = Field(default=30.0, ge=0, le=86_400)
     """On SIGTERM or SIGINT, how long generations already running may go on before they
     are ended with an error frame (orders still waiting end at once); then the process exits."""

@@ -263,7 +263,7 @@ _OK_CHAT: dict[str, Any] = {"model": "h", "messages": USER}
 def test_validation_raises_only_the_400_and_accepts_only_bounded_numbers(kind: Kind, body: Any) -> None:
     raw = json.dumps(body).encode()
     try:
-        req = validate(kind, parse_body(raw))
+        req = validate(kind, parse_body(raw, 64))
     except GatewayError as exc:
         assert exc.status == 400 and exc.code == "invalid_request", exc
         assert exc.envelope()["message"], exc

@@ -15,6 +15,7 @@ it into the OpenAI envelope before the 200, and into the error frame after it
      ├─ 408 book_timeout
      ├─ 409 idempotency_conflict
      ├─ 413 request_too_large
+     ├─ 431 request_header_fields_too_large
      ├─ 429 rate_limited
      ├─ 500 internal_error
      ├─ 502 upstream_error
@@ -34,6 +35,7 @@ _TYPES: dict[int, str] = {
     409: "conflict_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "server_error",
     502: "upstream_error",
     503: "service_unavailable",

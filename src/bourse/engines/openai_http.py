@@ -55,6 +55,7 @@ from bourse.ports.engine import (
     Probe,
     UsageEvent,
 )
+from bourse.wire.requests import MAX_JSON_DEPTH_CEILING, nests_deeper
 from bourse.wire.responses import UpstreamEvents, upstream_request
 from bourse.wire.sse import SSEParser
 from bourse.wire.stops import StopStrings, stop_list
@@ -159,6 +160,16 @@ def _carries_tokens(choices: list[Any]) -> int:
     return 0
 
 
+def _too_deep(transient: bool) -> EngineFailure:
+    """An upstream answer nested deeper than anything the gateway writes: refused as it
+    arrives, before it is relayed or counted (orjson could not write it to the client,
+    which would then get a broken answer it was charged for)."""
+    return EngineFailure(
+        f"upstream sent JSON nested deeper than {MAX_JSON_DEPTH_CEILING} levels",
+        transient=transient, kind="malformed",
+    )  # fmt: skip
+
+
 class _StreamParse:
     """The parse step of one upstream stream: each read's SSE payloads into chunk events.
 
@@ -213,6 +224,9 @@ class _StreamParse:
             chunk = orjson.loads(payload)
             if not isinstance(chunk, dict):
                 raise TypeError
+            if nests_deeper(payload, chunk, MAX_JSON_DEPTH_CEILING):
+                self.failure = _too_deep(not self.output_began)
+                return None
             if chunk.get("error") is not None or chunk.get("object") == "error":
                 self.failure = self._failure_of(chunk, self.output_began)
                 return None
@@ -333,6 +347,9 @@ class _ResponsesParse(_StreamParse):
             event = orjson.loads(payload)
             if not isinstance(event, dict):
                 raise TypeError
+            if nests_deeper(payload, event, MAX_JSON_DEPTH_CEILING):
+                self.failure = _too_deep(not self.output_began)
+                return None
             chunk = up.chunk(event)
         except (orjson.JSONDecodeError, TypeError, AttributeError):
             self.failure = EngineFailure("upstream sent a malformed event", transient=not self.output_began)
@@ -643,6 +660,8 @@ class OpenAIHTTPEngine(Engine):
             doc = orjson.loads(content)
             if not isinstance(doc, dict):
                 raise TypeError
+            if nests_deeper(content, doc, MAX_JSON_DEPTH_CEILING):
+                raise _too_deep(True)
             if doc.get("error") is not None or doc.get("object") == "error":
                 raise self._stream_failure(doc, False)
             usage = doc.pop("usage", None)

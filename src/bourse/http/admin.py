@@ -102,6 +102,7 @@ class _AdminRoutes:
     def __init__(self, services: Services) -> None:
         self.auth = services.auth
         self.admin = services.admin
+        self.max_depth = services.max_json_depth
 
     def guard(self, request: Request) -> str:
         """Check the admin key; the actor to audit."""
@@ -111,7 +112,7 @@ class _AdminRoutes:
 
     async def create_account(self, request: Request) -> Response:
         actor = self.guard(request)
-        body = await json_model(request, NewAccount)
+        body = await json_model(request, NewAccount, self.max_depth)
         return JSON(await self.admin.create_account(body.id, body.credit_usd, actor), status_code=201)
 
     async def list_accounts(self, request: Request) -> Response:
@@ -127,12 +128,12 @@ class _AdminRoutes:
     async def credit(self, request: Request) -> Response:
         actor = self.guard(request)
         account = check_id(request.path_params["account_id"], "account_id")
-        body = await json_model(request, Credit)
+        body = await json_model(request, Credit, self.max_depth)
         return JSON(await self.admin.credit(account, body.amount_usd, actor))
 
     async def create_key(self, request: Request) -> Response:
         actor = self.guard(request)
-        body = await json_model(request, NewKey)
+        body = await json_model(request, NewKey, self.max_depth)
         out = await self.admin.create_key(
             body.account, body.products, body.rpm, body.tpm, body.max_streams,
             name=body.name, expires_at=_expiry(body), spend_cap_usd=body.spend_cap_usd,
@@ -149,13 +150,13 @@ class _AdminRoutes:
     async def revoke_key(self, request: Request) -> Response:
         actor = self.guard(request)
         key_id = check_id(request.path_params["key_id"], "key_id")
-        body = await json_model(request, RevokeKey)
+        body = await json_model(request, RevokeKey, self.max_depth)
         return JSON(await self.admin.revoke_key(key_id, actor, body.reason))
 
     async def rotate_key(self, request: Request) -> Response:
         actor = self.guard(request)
         key_id = check_id(request.path_params["key_id"], "key_id")
-        body = await json_model(request, RotateKey)
+        body = await json_model(request, RotateKey, self.max_depth)
         return JSON(await self.admin.rotate_key(key_id, body.grace_s, actor))
 
     async def audit(self, request: Request) -> Response:
@@ -179,7 +180,7 @@ class _AdminRoutes:
     async def settle(self, request: Request) -> Response:
         actor = self.guard(request)
         hold_id = check_id(request.path_params["hold_id"], "hold_id")
-        body = await json_model(request, SettleHold)
+        body = await json_model(request, SettleHold, self.max_depth)
         return JSON(await self.admin.settle_hold(hold_id, body.amount_micros, actor))
 
     async def release(self, request: Request) -> Response:

@@ -91,6 +91,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
     completions = services.completions
     auth = services.auth
     limit = services.max_body_bytes
+    depth = services.max_json_depth
 
     async def detached(kind: Kind, head: Head, principal: Principal, body: dict[str, Any]) -> ASGIApp:
         account, idem = principal.account_id, head.idempotency_key
@@ -117,7 +118,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
         caller.key_id = principal.key.id
         head.idempotency_key = idempotency.scoped(principal, head.idempotency_key)
         raw = await read_body(receive, head.length, limit)
-        body = parse_body(raw)
+        body = parse_body(raw, depth)
         req = validate(kind, body)
         market = completions.markets.get(req.model)
         if market is None:

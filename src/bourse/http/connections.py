@@ -15,7 +15,13 @@ those limits (:class:`ConnectionLimits`, from ``[server]``):
   error envelope (unless a response has begun) and the connection is closed; the
   application reading the body sees a disconnect;
 - a connection over ``max_connections`` gets 503 with ``retry-after`` and is closed
-  at once.
+  at once;
+- a request's head (its line and headers) may take at most ``max_header_bytes``, and
+  so may what a chunked body carries besides its data (chunk lines, trailers): past
+  that, 431 in the error envelope (unless a response has begun) and the connection is
+  closed. httptools keeps a header until its end (a 64 MB header was 64 MB, and more,
+  of memory), so the bytes are counted as they arrive, before the parser sees them,
+  and those past the limit are never handed to it (see :meth:`data_received`).
 
 Each request's scope also carries ``extensions["bourse.client_present"]``:
 
@@ -50,6 +56,7 @@ class ConnectionLimits:
     body_timeout_s: float = 30.0
     keep_alive_timeout_s: float = 5.0
     max_connections: int = 2048
+    max_header_bytes: int = 64 * 1024
 
 
 def canned_response(err: GatewayError) -> bytes:
@@ -62,7 +69,18 @@ def canned_response(err: GatewayError) -> bytes:
     return head.encode("latin-1") + b"\r\n" + body
 
 
-_REASONS = {408: "Request Timeout", 503: "Service Unavailable"}
+_REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+
+_IDLE, _HEAD, _BODY = 0, 1, 2
+"""Where the parser is in the connection's current request: between two (or before the
+first), in its line and headers, in its body."""
+
+
+def head_too_large(limit: int) -> GatewayError:
+    return GatewayError(
+        431, "request_header_fields_too_large",
+        f"The request's line and headers are over {limit} bytes, the limit ([server] max_header_bytes).",
+    )  # fmt: skip
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -87,6 +105,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._on_lost: Callable[[], None] | None = None
         """Called once when the connection is lost (see :meth:`watch`)."""
         self._lost = False
+        self._phase = _IDLE
+        self._begun = 0
+        """Requests begun on this connection: tells a head open from the one open before."""
+        self._room = self.limits.max_header_bytes
+        """Bytes the open (or next) head may still take; in a body, what its framing may."""
+        self._body_bytes = 0
+        """Body bytes the parser gave so far (what a body's read is, besides its framing)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -118,22 +143,77 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._on_lost = on_lost
 
     def data_received(self, data: bytes) -> None:
+        # The head's bytes are counted here, before the parser keeps them. A read that
+        # starts in a head, or between two requests (the next head then starts it), is
+        # counted whole while that head stays open after it; a head that begins inside a
+        # read, after another request's bytes (pipelined), is counted from its next read
+        # on, so it may take one read (256 KiB) more. A read that would pass the limit is
+        # parsed only up to it: if the head has not ended there, the rest is never
+        # parsed. In a body, what a read has besides body bytes (a chunked body's chunk
+        # lines and trailers, which httptools keeps) is counted once it is parsed, from
+        # the last read with body bytes in it.
+        view: bytes | memoryview = data
+        while True:
+            phase, begun, n = self._phase, self._begun, len(view)
+            if phase == _BODY:
+                body = self._body_bytes
+                self._feed(view)
+                if self._phase == _BODY and self._begun == begun:  # the same body goes on
+                    got = self._body_bytes - body
+                    self._room = (self._room if got == 0 else self.limits.max_header_bytes) - (n - got)
+                    if self._room < 0:
+                        self._too_large()
+                return
+            head = begun + (phase == _IDLE)  # the head this read starts in (idle: the next one)
+            room = self._room
+            if n <= room:
+                self._feed(view)
+                if self._phase == _HEAD and self._begun == head:
+                    self._room = room - n
+                return
+            if not isinstance(view, memoryview):
+                view = memoryview(view)  # the slices below are not copies
+            self._feed(view[:room])
+            if self._phase == _HEAD and self._begun == head:  # that head did not end within the limit
+                self._too_large()
+                return
+            if self.transport.is_closing():  # the parser refused the request (400)
+                return
+            view = view[room:]
+
+    def _feed(self, data: bytes | memoryview) -> None:
         # A request's line, headers and body usually come in one read: the parser
         # callbacks below then only note the deadline due, armed here once the read is
         # parsed (at the same instant), not armed and cancelled within the read.
         self._feeding = True
         try:
-            super().data_received(data)
+            super().data_received(data)  # type: ignore[arg-type]  # httptools takes any buffer
         finally:
             self._feeding = False
             due, self._due = self._due, None
             if due is not None:
                 self._arm(*due)
 
+    def _too_large(self) -> None:
+        """The head (or a body's framing) passed ``max_header_bytes``: 431, unless a
+        response has begun, and the connection is closed."""
+        self._disarm()
+        cycle = self.cycle
+        if self._phase == _BODY and cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True  # the application's receive() says disconnect
+            cycle.message_event.set()
+        if self._phase == _BODY:
+            can_answer = cycle is not None and not cycle.response_started
+        else:
+            can_answer = cycle is None or cycle.response_complete
+        self._give_up(head_too_large(self.limits.max_header_bytes), can_answer)
+
     # parser callbacks: a request begins, its headers end, its body ends
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._phase = _HEAD
+        self._begun += 1
         self.scope["extensions"] = {
             "bourse.client_present": {"probe": self.client_present, "watch": self.watch}
         }
@@ -153,12 +233,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         return not any(ev & (_RDHUP | select.POLLHUP | select.POLLERR) for _, ev in poller.poll(0))
 
     def on_headers_complete(self) -> None:
+        self._phase = _BODY
+        self._room = self.limits.max_header_bytes  # now for the body's framing and trailers
         super().on_headers_complete()  # starts the application's task; it runs later
         # the headers' deadline gives way to the body's; a request without a body
         # completes at once (on_message_complete disarms)
         self._arm(self.limits.body_timeout_s, self._body_late)
 
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
+        self._phase = _IDLE
+        self._room = self.limits.max_header_bytes  # the next request's head
         self._disarm()
         super().on_message_complete()
 
@@ -186,7 +274,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline = None
         cycle = self.cycle  # the previous request's, if any
         idle = cycle is None or cycle.response_complete
-        self._give_up(f"The request headers did not arrive within {self.limits.header_timeout_s:g} s.", idle)
+        message = f"The request headers did not arrive within {self.limits.header_timeout_s:g} s."
+        self._give_up(GatewayError(408, "request_timeout", message), idle)
 
     def _body_late(self) -> None:
         self._deadline = None
@@ -198,13 +287,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             cycle.disconnected = True  # the application's receive() says disconnect
             cycle.message_event.set()
         idle = cycle is None or not cycle.response_started
-        self._give_up(f"The request body did not arrive within {self.limits.body_timeout_s:g} s.", idle)
+        message = f"The request body did not arrive within {self.limits.body_timeout_s:g} s."
+        self._give_up(GatewayError(408, "request_timeout", message), idle)
 
-    def _give_up(self, message: str, can_answer: bool) -> None:
+    def _give_up(self, err: GatewayError, can_answer: bool) -> None:
         if self.transport.is_closing():
             return
         if can_answer:
-            self.transport.write(canned_response(GatewayError(408, "request_timeout", message)))
+            self.transport.write(canned_response(err))
         self.transport.close()
 
 

@@ -48,6 +48,8 @@ class Services(Protocol):
     @property
     def max_body_bytes(self) -> int: ...
     @property
+    def max_json_depth(self) -> int: ...
+    @property
     def idempotency_ttl_s(self) -> float: ...
     @property
     def observer(self) -> Observer: ...
@@ -65,12 +67,12 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise ClientDisconnect from None
 
 
-async def json_model(request: Request, model: type[M], limit: int = 64 * 1024) -> M:
-    return parse_model(await read_body(request, limit), model)
+async def json_model(request: Request, model: type[M], max_depth: int, limit: int = 64 * 1024) -> M:
+    return parse_model(await read_body(request, limit), model, max_depth)
 
 
-def parse_model(raw: bytes, model: type[M]) -> M:
-    body: dict[str, Any] = parse_body(raw) if raw else {}
+def parse_model(raw: bytes, model: type[M], max_depth: int) -> M:
+    body: dict[str, Any] = parse_body(raw, max_depth) if raw else {}
     try:
         return model.model_validate(body)
     except ValidationError as exc:

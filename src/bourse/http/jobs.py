@@ -30,7 +30,7 @@ def routes(services: Services) -> list[Route]:
     async def submit(request: Request) -> Response:
         p = await auth.user(request.headers.get("authorization"))
         raw = await read_body(request, services.max_body_bytes)
-        body = parse_model(raw, NewJob)
+        body = parse_model(raw, NewJob, services.max_json_depth)
         key = idempotency.scoped(p, request.headers.get("idempotency-key"))
         replay = await idempotency.begin(services, p.account_id, key, "job", raw)
         if replay is not None:

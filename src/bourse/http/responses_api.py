@@ -36,7 +36,7 @@ from bourse.services.auth import Principal
 from bourse.services.completion import Finished, Run
 from bourse.services.responses import ResponseService
 from bourse.wire import sse
-from bourse.wire.requests import check_id, optional_id, parse_body, validate
+from bourse.wire.requests import check_id, check_storable, optional_id, parse_body, validate
 from bourse.wire.responses import (
     ResponseBuilder,
     ResponsesRequest,
@@ -107,7 +107,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
         caller.key_id = principal.key.id
         head.idempotency_key = idempotency.scoped(principal, head.idempotency_key)
         raw = await read_body(receive, head.length, services.max_body_bytes)
-        req = parse_request(parse_body(raw))
+        req = parse_request(parse_body(raw, services.max_json_depth))
         market = completions.market(req.model)
         if req.max_output_tokens is not None and req.max_output_tokens > market.max_output_tokens:
             raise invalid_request(
@@ -143,6 +143,9 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
             history = await responses.history(req.previous_response_id, account)
             items = await responses.resolve(input_items(req), account)
             chat = chat_body(req, history, items)
+            # what the answer echoes and the store keeps, written once before the hold
+            check_storable(response_object(rid, req, req.model, 0, "in_progress"), "body")
+            check_storable(items, "input")
             if req.background:
                 doc = await responses.submit(
                     principal, req, chat, items, history, request_id=rid,
@@ -175,7 +178,7 @@ def hot_routes(services: Services) -> dict[str, HotRoute]:
 
         return ResponsesEncoder(ResponseBuilder(shell, events=req.stream), run.policy.receipt_name, keep)
 
-    return {PATH: HotRoute("resp", create)}
+    return {PATH: HotRoute("resp", create, PATH, services.observer)}
 
 
 async def _resume(responses: ResponseService, request: Request, p: Principal, rid: str) -> Response:

@@ -424,6 +424,17 @@ class JobStore(Protocol):
         """Set columns: status, hold_id, request_id, started_at, finished_at, result, error, webhook_state."""
         ...
 
+    async def fail_job_refunded(
+        self, job_id: str, hold_id: str, fields: Mapping[str, Any], note: str, now: float
+    ) -> int:
+        """A job whose result could not be kept after its run was charged: in one
+        transaction, the job's failure (``fields``, as :meth:`update_job` takes them) and
+        its charge given back: the settled hold released with nothing charged (``note``
+        says why), its usage record an ``error`` at no cost, the amount back on the
+        balance and off the key's spend cap. The micro-USD given back (0: the hold was
+        not settled)."""
+        ...
+
     async def claim_jobs(self, owner: str, *, all_others: bool, include_own: bool = False) -> Sequence[Job]:
         """Take over the queued and running jobs of other instances, oldest first, and
         return them (to resume): all of them (one node, at start-up) or only those whose

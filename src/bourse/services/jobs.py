@@ -57,7 +57,7 @@ from bourse.services.completion import CompletionService, Finished, HandedBack, 
 from bourse.services.ids import new_request_id
 from bourse.services.webhooks import check_target, sign
 from bourse.wire.chunks import Aggregator
-from bourse.wire.requests import validate
+from bourse.wire.requests import check_storable, validate
 
 log = logging.getLogger("bourse.jobs")
 
@@ -165,6 +165,7 @@ class JobService:
         body = {k: v for k, v in body.items() if k != "detached"}
         body["stream"] = False
         req = validate(kind, body)
+        check_storable(body, "body")  # the job's row keeps it: written once before the hold
         if req.timeout is None and timeout_header is None:
             timeout_header = str(min(ttl, self.completions.limits.book_timeout_max_s))
         now = self._now()
@@ -241,12 +242,49 @@ class JobService:
             await self._record(job, run, agg, fin, canceled)
         except Exception:
             log.exception("job %s failed in the gateway", job.id)
-            err = GatewayError(500, "internal_error", f"The gateway failed while running job {job.id}.")
-            await self._update(job.id, status="failed", error={"error": err.envelope()}, **self._ended(job))
+            await self._failed_in_gateway(job, run, fin)
         finally:
             self.active.pop(job.id, None)
         if job.webhook_url and job.id not in self._unwritten:  # else the sweep notifies, once it is written
             await self._notify(job.id)
+
+    async def _failed_in_gateway(self, job: Job, run: Run, fin: Finished | None) -> None:
+        if not await self._given_back(job, run, fin):
+            err = GatewayError(500, "internal_error", f"The gateway failed while running job {job.id}.")
+            await self._update(job.id, status="failed", error={"error": err.envelope()}, **self._ended(job))
+
+    async def _given_back(self, job: Job, run: Run, fin: Finished | None) -> bool:
+        """A job charged whose result could not be kept: it fails with its charge given
+        back, in one transaction (never a charge without its answer). False when it was
+        not charged, or the store refused that too (then the job fails as it can)."""
+        if fin is None or fin.cost_micros <= 0 or run.hold_id is None:
+            return False
+        err = GatewayError(
+            503, "no_capacity",
+            f"The gateway could not keep job {job.id}'s result after its run; its charge of {fin.cost_micros} "
+            "micro-USD was given back. Submit the job again.",
+            headers={"retry-after": "5"},
+        )  # fmt: skip
+        fields = {
+            "status": "failed",
+            "error": {"error": err.envelope(), "status": err.status},
+            **self._ended(job),
+        }
+        try:
+            back = await self.store.fail_job_refunded(
+                job.id,
+                run.hold_id,
+                fields,
+                "its result could not be kept: the charge was given back",
+                self._now(),
+            )
+        except Exception:
+            log.exception("job %s: its charge could not be given back; it stays charged", job.id)
+            return False
+        log.warning(
+            "job %s: its result could not be kept; its charge of %d micro-USD was given back", job.id, back
+        )
+        return True
 
     async def _hand_back(self, job: Job, run: Run) -> None:
         """The gateway drains: the job goes back to the store queued and unowned, its hold

@@ -981,6 +981,46 @@ def _update_job(db: Executor, job_id: str, fields: dict[str, Any]) -> None:
         db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = $1", *args)
 
 
+def _reverse_charge(db: Executor, hold_id: str, note: str, now: float) -> int:
+    """A settled hold's charge given back (its answer was lost after it): the hold
+    released with nothing charged, its usage record an ``error`` at no cost, the key's
+    cap and the account given the charge back, in the ledger's lock order (the hold
+    row, the key's, the account's). The amount given back; 0 when not settled."""
+    row = db.fetchrow(
+        "UPDATE holds SET state = 'released', note = $2, updated_at = $3 WHERE id = $1 AND state = 'settled' "
+        "RETURNING *",
+        hold_id, note, now,
+    )  # fmt: skip
+    if row is None:
+        return 0
+    charged = int(row["charged_micros"])
+    db.execute("UPDATE holds SET charged_micros = 0 WHERE id = $1", hold_id)
+    usage = db.fetchrow("SELECT record FROM usage WHERE request_id = $1", row["request_id"])
+    if usage is not None:
+        record = orjson.loads(usage["record"])
+        record["outcome"] = "error"
+        record["usage"] = {**(record.get("usage") or {}), "cost": 0.0, "cost_micros": 0}
+        record["receipt"] = {**(record.get("receipt") or {}), "outcome": "error", "cost_micros": 0}
+        record["reversed_micros"] = charged
+        db.execute(
+            "UPDATE usage SET outcome = 'error', cost_micros = 0, record = $2 WHERE request_id = $1",
+            row["request_id"], orjson.dumps(record).decode(),
+        )  # fmt: skip
+    if charged and row["spend_period"] is not None and row["key_id"] is not None:
+        _uncount(db, row["key_id"], row["spend_period"], charged)
+    if charged:
+        _refund(db, row["account_id"], charged)
+    return charged
+
+
+def _fail_job_refunded(
+    db: Executor, job_id: str, hold_id: str, fields: dict[str, Any], note: str, now: float
+) -> int:
+    given_back = _reverse_charge(db, hold_id, note, now)
+    _update_job(db, job_id, fields)
+    return given_back
+
+
 def _jobs_page(db: Executor, account_id: str, limit: int, after: str | None) -> list[Job]:
     args: list[Any] = [account_id]
     where = "account_id = $1"
@@ -1392,6 +1432,11 @@ class SqlStore:
 
     async def update_job(self, job_id: str, **fields: Any) -> None:
         await self._run(_update_job, job_id, fields)
+
+    async def fail_job_refunded(
+        self, job_id: str, hold_id: str, fields: Mapping[str, Any], note: str, now: float
+    ) -> int:
+        return await self._run(_fail_job_refunded, job_id, hold_id, dict(fields), note, now)
 
     async def claim_jobs(self, owner: str, *, all_others: bool, include_own: bool = False) -> Sequence[Job]:
         return await self._run(_claim_jobs, owner, all_others, include_own)

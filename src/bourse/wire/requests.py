@@ -10,6 +10,14 @@ inside int64 (:data:`MAX_PRICE`, :data:`INT64_MAX`), and every id or cursor a ro
 takes goes through :func:`check_id` (no NUL, which PostgreSQL refuses in text, nor any
 other control character; at most :data:`MAX_ID_CHARS`). The body's ``sim`` object is
 held to the bounds of :mod:`bourse.wire.sim`. Each failure is a 400.
+
+Every JSON body a route reads goes through :func:`parse_json`, which bounds its nesting
+(``[server] max_json_depth``): a body nested deeper is a 400 naming the limit and the
+field (``text.format.schema``, ``tools.0.function.parameters``), before any key or
+money is looked at. Everything the gateway later serialises (a stored response, a job,
+an answer that echoes the request) nests at most a few levels deeper than the body,
+and orjson refuses to write past 254 levels, so the limit is held well below that
+(:data:`MAX_JSON_DEPTH_CEILING`).
 """
 
 from __future__ import annotations
@@ -53,6 +61,15 @@ _CONTROL = re.compile(f"[{_CONTROLS}]")
 IdText = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, pattern=f"^[^{_CONTROLS}]+$")]
 """An id in a JSON body: the rule of :func:`check_id`, as a pydantic type."""
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+
+MAX_JSON_DEPTH_CEILING = 128
+"""The highest ``[server] max_json_depth``: a body nested this deep, wrapped by what the
+gateway stores and sends (an event around a response, a job around its body: a few
+levels), stays far below the 254 levels orjson can write."""
+
+_SCHEMA_HOLDERS = frozenset({"schema", "parameters"})
+"""Keys whose value is a JSON schema (``response_format.json_schema.schema``,
+``text.format.schema``, a tool's ``parameters``): a too-deep body names the field there."""
 
 GATEWAY_FIELDS = ("max_price", "timeout", "detached")
 """Request extensions that the gateway owns and never forwards upstream."""
@@ -138,17 +155,88 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p in _UNION_TAGS)))
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
-    """The JSON object in ``raw``, or a 400 saying why not."""
+def parse_json(raw: bytes, max_depth: int) -> Any:
+    """The JSON value in ``raw``, nested at most ``max_depth`` levels (the top object or
+    array is the first), or a 400 saying why not."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit exceeded"):  # orjson's own, at 1024 levels
+            raise too_deep(max_depth, None) from None
+        raise invalid_request(f"The request body is not valid JSON: {exc}") from None
+    if nests_deeper(raw, doc, max_depth):
+        raise too_deep(max_depth, _too_deep_field(doc, max_depth))
+    return doc
+
+
+def nests_deeper(raw: bytes, doc: Any, max_depth: int) -> bool:
+    """Whether ``doc``, parsed from ``raw``, nests more than ``max_depth`` levels. Each
+    level opens with a bracket, so a document with no more brackets than the limit (most
+    bodies: a chat's messages; an engine's chunks) is within it; only others are walked."""
+    return raw.count(b"{") + raw.count(b"[") > max_depth and _deeper_than(doc, max_depth)
+
+
+def parse_body(raw: bytes, max_depth: int) -> dict[str, Any]:
+    """The JSON object in ``raw`` (at most ``max_depth`` levels), or a 400 saying why not."""
     if not raw:
         raise invalid_request("The request body is empty; send a JSON object.")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise invalid_request(f"The request body is not valid JSON: {exc}") from None
+    body = parse_json(raw, max_depth)
     if not isinstance(body, dict):
         raise invalid_request("The request body must be a JSON object.")
     return body
+
+
+def check_storable(value: Any, param: str) -> None:
+    """What the gateway will keep or echo of a request, written once before any money is
+    held: a value that cannot be written as JSON is the client's 400 now, never a
+    failure after the run (a charge for an answer the client does not get)."""
+    try:
+        orjson.dumps(value)
+    except TypeError as exc:  # orjson.JSONEncodeError is one
+        raise invalid_request(f"{param}: cannot be kept as JSON ({exc})", param=param) from None
+
+
+def too_deep(max_depth: int, param: str | None) -> GatewayError:
+    where = f"{param}: " if param else ""
+    return invalid_request(
+        f"{where}the JSON is nested deeper than {max_depth} levels, this gateway's limit "
+        "([server] max_json_depth).",
+        param=param,
+    )
+
+
+def _deeper_than(doc: Any, max_depth: int) -> bool:
+    """Whether ``doc`` nests more than ``max_depth`` levels: one level at a time, each a
+    list of its containers (no recursion, so no Python stack to exhaust)."""
+    level = [doc] if type(doc) is dict or type(doc) is list else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > max_depth:
+            return True
+        level = [
+            v
+            for c in level
+            for v in (c.values() if type(c) is dict else c)
+            if type(v) is dict or type(v) is list
+        ]
+    return False
+
+
+def _too_deep_field(doc: Any, max_depth: int) -> str | None:
+    """The field a too-deep ``doc`` is too deep in: its path down to the first schema
+    (``text.format.schema``), else its top-level key (a job's: its body's key too)."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(doc, ())]
+    while stack:
+        node, path = stack.pop()
+        if len(path) >= max_depth:
+            for i, key in enumerate(path):
+                if key in _SCHEMA_HOLDERS:
+                    return ".".join(path[: i + 1])
+            return ".".join(path[:2] if path[0] == "body" else path[:1]) or None
+        items = node.items() if type(node) is dict else enumerate(node)
+        stack.extend((v, (*path, str(k))) for k, v in items if type(v) is dict or type(v) is list)
+    return None
 
 
 def validate(kind: Kind, body: dict[str, Any]) -> ChatCompletionRequest | CompletionRequest:

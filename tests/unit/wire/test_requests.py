@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from bourse.domain.errors import GatewayError
@@ -14,6 +15,7 @@ from bourse.wire.requests import (
     CompletionRequest,
     check_size,
     parse_body,
+    parse_json,
     validate,
 )
 
@@ -31,8 +33,11 @@ def _refused(kind: Any, body: dict[str, Any]) -> GatewayError:
 # -- parse_body ------------------------------------------------------------------------------
 
 
+DEPTH = 64
+
+
 def test_parse_body_gives_the_object() -> None:
-    assert parse_body(b'{"model": "p", "n": 1}') == {"model": "p", "n": 1}
+    assert parse_body(b'{"model": "p", "n": 1}', DEPTH) == {"model": "p", "n": 1}
 
 
 @pytest.mark.parametrize(
@@ -41,9 +46,67 @@ def test_parse_body_gives_the_object() -> None:
 )
 def test_parse_body_refuses_what_is_not_a_json_object(raw: bytes, says: str) -> None:
     with pytest.raises(GatewayError) as info:
-        parse_body(raw)
+        parse_body(raw, DEPTH)
     assert (info.value.status, info.value.code) == (400, "invalid_request")
     assert says in info.value.message
+
+
+def _nested(levels: int, inner: Any = 1) -> Any:
+    """A value nested ``levels`` deep: dicts and lists by turns."""
+    for i in range(levels):
+        inner = {"a": inner} if i % 2 else [inner]
+    return inner
+
+
+@pytest.mark.parametrize("levels", [1, 2, 10, DEPTH])
+def test_json_up_to_the_depth_limit_is_taken(levels: int) -> None:
+    doc = _nested(levels)
+    assert parse_json(orjson.dumps(doc), DEPTH) == doc
+
+
+@pytest.mark.parametrize("levels", [DEPTH + 1, 200, 1000, 1025, 5000])
+def test_json_past_the_depth_limit_is_a_400_naming_it(levels: int) -> None:
+    raw = b"[" * levels + b"]" * levels  # past 1024 levels orjson itself refuses: the same 400
+    with pytest.raises(GatewayError) as info:
+        parse_json(raw, DEPTH)
+    assert (info.value.status, info.value.code) == (400, "invalid_request")
+    assert f"nested deeper than {DEPTH} levels" in info.value.message
+    assert "max_json_depth" in info.value.message
+
+
+def test_brackets_inside_strings_do_not_count() -> None:
+    raw = orjson.dumps({"content": "[" * 500 + "{" * 500})
+    assert parse_json(raw, DEPTH) == {"content": "[" * 500 + "{" * 500}
+
+
+def test_a_wide_shallow_body_is_within_the_limit() -> None:
+    doc = {"messages": [{"role": "user", "content": [{"type": "text"}]} for _ in range(2000)]}
+    assert parse_json(orjson.dumps(doc), DEPTH) == doc
+
+
+def _schema(levels: int) -> dict[str, Any]:
+    s: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        s = {"type": "object", "properties": {"a": s}}
+    return s
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"text": {"format": {"type": "json_schema", "schema": _schema(40)}}}, "text.format.schema"),
+        ({"response_format": {"json_schema": {"schema": _schema(40)}}}, "response_format.json_schema.schema"),
+        ({"tools": [{"function": {"name": "f", "parameters": _schema(40)}}]}, "tools.0.function.parameters"),
+        ({"tools": [{"type": "function", "parameters": _schema(40)}]}, "tools.0.parameters"),
+        ({"metadata": _nested(80)}, "metadata"),
+        ({"endpoint": "/v1/chat/completions", "body": {"metadata": _nested(80)}}, "body.metadata"),
+    ],
+)
+def test_a_too_deep_body_names_the_field(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(GatewayError) as info:
+        parse_body(orjson.dumps(body), DEPTH)
+    assert info.value.param == param, info.value
+    assert info.value.message.startswith(f"{param}: "), info.value
 
 
 # -- validate: chat ----------------------------------------------------------------------------

@@ -63,8 +63,8 @@ def usage_filter(request: Request) -> UsageFilter:
     )
 
 
-def routes(guard: Guard, dash: Dashboard, markets: Mapping[str, Market]) -> list[Route]:
-    return [*_market_routes(guard, markets), *_money_routes(guard, dash), *_request_routes(guard, dash),
+def routes(guard: Guard, dash: Dashboard, markets: Mapping[str, Market], max_depth: int) -> list[Route]:
+    return [*_market_routes(guard, markets), *_money_routes(guard, dash, max_depth), *_request_routes(guard, dash),
             *_job_routes(guard, dash)]  # fmt: skip
 
 
@@ -75,7 +75,7 @@ def _market_routes(guard: Guard, markets: Mapping[str, Market]) -> list[Route]:
     return [Route(f"{API}/markets", guard.read(market_list), methods=["GET"])]
 
 
-def _money_routes(guard: Guard, dash: Dashboard) -> list[Route]:
+def _money_routes(guard: Guard, dash: Dashboard, max_depth: int) -> list[Route]:
     async def accounts(request: Request, s: Session) -> Response:
         return JSON({"data": [account_doc(a) for a in await dash.accounts(s)], "operator": s.operator})
 
@@ -85,7 +85,7 @@ def _money_routes(guard: Guard, dash: Dashboard) -> list[Route]:
         return JSON({"data": await dash.holds(s, hs)})
 
     async def settle(request: Request, s: Session) -> Response:
-        body = await json_model(request, SettleBody)
+        body = await json_model(request, SettleBody, max_depth)
         return JSON(
             await dash.settle(s, check_id(request.path_params["hold_id"], "hold_id"), body.amount_micros)
         )

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qs
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
@@ -24,6 +23,7 @@ from bourse.http.dashboard.guard import Guard, check_same_origin, clear_cookie, 
 from bourse.http.deps import read_body
 from bourse.http.responses import JSON
 from bourse.services.sessions import Session, Sessions
+from bourse.wire.requests import parse_json
 
 MAX_SIGN_IN_BYTES = 4096
 
@@ -40,21 +40,18 @@ def whoami(sessions: Sessions, s: Session, products: list[str]) -> dict[str, Any
     }
 
 
-def _key_from(raw: bytes, form: bool) -> str:
+def _key_from(raw: bytes, form: bool, max_depth: int) -> str:
     if form:
         values = parse_qs(raw.decode("utf-8", "replace")).get("key", [""])
         return values[0]
-    try:
-        doc = orjson.loads(raw or b"{}")
-    except orjson.JSONDecodeError:
-        raise invalid_request('body: expected JSON {"key": "..."}') from None
+    doc = parse_json(raw or b"{}", max_depth)
     key = doc.get("key") if isinstance(doc, dict) else None
     if not isinstance(key, str):
         raise invalid_request("key: expected a string", param="key")
     return key
 
 
-def routes(guard: Guard, products: list[str]) -> list[Route]:
+def routes(guard: Guard, products: list[str], max_depth: int) -> list[Route]:
     sessions = guard.sessions
 
     async def current(request: Request) -> Response:
@@ -66,7 +63,7 @@ def routes(guard: Guard, products: list[str]) -> list[Route]:
     async def sign_in(request: Request) -> Response:
         check_same_origin(request)
         form = request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded")
-        key = _key_from(await read_body(request, MAX_SIGN_IN_BYTES), form)
+        key = _key_from(await read_body(request, MAX_SIGN_IN_BYTES), form, max_depth)
         try:
             s, token = await sessions.sign_in(key)
         except GatewayError:
