@@ -3,15 +3,20 @@
 A target must be an http or https URL whose host resolves only to allowed addresses
 (checked at submit and again before each delivery; the sender connects to the very
 address it checked, so a name cannot be re-pointed between the check and the
-connection). Unless the operator allows more, an address must be globally
-reachable by the standard library's own table (``ipaddress`` ``is_global``: not
-private, loopback, link-local, carrier-grade NAT ``100.64.0.0/10``, documentation,
-benchmarking or reserved), and neither multicast nor site-local; an IPv6 address
-that embeds an IPv4 one (mapped ``::ffff:a.b.c.d``, 6to4 ``2002::/16``, Teredo,
-IPv4-compatible ``::a.b.c.d``, NAT64 ``64:ff9b::/96``, IPv4-translated
-``::ffff:0:a.b.c.d``) is allowed only if the embedded address is. Numeric hosts
-are read as the C resolver reads them (``2130706433``, ``0177.0.0.1``, ``0x7f.1``
-are 127.0.0.1).
+connection). A malformed URL (an unclosed or invalid ``[...]`` literal, an empty or
+over-long label, a character no host name has, a port outside 1-65535) is a 400
+naming ``webhook_url``, found before any name is looked up.
+
+Unless the operator allows more, an address must be globally reachable by the IANA
+IPv4 and IPv6 special-purpose address registries (:func:`is_public`), a table of our
+own rather than ``ipaddress``'s ``is_global``, whose table depends on the Python
+version (3.11 takes ``64:ff9b:1::/48``, ``192.0.0.0/24``, ``3fff::/20`` or
+``5f00::/16`` for global). An IPv6 address must be global unicast (``2000::/3``) or
+the NAT64 well-known prefix ``64:ff9b::/96``; one that embeds an IPv4 address (mapped
+``::ffff:a.b.c.d``, 6to4 ``2002::/16``, NAT64 ``64:ff9b::/96``) is allowed only if the
+embedded address is. Teredo, IPv4-compatible ``::a.b.c.d`` and IPv4-translated
+``::ffff:0:a.b.c.d`` addresses are refused. Numeric hosts are read as the C resolver
+reads them (``2130706433``, ``0177.0.0.1``, ``0x7f.1`` are 127.0.0.1).
 
 ``allow_loopback`` lets targets on this machine through (127.0.0.0/8, ``::1`` and
 their mapped form; tests and local receivers); ``allow_private`` lets any unicast
@@ -43,11 +48,48 @@ Resolve = Callable[[str, int], Awaitable[list[Address]]]
 """``(host, port)`` -> every address of ``host``; OSError when it does not resolve."""
 
 _NUMERIC_V4 = re.compile(r"^[0-9a-fA-FxX.]+$")
+_LABEL = re.compile(r"^[A-Za-z0-9_-]{1,63}$")
+"""One label of a host name once IDNA-encoded (``_`` too: some resolvers serve it)."""
+MAX_HOST = 253
+"""The longest host name (RFC 1035), without its final dot."""
+
+
+def _v4(*nets: str) -> tuple[ipaddress.IPv4Network, ...]:
+    return tuple(ipaddress.IPv4Network(n) for n in nets)
+
+
+def _v6(*nets: str) -> tuple[ipaddress.IPv6Network, ...]:
+    return tuple(ipaddress.IPv6Network(n) for n in nets)
+
+
+# The IANA IPv4 Special-Purpose Address Registry: the blocks that are not globally
+# reachable (multicast 224.0.0.0/4 is refused on its own), and the ones inside them
+# that are. 192.88.99.0/24 (6to4 relay anycast) is deprecated (RFC 7526): no target.
+_V4_NOT_GLOBAL = _v4(
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15",
+    "198.51.100.0/24", "203.0.113.0/24", "240.0.0.0/4",
+)  # fmt: skip
+_V4_GLOBAL_INSIDE = _v4("192.0.0.9/32", "192.0.0.10/32")
+# IPv6: only global unicast (2000::/3) is routed on the internet; inside it, the IANA
+# IPv6 Special-Purpose Address Registry's blocks that are not globally reachable
+# (2001::/23 holds Teredo 2001::/32, benchmarking 2001:2::/48 and ORCHID 2001:10::/28),
+# and the ones inside those that are (anycast, AMT, AS112, ORCHIDv2, drone ids).
+_V6_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+_V6_NOT_GLOBAL = _v6("2001::/23", "2001:db8::/32", "3fff::/20")
+_V6_GLOBAL_INSIDE = _v6(
+    "2001:1::1/128", "2001:1::2/128", "2001:1::3/128", "2001:3::/32", "2001:4:112::/48", "2001:20::/28",
+    "2001:30::/28",
+)  # fmt: skip
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+"""The NAT64 well-known prefix: the IPv4 address in its last 32 bits is the destination
+(the local-use ``64:ff9b:1::/48`` is outside ``2000::/3``: refused)."""
+_6TO4 = ipaddress.IPv6Network("2002::/16")
 # IPv6 forms that carry an IPv4 address in their last 32 bits and have no property of
 # their own in ``ipaddress`` (mapped, 6to4 and Teredo do)
 _V4_IN_LOW_BITS = (
     ipaddress.IPv6Network("::/96"),  # IPv4-compatible (deprecated)
-    ipaddress.IPv6Network("64:ff9b::/96"),  # NAT64 well-known prefix
+    _NAT64,
     ipaddress.IPv6Network("::ffff:0:0:0/96"),  # IPv4-translated (SIIT)
 )
 
@@ -79,6 +121,24 @@ def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     return None
 
 
+def is_public(ip: Address) -> bool:
+    """Whether ``ip`` is globally reachable by the IANA special-purpose address registries
+    (an IPv6 address that embeds an IPv4 one through NAT64 or 6to4: whether that one is)."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        if ip.is_multicast:
+            return False
+        return not any(ip in net for net in _V4_NOT_GLOBAL) or any(ip in net for net in _V4_GLOBAL_INSIDE)
+    if ip.ipv4_mapped is not None:
+        return is_public(ip.ipv4_mapped)
+    if ip in _NAT64:
+        return is_public(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    if ip not in _V6_GLOBAL_UNICAST:
+        return False
+    if ip in _6TO4:
+        return ip.sixtofour is not None and is_public(ip.sixtofour)
+    return not any(ip in net for net in _V6_NOT_GLOBAL) or any(ip in net for net in _V6_GLOBAL_INSIDE)
+
+
 def address_allowed(ip: Address, *, allow_private: bool, allow_loopback: bool) -> bool:
     """Whether a webhook may connect to ``ip`` (see the module docstring)."""
     if isinstance(ip, ipaddress.IPv6Address):
@@ -95,7 +155,7 @@ def address_allowed(ip: Address, *, allow_private: bool, allow_loopback: bool) -
         return allow_loopback or allow_private
     if allow_private:
         return True
-    return ip.is_global and not (isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local)
+    return is_public(ip)
 
 
 async def system_resolve(host: str, port: int) -> list[Address]:
