@@ -38,7 +38,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
-from bourse.domain.errors import invalid_request
+from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.values import immutable
 from bourse.ports.webhooks import Address
 
@@ -160,7 +160,10 @@ def address_allowed(ip: Address, *, allow_private: bool, allow_loopback: bool) -
 
 async def system_resolve(host: str, port: int) -> list[Address]:
     """The system resolver (``getaddrinfo``), every TCP address of ``host``."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except ValueError:  # its IDNA step (UnicodeError): a name :func:`check_target` lets through
+        raise OSError(f"{host!r} is not a name the resolver takes") from None
     return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 
@@ -190,21 +193,84 @@ class Target:
     host_header: str
 
 
+def _refuse(why: str) -> GatewayError:
+    return invalid_request(f"webhook_url: {why}", param="webhook_url")
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a message, at most 80 characters of it."""
+    return repr(text if len(text) <= 80 else text[:80] + "...")
+
+
 def _parse(url: str) -> tuple[str, str, int, str]:
+    """``(scheme, host, port, netloc)`` of a well-formed http(s) URL; 400 for anything else.
+    The host is checked here rather than left to the resolver, which raises UnicodeError
+    or ValueError (not OSError) for an empty or over-long label."""
     if len(url) > MAX_URL:
-        raise invalid_request(f"webhook_url: longer than {MAX_URL} characters", param="webhook_url")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise invalid_request(
-            "webhook_url: expected an http:// or https:// URL with a host", param="webhook_url"
-        )
-    if parts.username or parts.password:
-        raise invalid_request("webhook_url: credentials in the URL are not allowed", param="webhook_url")
+        raise _refuse(f"longer than {MAX_URL} characters")
+    if any(c.isspace() or not c.isprintable() for c in url):  # urlsplit drops tabs and newlines
+        raise _refuse("contains whitespace or control characters")
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise invalid_request("webhook_url: the port is not valid", param="webhook_url") from None
-    return parts.scheme, parts.hostname, port, parts.netloc
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed or invalid [...] literal
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise _refuse("expected an http:// or https:// URL with a host")
+    netloc = parts.netloc
+    if "@" in netloc:
+        raise _refuse("credentials in the URL are not allowed")
+    host, port_text = _split_netloc(netloc)
+    if port_text:
+        if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
+            raise _refuse(f"the port {_shown(port_text)} is not valid (1 to 65535)")
+        port = int(port_text)
+    else:
+        port = 443 if parts.scheme == "https" else 80
+    return parts.scheme, host, port, netloc
+
+
+def _split_netloc(netloc: str) -> tuple[str, str]:
+    """The host and the port text of ``netloc``, the host checked: an IPv6 address in
+    ``[...]`` (a zone as ``%25…``), an IPv4 address or a host name."""
+    if netloc.startswith("["):
+        end = netloc.find("]")
+        inner, rest = (netloc[1:end], netloc[end + 1 :]) if end > 0 else ("", "")
+        address = inner.replace("%25", "%", 1)
+        try:
+            ipaddress.IPv6Address(address)
+        except ValueError:
+            raise _refuse(f"{_shown(netloc)} is not an IPv6 address in [...]") from None
+        if rest and not rest.startswith(":"):
+            raise _refuse(f"unexpected {_shown(rest)} after the address {_shown(netloc[: end + 1])}")
+        return address.lower(), rest[1:]
+    host, _, port_text = netloc.partition(":")
+    if ":" in port_text:
+        raise _refuse("an IPv6 address must be written in [...]")
+    host = host.lower()
+    if literal_address(host) is None:
+        _check_name(host)
+    return host, port_text
+
+
+def _check_name(host: str) -> None:
+    """400 unless ``host`` is a host name the resolver can take: IDNA-encodable, at most
+    253 characters, labels of 1 to 63 letters, digits, ``-`` or ``_`` (one final dot allowed)."""
+    if not host:
+        raise _refuse("expected an http:// or https:// URL with a host")
+    name = host[:-1] if host.endswith(".") else host
+    try:
+        ascii_name = name.encode("idna").decode("ascii")
+    except UnicodeError:
+        ascii_name = ""  # an empty label, one over 63 characters, or a character IDNA refuses
+    if (
+        not ascii_name
+        or len(ascii_name) > MAX_HOST
+        or not all(_LABEL.match(label) for label in ascii_name.split("."))
+    ):
+        raise _refuse(
+            f"the host {_shown(host)} is not a valid host name (at most {MAX_HOST} characters; "
+            "labels of 1 to 63 letters, digits, '-' or '_', separated by single dots)"
+        )
 
 
 async def check_target(
