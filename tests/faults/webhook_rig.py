@@ -1,15 +1,23 @@
 """What the webhook tests share: a table resolver (names never reach a real resolver)
 and an httpx transport that connects to loopback only (any other destination is
 recorded and refused), so no test connects outside this machine even if the guard
-under test were broken."""
+under test were broken; and a webhook receiver on loopback that records each delivery
+and checks its signature against the secret a test expects."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import threading
+import time
 from dataclasses import dataclass, field
 
 import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from bourse.ports.webhooks import Address
 
@@ -64,3 +72,48 @@ class LoopbackOnly(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.real.aclose()
+
+
+@dataclass
+class Delivery:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def signed_with(self, secret: str) -> bool:
+        """Whether the ``x-bourse-signature`` verifies with ``secret``."""
+        header = self.headers.get("x-bourse-signature", "")
+        parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+        if "t" not in parts or "v1" not in parts:
+            return False
+        mac = hmac.new(secret.encode(), parts["t"].encode() + b"." + self.body, hashlib.sha256).hexdigest()
+        return hmac.compare_digest(mac, parts["v1"])
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver on 127.0.0.1 (``serve_app_in_thread(receiver.app())``): answers
+    every POST 204 and records it; :meth:`wait` for a path's deliveries."""
+
+    deliveries: list[Delivery] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def app(self) -> Starlette:
+        async def hook(request: Request) -> Response:
+            delivery = Delivery(request.url.path, dict(request.headers), await request.body())
+            with self.lock:
+                self.deliveries.append(delivery)
+            return Response(status_code=204)
+
+        return Starlette(routes=[Route("/{path:path}", hook, methods=["POST"])])
+
+    def at(self, path: str) -> list[Delivery]:
+        with self.lock:
+            return [d for d in self.deliveries if d.path == path]
+
+    def wait(self, path: str, n: int = 1, timeout_s: float = 20.0) -> list[Delivery]:
+        deadline = time.monotonic() + timeout_s
+        while len(self.at(path)) < n:
+            assert time.monotonic() < deadline, f"{len(self.at(path))} deliveries to {path}, expected {n}"
+            time.sleep(0.02)
+        return self.at(path)

@@ -13,12 +13,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
 import httpx
+
+CLUSTER_ENV = {"BOURSE_SECRET_KEY": "rv1nq5VYGhk9op-B9sjbkU9e1JVaiCbjZigpynJ1qrw="}
+"""What every replica of one test cluster shares besides the admin key, as
+docs/replicas.md says (a replica with another key refuses to start)."""
 
 
 def free_port() -> int:
@@ -69,9 +73,11 @@ def serve_process(
     database: str | None = None,
     start_timeout_s: float = 20.0,
     extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``bourse serve`` on 127.0.0.1 as a child process; (base URL, process) once /healthz
-    answers; SIGTERM (then SIGKILL) on exit if it still runs."""
+    answers; SIGTERM (then SIGKILL) on exit if it still runs. ``env``: more ``BOURSE_*``
+    variables (replicas of one database share ``BOURSE_SECRET_KEY``)."""
     config = tmp / f"{name}.toml"
     config.write_text(config_toml)
     last = ""
@@ -85,7 +91,7 @@ def serve_process(
         log = tmp / f"{name}-{attempt}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=clean_env(BOURSE_ADMIN_KEY=admin_key))  # fmt: skip
+                                    env=clean_env(BOURSE_ADMIN_KEY=admin_key, **(env or {})))  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + start_timeout_s
