@@ -268,3 +268,37 @@ def test_a_rotated_key_keeps_every_secret(
         _webhook_state(url, key, held, "delivered")
         for delivery in rec.wait("/hook/old-only"):
             assert delivery.signed_with(secret), delivery.headers
+
+
+def test_a_database_sealed_before_the_check_and_a_lost_key(
+    tmp_path: Path, postgres_dsn: str, receiver: tuple[Receiver, str]
+) -> None:
+    """A database whose secrets were sealed before it named a key (an earlier version):
+    a replica that opens none of them is refused, the one that sealed them is not. Its
+    key then lost, ``--adopt-secret-key`` gives the secrets up: their webhooks are held
+    until each account gets a new secret, and the old key is refused from then on."""
+    rec, hooks = receiver
+    data_a, data_b = tmp_path / "a", tmp_path / "b"
+    with serve_process(tmp_path, "a", CONFIG, data_a, ADMIN_KEY, postgres_dsn) as (url, _):
+        key, _secret = _account(url, "acme")
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM sealing_key")  # as a database of the version before the check
+    line = _refused(tmp_path, "b", data_b, postgres_dsn, {})
+    assert "opens none of the webhook secrets" in line, line
+    with serve_process(tmp_path, "a-again", CONFIG, data_a, ADMIN_KEY, postgres_dsn) as (url, _):
+        assert _admin(url, "GET", "/admin/accounts/acme").status_code == 200
+    # the key of data_a is lost: another one takes the database over
+    with serve_process(
+        tmp_path, "b-adopts", CONFIG, data_b, ADMIN_KEY, postgres_dsn, extra_args=["--adopt-secret-key"]
+    ) as (url, _):
+        assert "instead of the key" in _log(tmp_path, "b-adopts")
+        job_id = _submit(url, key, hooks + "/hook/adopted")
+        assert "webhook_secret" in _webhook_state(url, key, job_id, "held")["webhook"]["error"]
+        r = _admin(url, "POST", "/admin/webhook_secrets/reseal")
+        assert r.json()["unreadable"] == ["acme", "demo"] and r.json()["released_jobs"] == 0, r.text
+        r = _admin(url, "POST", "/admin/accounts/acme/webhook_secret")
+        assert r.status_code == 200 and r.json()["released_jobs"] == 1, r.text
+        _webhook_state(url, key, job_id, "delivered")
+        for delivery in rec.wait("/hook/adopted"):
+            assert delivery.signed_with(r.json()["webhook_secret"]), delivery.headers
+    _refused(tmp_path, "a-refused", data_a, postgres_dsn, {})
