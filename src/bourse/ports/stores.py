@@ -410,6 +410,11 @@ class JobStore(Protocol):
         previous life (at start-up). Atomic: two instances never claim one job."""
         ...
 
+    async def hold_webhook(self, job_id: str, why: str) -> bool:
+        """Mark a pending webhook ``held`` with ``why``; False (nothing changed) when it is
+        no longer pending (another gateway delivered it meanwhile)."""
+        ...
+
     async def jobs_to_notify(self) -> Sequence[Job]:
         """Finished jobs whose webhook is still pending."""
         ...

@@ -498,8 +498,8 @@ class JobService:
             f"sets a new one with POST /admin/accounts/{job.account_id}/webhook_secret (or re-seals with "
             "POST /admin/webhook_secrets/reseal on a gateway that has the old key), then it is sent"
         )
-        self.observer.webhook_result(job.id, "held", why)
-        await self.store.update_job(job.id, webhook_state="held", webhook_error=why)
+        if await self.store.hold_webhook(job.id, why):  # (not when another gateway sent it meanwhile)
+            self.observer.webhook_result(job.id, "held", why)
 
     async def _post(self, job: Job, url: str, secret: str, body: bytes, attempt: int) -> str | None:
         """One delivery attempt: "delivered", why the target is refused, or None to retry."""

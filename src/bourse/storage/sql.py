@@ -1268,6 +1268,13 @@ class SqlStore:
     ) -> Sequence[Job]:
         return await self._run(_claim_jobs, owner, now, all_others, include_own)
 
+    async def hold_webhook(self, job_id: str, why: str) -> bool:
+        def hold(db: Executor) -> bool:
+            sql = "UPDATE jobs SET webhook_state = 'held', webhook_error = $2 WHERE id = $1 AND webhook_state = 'pending'"
+            return db.execute(sql, job_id, why) == 1
+
+        return await self._run(hold)
+
     async def jobs_to_notify(self) -> Sequence[Job]:
         def get(db: Executor) -> list[Job]:
             rows = db.fetch(
