@@ -99,6 +99,10 @@ async def offline_resolve(host: str, port: int) -> list[Address]:
     return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 
+async def _public(host: str, port: int) -> list[Address]:
+    return [ipaddress.ip_address("8.8.8.8")]
+
+
 def _check(url: str) -> Target:
     return anyio.run(lambda: check_target(url, allow_private=False, resolve=offline_resolve))
 
@@ -122,6 +126,13 @@ def test_well_formed_urls_still_pass() -> None:
     ]:
         target = _check(url)
         assert (target.host, target.port) == (host, port), (url, target)
+    # a name's Host and SNI are its ASCII form
+    target = anyio.run(
+        partial(check_target, "https://B\u00fccher.example:8443/h", allow_private=False, resolve=_public)
+    )
+    assert (target.host, target.host_header) == ("xn--bcher-kva.example", "xn--bcher-kva.example:8443"), (
+        target
+    )
     # a name passes the syntax check and is then looked up (here: offline, so it does not resolve)
     for url in ["https://hooks.example.com./h", "http://a-b_c.example:1/", "http://b\u00fccher.example/"]:
         with pytest.raises(GatewayError) as info:

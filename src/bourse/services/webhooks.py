@@ -220,6 +220,8 @@ def _parse(url: str) -> tuple[str, str, int, str]:
     if "@" in netloc:
         raise _refuse("credentials in the URL are not allowed")
     host, port_text = _split_netloc(netloc)
+    if not netloc.startswith("["):  # Host and SNI carry the ASCII (IDNA) form of a name
+        netloc = host + (f":{port_text}" if port_text else "")
     if port_text:
         if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
             raise _refuse(f"the port {_shown(port_text)} is not valid (1 to 65535)")
@@ -231,7 +233,7 @@ def _parse(url: str) -> tuple[str, str, int, str]:
 
 def _split_netloc(netloc: str) -> tuple[str, str]:
     """The host and the port text of ``netloc``, the host checked: an IPv6 address in
-    ``[...]`` (a zone as ``%25…``), an IPv4 address or a host name."""
+    ``[...]`` (a zone as ``%25…``), an IPv4 address or a host name (its ASCII form)."""
     if netloc.startswith("["):
         end = netloc.find("]")
         inner, rest = (netloc[1:end], netloc[end + 1 :]) if end > 0 else ("", "")
@@ -248,13 +250,14 @@ def _split_netloc(netloc: str) -> tuple[str, str]:
         raise _refuse("an IPv6 address must be written in [...]")
     host = host.lower()
     if literal_address(host) is None:
-        _check_name(host)
+        host = _checked_name(host)
     return host, port_text
 
 
-def _check_name(host: str) -> None:
-    """400 unless ``host`` is a host name the resolver can take: IDNA-encodable, at most
-    253 characters, labels of 1 to 63 letters, digits, ``-`` or ``_`` (one final dot allowed)."""
+def _checked_name(host: str) -> str:
+    """``host`` as ASCII (IDNA); 400 unless it is a host name the resolver can take: at
+    most 253 characters, labels of 1 to 63 letters, digits, ``-`` or ``_`` (one final
+    dot allowed)."""
     if not host:
         raise _refuse("expected an http:// or https:// URL with a host")
     name = host[:-1] if host.endswith(".") else host
@@ -271,6 +274,7 @@ def _check_name(host: str) -> None:
             f"the host {_shown(host)} is not a valid host name (at most {MAX_HOST} characters; "
             "labels of 1 to 63 letters, digits, '-' or '_', separated by single dots)"
         )
+    return ascii_name.lower() + ("." if host.endswith(".") else "")
 
 
 async def check_target(
