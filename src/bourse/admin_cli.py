@@ -66,6 +66,13 @@ def add_parser(sub: Any) -> None:
     c = leaf(acc, "show", "balance, holds and spend of an account")
     c.add_argument("id")
     paged(leaf(acc, "list", "list accounts (in id order)"))
+    c = leaf(acc, "webhook-secret", "give an account a new webhook secret (shown once); held webhooks go out")
+    c.add_argument("id")
+
+    secrets = objs.add_parser("webhook-secrets").add_subparsers(dest="action", required=True)
+    leaf(
+        secrets, "reseal", "seal every webhook secret with the first key of this gateway's BOURSE_SECRET_KEY"
+    )
 
     keys = objs.add_parser("keys").add_subparsers(dest="action", required=True)
     k = leaf(keys, "create", "create an API key (its secret is shown once)")
@@ -126,7 +133,13 @@ def _accounts(args: argparse.Namespace) -> Request:
         return "POST", f"/admin/accounts/{args.id}/credit", {"amount_usd": args.amount_usd}, None
     if act == "list":
         return "GET", "/admin/accounts", None, _page_params(args)
+    if act == "webhook-secret":
+        return "POST", f"/admin/accounts/{args.id}/webhook_secret", {}, None
     return "GET", f"/admin/accounts/{args.id}", None, None
+
+
+def _webhook_secrets(args: argparse.Namespace) -> Request:
+    return "POST", "/admin/webhook_secrets/reseal", {}, None
 
 
 def _new_key_body(args: argparse.Namespace) -> dict[str, Any]:
@@ -185,6 +198,7 @@ _REQUESTS: dict[str, Callable[[argparse.Namespace], Request]] = {
     "keys": _keys,
     "holds": _holds,
     "audit": _audit,
+    "webhook-secrets": _webhook_secrets,
 }
 
 
@@ -292,7 +306,11 @@ def render(obj: str, doc: Mapping[str, Any]) -> str:
     lines: list[str] = []
     if "key" in doc and isinstance(doc["key"], str):
         lines.append(f"API key (shown once, keep it now): {doc['key']}")
-    lines += [_field(name, value) for name, value in doc.items() if name != "key"]
+    shown = {"key"}
+    if doc.get("object") == "bourse.webhook_secret":
+        lines.append(f"webhook secret (shown once, give it to the receiver): {doc['webhook_secret']}")
+        shown.add("webhook_secret")
+    lines += [_field(name, value) for name, value in doc.items() if name not in shown]
     return "\n".join(lines)
 
 

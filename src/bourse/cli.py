@@ -128,7 +128,11 @@ def _fork_workers(
 
     env = read_environment()
     instance_id(data_dir)
-    SecretBox.for_folder(data_dir, env.secret_key)
+    try:
+        SecretBox.for_folder(data_dir, env.secret_key)
+    except ValueError as exc:  # not a Fernet key
+        print(f"bourse: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     _, generated = admin_key_hash(data_dir, env.admin_key)
     announce_keys(data_dir, generated, None)
     return run_workers(socks, lambda sock, number: _serve_locked(args, config, sock, data_dir, number))
@@ -137,7 +141,7 @@ def _fork_workers(
 def _serve_locked(
     args: argparse.Namespace, config: Config, sock: socket.socket, data_dir: Path, worker: int = 0
 ) -> int:
-    from bourse.container import build, unreachable_services
+    from bourse.container import build, sealing_problem, unreachable_services
     from bourse.http.server import GatewayServer
     from bourse.observability.logs import configure_logging
     from bourse.settings import read_environment
@@ -161,6 +165,11 @@ def _serve_locked(
         print(f"bourse: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     container.data_dir = data_dir
+    container.adopt_secret_key = args.adopt_secret_key
+    refused = sealing_problem(container)
+    if refused is not None:
+        print(f"bourse: {refused}", file=sys.stderr)
+        return EXIT_FAILURE
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(
@@ -252,6 +261,12 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="processes serving the port as one exchange (more than 1 needs [cluster] and PostgreSQL)",
+    )
+    s.add_argument(
+        "--adopt-secret-key",
+        action="store_true",
+        help="make this gateway's BOURSE_SECRET_KEY the one that seals the database's webhook secrets, "
+        "giving up those sealed with a lost key (docs/replicas.md)",
     )
     s.set_defaults(func=_serve)
     u = sub.add_parser("sim-upstream", help="run a standalone OpenAI-compatible simulated engine")

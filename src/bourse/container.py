@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -151,6 +152,9 @@ class Container:
     observer: Observer = field(default=NULL_OBSERVER, kw_only=True)
     responses: ResponseService = field(kw_only=True)
     prober: Prober = field(default_factory=Prober, kw_only=True)
+    adopt_secret_key: bool = field(default=False, kw_only=True)
+    """``serve --adopt-secret-key``: this gateway's key seals the database's webhook
+    secrets from now on, whichever sealed them before."""
 
     @property
     def max_body_bytes(self) -> int:
@@ -168,6 +172,7 @@ class Container:
         for engine in self.engines.values():
             await engine.start()
         await self.store.open()
+        await self._adopt_sealing_key()
         if self.hub is not None:
             await self.hub.start()
         for m in self.completions.markets.values():
@@ -183,6 +188,32 @@ class Container:
         if self.announce:
             announce_keys(self.data_dir, self.generated_admin_key, self.demo_key)
         log.info("bourse serving %d products from %s", len(self.completions.markets), self.config.source)
+
+    async def _adopt_sealing_key(self) -> None:
+        """Check this gateway's webhook-secret keys against the one its database seals
+        with (SealingKeyMismatch on a replica with another key; :func:`sealing_problem`
+        says so in one line before ``bourse serve`` gets here); one node takes it over."""
+        box = self.store.secret_box
+        if box is None:
+            return
+        take_over = self.store.single_node or self.adopt_secret_key
+        adoption = await self.store.adopt_sealing_key(time.time(), take_over=take_over)
+        key = f"{box.source} (check value {adoption.fingerprint[:12]}…)"
+        if adoption.took_over_from is not None:
+            log.warning(
+                "webhook secrets: %s seals this database's webhook secrets from now on, instead of the key "
+                "%s…; secrets sealed with that key cannot be opened: their webhooks are held until an admin "
+                "sets a new secret (POST /admin/accounts/{id}/webhook_secret)",
+                key, adoption.took_over_from[:12],
+            )  # fmt: skip
+        elif adoption.first:
+            log.info("webhook secrets: this database seals them with %s", key)
+        if adoption.unreadable:
+            log.warning(
+                "webhook secrets: %d of the first sealed secrets in this database cannot be opened with %s; "
+                "their webhooks are held until an admin sets a new secret for each account",
+                adoption.unreadable, key,
+            )  # fmt: skip
 
     async def stop(self) -> None:
         await self.prober.stop()
@@ -242,6 +273,36 @@ def unreachable_services(config: Config, env: Environment, database: str | None 
         except Exception as exc:
             problems.append(f"cannot reach Redis ({_redact(redis_url)}): {exc}")
     return problems
+
+
+def sealing_problem(container: Container) -> str | None:
+    """Why this replica may not serve (one line), checked before serving: its webhook-
+    secret keys do not include the one its shared (PostgreSQL) database seals with.
+    A new database is named this replica's key here."""
+    store = container.store
+    if store.single_node or store.secret_box is None or container.adopt_secret_key:
+        return None  # one node, or told to take the database over: start() does it, and logs it
+    from bourse.storage.postgres import PostgresStore
+    from bourse.storage.sealing import SealingKeyMismatch
+
+    assert isinstance(store, PostgresStore)
+    probe = PostgresStore(store.dsn, max_size=1)
+    probe.secret_box = store.secret_box
+
+    async def check() -> None:
+        await probe.open()
+        try:
+            await probe.adopt_sealing_key(time.time(), take_over=False)
+        finally:
+            await probe.close()
+
+    try:
+        asyncio.run(check())
+    except SealingKeyMismatch as exc:
+        return str(exc)
+    except Exception as exc:  # the database went away since it was reached: one line, no traceback
+        return f"cannot check the webhook-secret key (BOURSE_SECRET_KEY) in the database: {type(exc).__name__}: {exc}"
+    return None
 
 
 def instance_id(data_dir: Path) -> str:
@@ -365,9 +426,6 @@ def build(
         )
     prober.bind(markets)
     store.secret_box = SecretBox.for_folder(data, env.secret_key)
-    if not store.single_node and not env.secret_key:
-        log.warning("webhook secrets are sealed with this replica's key (%s); replicas sharing the "
-                    "database need the same BOURSE_SECRET_KEY", data / "secret_key")  # fmt: skip
     admin_hash, generated = admin_key_hash(data, env.admin_key)
     auth = Authenticator(store, admin_hash)
     billing = Billing(store, owner=owner, lease_s=max(15.0, config.cluster.lease_s * 5), observer=observer)

@@ -21,6 +21,7 @@ from bourse.services.completion import Run
 from bourse.services.ids import new_request_id
 from bourse.settings import Environment, parse_config
 from bourse.wire.requests import validate
+from tests.support.processes import CLUSTER_ENV
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.postgres]
 
@@ -38,7 +39,10 @@ async def replica(folder: Path, redis_url: str, dsn: str, prefix: str) -> AsyncI
         "test",
         env={},
     )
-    container = build(config, data_dir=folder, env=Environment(admin_key="bk_admin_gauges"), database=dsn)
+    env = Environment(
+        admin_key="bk_admin_gauges", secret_key=CLUSTER_ENV["BOURSE_SECRET_KEY"]
+    )  # one key: replicas
+    container = build(config, data_dir=folder, env=env, database=dsn)
     container.announce = False
     await container.start()
     try:

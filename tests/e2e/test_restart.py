@@ -36,7 +36,7 @@ import pytest
 
 from tests.e2e.jobs.support import Jobs, chat_body, usage_records
 from tests.support.databases import fresh_postgres_database
-from tests.support.processes import clean_env, free_port, serve_process
+from tests.support.processes import CLUSTER_ENV, clean_env, free_port, serve_process
 
 ADMIN_KEY = "bk_admin_restart_test"
 USER = [{"role": "user", "content": "Tell me about the market."}]
@@ -300,7 +300,9 @@ def database(request: pytest.FixtureRequest) -> Iterator[str | None]:
 
 @contextmanager
 def _served(tmp: Path, name: str, config: str, data: Path, database: str | None) -> Iterator[tuple[str, Any]]:
-    with serve_process(tmp, name, config, data, ADMIN_KEY, database) as served:
+    with serve_process(
+        tmp, name, config, data, ADMIN_KEY, database, env=CLUSTER_ENV if database else None
+    ) as served:
         yield served
 
 

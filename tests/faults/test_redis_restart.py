@@ -41,7 +41,7 @@ import httpx
 import pytest
 
 from tests.support.bodies import USER
-from tests.support.processes import REDIS_SERVER, free_port, redis_server, serve_process
+from tests.support.processes import CLUSTER_ENV, REDIS_SERVER, free_port, redis_server, serve_process
 
 pytestmark = [
     pytest.mark.postgres,
@@ -176,7 +176,7 @@ floor = 0.1
             data = tmp_path / f"data{i}"
             data.mkdir()
             url, _ = stack.enter_context(
-                serve_process(tmp_path, f"replica{i}", config, data, ADMIN_KEY, postgres_dsn)
+                serve_process(tmp_path, f"replica{i}", config, data, ADMIN_KEY, postgres_dsn, env=CLUSTER_ENV)
             )
             urls.append(url)
         yield urls, port

@@ -22,8 +22,10 @@ from pathlib import Path
 
 import anyio
 import httpx
+import pytest
 from cryptography.fernet import Fernet
 
+from bourse.ports.stores import WebhookSecretUnreadable
 from bourse.settings import read_environment
 from bourse.storage.private import SEALED, SecretBox, announce_keys
 from bourse.storage.sqlite import SqliteStore
@@ -141,7 +143,8 @@ def test_an_existing_database_is_narrowed_and_old_secrets_stay_readable(tmp_path
             assert new is not None and len(new) == 48
             # another key (another replica without the same BOURSE_SECRET_KEY) cannot open it
             store.secret_box = SecretBox.for_folder(tmp_path / "elsewhere")
-            assert await store.webhook_secret("new") is None
+            with pytest.raises(WebhookSecretUnreadable):  # never read as "" (a signature anyone can make)
+                await store.webhook_secret("new")
         finally:
             await store.close()
 
@@ -158,4 +161,13 @@ def test_replicas_share_the_key_given_in_the_environment(tmp_path: Path) -> None
     one = SecretBox.for_folder(tmp_path / "one", env.secret_key)
     two = SecretBox.for_folder(tmp_path / "two", env.secret_key)
     assert two.open(one.seal("s3cret")) == "s3cret"
+    assert one.fingerprints == two.fingerprints and len(one.fingerprints[0]) == 64
+    # a rotation: NEW,OLD opens what OLD sealed and seals with NEW
+    new = Fernet.generate_key().decode()
+    rolled = SecretBox.for_folder(tmp_path, f"{new}, {key}")
+    assert rolled.opened(one.seal("s3cret")) == ("s3cret", 1)
+    assert rolled.fingerprints[1] == one.fingerprints[0]
+    assert SecretBox.for_folder(tmp_path, new).open(rolled.seal("s3cret")) == "s3cret"
+    with pytest.raises(ValueError, match="BOURSE_SECRET_KEY: key 2 is not a Fernet key"):
+        SecretBox.for_folder(tmp_path, f"{new},not-a-key")
     assert not (tmp_path / "one").exists() and not (tmp_path / "two").exists()

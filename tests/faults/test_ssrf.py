@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import ipaddress
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -35,6 +34,7 @@ from bourse.domain.errors import GatewayError
 from bourse.outbound.webhook_http import HttpWebhookSender
 from bourse.ports.webhooks import Address
 from bourse.services.webhooks import address_allowed, check_target
+from tests.faults.webhook_rig import LoopbackOnly, TableResolver
 from tests.support.gateway import Gateway, running_gateway
 from tests.support.servers import serve_app_in_thread
 
@@ -81,8 +81,39 @@ FORBIDDEN: list[tuple[str, str, str]] = [
     ("benchmarking", "198.18.0.1", "198.18.0.1"),
     ("documentation", "192.0.2.1", "192.0.2.1"),
     ("ipv6-documentation", "[2001:db8::1]", "2001:db8::1"),
+    # special-purpose ranges that Python 3.11's ``is_global`` takes for global (the IANA
+    # IPv4 and IPv6 special-purpose address registries say they are not)
+    ("nat64-local-use-metadata", "[64:ff9b:1::a9fe:a9fe]", "64:ff9b:1::a9fe:a9fe"),
+    ("nat64-local-use-public", "[64:ff9b:1::808:808]", "64:ff9b:1::808:808"),
+    ("nat64-local-use-end", "[64:ff9b:1:ffff:ffff:ffff:ffff:ffff]", "64:ff9b:1:ffff:ffff:ffff:ffff:ffff"),
+    ("ietf-protocol-dummy", "192.0.0.8", "192.0.0.8"),
+    ("ietf-protocol", "192.0.0.100", "192.0.0.100"),
+    ("ietf-protocol-last", "192.0.0.255", "192.0.0.255"),
+    ("mapped-ietf-protocol", "[::ffff:192.0.0.100]", "::ffff:c000:64"),
+    ("6to4-ietf-protocol", "[2002:c000:64::1]", "2002:c000:64::1"),
+    ("nat64-ietf-protocol", "[64:ff9b::c000:64]", "64:ff9b::c000:64"),
+    ("6to4-relay-anycast", "192.88.99.1", "192.88.99.1"),
+    ("this-network", "0.1.2.3", "0.1.2.3"),
+    ("benchmarking-last", "198.19.255.254", "198.19.255.254"),
+    ("ipv6-documentation-3fff", "[3fff::1]", "3fff::1"),
+    ("srv6-sid", "[5f00::1]", "5f00::1"),
+    ("ipv6-dummy-prefix", "[100:0:0:1::1]", "100:0:0:1::1"),
+    ("ipv6-discard", "[100::1]", "100::1"),
+    ("ipv6-unallocated", "[4000::1]", "4000::1"),
+    ("ipv6-ietf-reserved", "[::1:2:3:4]", "::1:2:3:4"),
+    ("v4-compatible-public", "[::808:808]", "::808:808"),
+    ("translated-public", "[::ffff:0:808:808]", "::ffff:0:808:808"),
+    ("teredo-public", "[2001:0:4136:e378:8000:63bf:f7f7:f7f7]", "2001:0:4136:e378:8000:63bf:f7f7:f7f7"),
+    ("ipv6-benchmarking", "[2001:2::1]", "2001:2::1"),
+    ("orchid-deprecated", "[2001:10::1]", "2001:10::1"),
+    ("ipv6-ietf-protocol", "[2001:100::1]", "2001:100::1"),
 ]
-PUBLIC = ["8.8.8.8", "2001:4860:4860::8888", "64:ff9b::808:808", "2002:808:808::"]
+PUBLIC = [
+    "8.8.8.8", "2001:4860:4860::8888", "64:ff9b::808:808", "2002:808:808::", "::ffff:8.8.8.8",
+    # globally reachable by the registries, inside blocks that are not
+    "192.0.0.9", "192.0.0.10", "2001:1::1", "2001:3::1", "2001:4:112::1", "2001:20::1",
+    "192.31.196.1", "192.52.193.1", "192.175.48.1", "2620:4f:8000::1",
+]  # fmt: skip
 """Public addresses: allowed by the guard; the test transport never connects to them."""
 IDS = [case for case, _, _ in FORBIDDEN]
 CONFIG = """
@@ -100,58 +131,6 @@ sweep_interval_s = 0.1
 
 def _ip(text: str) -> Address:
     return ipaddress.ip_address(text)
-
-
-class TableResolver:
-    """Maps test names to address lists; a name's n-th lookup gets the n-th list (the last
-    one repeats). Unknown names do not resolve: nothing reaches a real resolver."""
-
-    def __init__(self) -> None:
-        self.answers: dict[str, list[list[Address]]] = {}
-        self.calls: dict[str, int] = {}
-        self.lock = threading.Lock()
-
-    def add(self, name: str, *answers: list[Address]) -> None:
-        with self.lock:
-            self.answers[name] = list(answers)
-
-    def lookups(self, name: str) -> int:
-        with self.lock:
-            return self.calls.get(name, 0)
-
-    async def __call__(self, host: str, port: int) -> list[Address]:
-        with self.lock:
-            answers = self.answers.get(host)
-            if answers is None:
-                raise OSError(f"{host}: not in the test table")
-            n = self.calls.get(host, 0)
-            self.calls[host] = n + 1
-            return answers[min(n, len(answers) - 1)]
-
-
-@dataclass
-class LoopbackOnly(httpx.AsyncBaseTransport):
-    """Connects to 127.0.0.0/8 and ::1 only; any other destination is recorded and refused
-    (or answered ``fake_status`` without a connection)."""
-
-    refused: list[httpx.Request] = field(default_factory=list)
-    fake_status: int | None = None
-    real: httpx.AsyncHTTPTransport = field(default_factory=httpx.AsyncHTTPTransport)
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        try:
-            loopback = ipaddress.ip_address(request.url.host).is_loopback
-        except ValueError:  # a name: the sender must connect to an address
-            loopback = False
-        if loopback:
-            return await self.real.handle_async_request(request)
-        self.refused.append(request)
-        if self.fake_status is not None:
-            return httpx.Response(self.fake_status, request=request)
-        raise httpx.ConnectError("the test transport connects to loopback only", request=request)
-
-    async def aclose(self) -> None:
-        await self.real.aclose()
 
 
 async def _no_dns(host: str, port: int) -> list[Address]:

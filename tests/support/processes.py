@@ -22,6 +22,10 @@ import httpx
 
 from tests.support.ledgers import watched
 
+CLUSTER_ENV = {"BOURSE_SECRET_KEY": "rv1nq5VYGhk9op-B9sjbkU9e1JVaiCbjZigpynJ1qrw="}
+"""What every replica of one test cluster shares besides the admin key, as
+docs/replicas.md says (a replica with another key refuses to start)."""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -75,7 +79,8 @@ def serve_process(
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``bourse serve`` on 127.0.0.1 as a child process; (base URL, process) once /healthz
     answers; SIGTERM (then SIGKILL) on exit if it still runs. ``env``: variables added to
-    the child's environment (e.g. libfaketime's, for a skewed clock)."""
+    the child's environment (libfaketime's for a skewed clock; replicas of one database
+    share ``BOURSE_SECRET_KEY``, :data:`CLUSTER_ENV`)."""
     config = tmp / f"{name}.toml"
     config.write_text(config_toml)
     last = ""

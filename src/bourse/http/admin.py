@@ -1,4 +1,5 @@
-"""The admin API (admin key only): accounts, credit, keys, holds, the audit log.
+"""The admin API (admin key only): accounts, credit, keys, webhook secrets, holds, the
+audit log.
 
 Every action is audited under the actor ``admin``, or ``admin:<name>`` when the
 caller names itself in the ``x-bourse-actor`` header (a label, not a credential:
@@ -187,6 +188,15 @@ class _AdminRoutes:
         actor = self.guard(request)
         return JSON(await self.admin.release_hold(check_id(request.path_params["hold_id"], "hold_id"), actor))
 
+    async def webhook_secret(self, request: Request) -> Response:
+        actor = self.guard(request)
+        account = check_id(request.path_params["account_id"], "account_id")
+        return JSON(await self.admin.new_webhook_secret(account, actor))
+
+    async def reseal(self, request: Request) -> Response:
+        actor = self.guard(request)
+        return JSON(await self.admin.reseal_webhook_secrets(actor))
+
     async def totals(self, request: Request) -> Response:
         self.guard(request)
         t = await self.admin.store.totals()
@@ -208,6 +218,8 @@ def routes(services: Services) -> list[Route]:
         Route("/admin/accounts", a.list_accounts, methods=["GET"]),
         Route("/admin/accounts/{account_id}", a.get_account, methods=["GET"]),
         Route("/admin/accounts/{account_id}/credit", a.credit, methods=["POST"]),
+        Route("/admin/accounts/{account_id}/webhook_secret", a.webhook_secret, methods=["POST"]),
+        Route("/admin/webhook_secrets/reseal", a.reseal, methods=["POST"]),
         Route("/admin/keys", a.create_key, methods=["POST"]),
         Route("/admin/keys", a.list_keys, methods=["GET"]),
         Route("/admin/keys/{key_id}/revoke", a.revoke_key, methods=["POST"]),

@@ -297,6 +297,19 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         answer="Hold",
         errors=(409,),
     ),
+    ("POST", "/admin/accounts/{account_id}/webhook_secret"): Operation(
+        "Give an account a new webhook secret (shown once); its held webhooks are sent with it",
+        "admin",
+        auth="admin",
+        answer="WebhookSecret",
+        errors=(503,),
+    ),
+    ("POST", "/admin/webhook_secrets/reseal"): Operation(
+        "Seal every webhook secret with this gateway's first BOURSE_SECRET_KEY (a key rotation)",
+        "admin",
+        auth="admin",
+        answer="Reseal",
+    ),
     ("POST", "/admin/holds/{hold_id}/release"): Operation(
         "Release an open or reconciling hold (charge nothing)",
         "admin",
@@ -498,6 +511,20 @@ ANSWERS: dict[str, dict[str, Any]] = {
     ),
     "AdminAccount": _obj(["id", "balance_micros"], id=_STRING, balance_micros=_INT),
     "KeyCreated": _obj(["key", "id", "account_id"], key=_STRING, id=_STRING, account_id=_STRING),
+    "WebhookSecret": _obj(
+        ["account", "webhook_secret", "released_jobs"],
+        account=_STRING,
+        webhook_secret=_STRING,
+        released_jobs=_INT,
+    ),
+    "Reseal": _obj(
+        ["resealed", "unchanged", "unreadable", "unreadable_count", "released_jobs"],
+        resealed=_INT,
+        unchanged=_INT,
+        unreadable={"type": "array", "items": _STRING},
+        unreadable_count=_INT,
+        released_jobs=_INT,
+    ),
     "Hold": _obj(
         ["id", "state", "amount_micros"],
         id=_STRING,

@@ -282,6 +282,10 @@ class Observability:
             self.instruments.webhooks.inc((result,))
         if result == "failed":
             _warn("webhook of job %s failed: %s", job_id, detail or "given up", job_id=job_id)
+        elif result == "held":
+            _warn(
+                "webhook of job %s held: %s", job_id, detail or "its secret cannot be opened", job_id=job_id
+            )
 
     # -- exposition ---------------------------------------------------------------------------
 

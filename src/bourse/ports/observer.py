@@ -170,7 +170,8 @@ class Observer(Protocol):
 
     def webhook_result(self, job_id: str, result: str, detail: str | None = None) -> None:
         """``result``: ``delivered``, ``attempt_failed`` (one attempt failed; another follows
-        unless it was the last) or ``failed`` (given up, or the target refused)."""
+        unless it was the last), ``failed`` (given up, or the target refused) or ``held``
+        (not sent: the account's secret cannot be opened with this gateway's key)."""
         ...
 
     # -- exposition -----------------------------------------------------------------

@@ -184,6 +184,16 @@ class HoldNotOpen(Exception):
     """The hold is already settled or released (or does not exist)."""
 
 
+class WebhookSecretUnreadable(Exception):
+    """The account's webhook secret is sealed with a key this gateway does not have
+    (sealed by a replica with another ``BOURSE_SECRET_KEY``, or with a key since lost)."""
+
+
+class SealingKeyMissing(Exception):
+    """The key the database seals webhook secrets with is not one of this gateway's (it
+    was re-sealed from a replica with a newer ``BOURSE_SECRET_KEY``): nothing is sealed."""
+
+
 class StoreUnavailable(Exception):
     """The database could not run a transaction (its connections keep breaking, the
     server is gone) after the adapter's own retries; the transaction did not commit
@@ -408,6 +418,10 @@ class Job:
     hold_id: str | None = None
     webhook_url: str | None = None
     webhook_state: str = "none"
+    """``none``, ``pending``, ``delivered``, ``failed`` (given up, or the target refused) or
+    ``held`` (the account's secret cannot be opened: not sent until an admin re-seals it)."""
+    webhook_error: str | None = None
+    """Why the webhook is ``failed`` or ``held`` (never a secret)."""
     result: Mapping[str, Any] | None = None
     error: Mapping[str, Any] | None = None
     started_at: float | None = None
@@ -421,7 +435,8 @@ class JobStore(Protocol):
     async def job(self, job_id: str, account_id: str | None = None) -> Job | None: ...
     async def jobs_page(self, account_id: str, *, limit: int, after: str | None) -> Sequence[Job]: ...
     async def update_job(self, job_id: str, **fields: Any) -> None:
-        """Set columns: status, hold_id, request_id, started_at, finished_at, result, error, webhook_state."""
+        """Set columns: status, hold_id, request_id, started_at, finished_at, result, error,
+        webhook_state, webhook_error."""
         ...
 
     async def fail_job_refunded(
@@ -443,12 +458,58 @@ class JobStore(Protocol):
         never claim one job."""
         ...
 
+    async def hold_webhook(self, job_id: str, why: str) -> bool:
+        """Mark a pending webhook ``held`` with ``why``; False (nothing changed) when it is
+        no longer pending (another gateway delivered it meanwhile)."""
+        ...
+
     async def jobs_to_notify(self) -> Sequence[Job]:
         """Finished jobs whose webhook is still pending."""
         ...
 
     async def expire_jobs(self, now: float) -> int:
         """Finished jobs past ``expires_at``: drop the result, status ``expired``."""
+        ...
+
+
+def new_webhook_secret() -> str:
+    """A fresh webhook secret (48 hex characters: 192 random bits)."""
+    return os.urandom(24).hex()
+
+
+@immutable
+class ResealReport:
+    """What a re-seal of every webhook secret did."""
+
+    resealed: int
+    """Secrets now sealed with the new key (they were sealed with another one, or in clear)."""
+    unchanged: int
+    """Secrets already sealed with it."""
+    unreadable: Sequence[str]
+    """Accounts whose secret none of the gateway's keys opens (at most 100 named)."""
+    unreadable_count: int
+    released_jobs: int
+    """Held webhooks of accounts whose secret opens now: pending again, delivered next."""
+
+
+class WebhookSecretStore(Protocol):
+    """Each account's webhook secret, sealed at rest with the key the database names."""
+
+    async def webhook_secret(self, account_id: str) -> str | None:
+        """The account's secret (None: no such account); WebhookSecretUnreadable when this
+        gateway's keys cannot open it."""
+        ...
+
+    async def set_webhook_secret(
+        self, account_id: str, secret: str, now: float, *, audit: AuditEntry | None = None
+    ) -> int:
+        """Replace the account's secret (sealed with the database's key) and release its
+        held webhooks; how many. UnknownAccount, SealingKeyMissing."""
+        ...
+
+    async def reseal_webhook_secrets(self, now: float, *, audit: AuditEntry | None = None) -> ResealReport:
+        """Seal every secret this gateway can open with its first key, which the database
+        names from now on (one transaction); release the held webhooks that can go."""
         ...
 
 

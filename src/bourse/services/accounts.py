@@ -34,12 +34,16 @@ from bourse.ports.stores import (
     KeyRevoked,
     KeyStore,
     LedgerStore,
+    SealingKeyMissing,
     UnknownAccount,
     UnknownKey,
     UsageRecord,
     UsageStore,
+    WebhookSecretStore,
+    WebhookSecretUnreadable,
     audit_entry,
     cap_period,
+    new_webhook_secret,
 )
 from bourse.services.auth import Authenticator, hash_key, new_secret
 
@@ -53,8 +57,15 @@ MAX_GRACE_S = 7 * 86_400
 """The longest a rotated-out secret keeps working."""
 
 
-class AdminStore(LedgerStore, KeyStore, UsageStore, Protocol):
+class AdminStore(LedgerStore, KeyStore, UsageStore, WebhookSecretStore, Protocol):
     pass
+
+
+def _sealing_key_missing(exc: SealingKeyMissing) -> GatewayError:
+    """Another replica re-sealed with a key this one lacks: another replica can answer."""
+    return GatewayError(
+        503, "no_capacity", f"This gateway cannot seal secrets now: {exc}", headers={"retry-after": "5"}
+    )
 
 
 def hold_view(h: Hold) -> dict[str, Any]:
@@ -109,7 +120,42 @@ class AdminService:
             acc = await self.store.create_account(account_id, micros, now, audit=entry)
         except AccountExists:
             raise GatewayError(409, "account_exists", f"The account '{account_id}' exists already.") from None
+        except SealingKeyMissing as exc:
+            raise _sealing_key_missing(exc) from None
         return asdict(acc)
+
+    async def new_webhook_secret(self, account_id: str, actor: str = SYSTEM) -> dict[str, Any]:
+        """A new webhook secret for the account (shown once here; it signs every delivery
+        from now on, including the held ones, which this releases). The audit entry
+        names the change, never the secret."""
+        secret = new_webhook_secret()
+        now = time.time()
+        entry = audit_entry(actor, "account.webhook_secret", account_id, {}, now)
+        try:
+            released = await self.store.set_webhook_secret(account_id, secret, now, audit=entry)
+        except UnknownAccount:
+            raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
+        except SealingKeyMissing as exc:
+            raise _sealing_key_missing(exc) from None
+        log.info("account %s: a new webhook secret (%d held webhooks released)", account_id, released)
+        return {"object": "bourse.webhook_secret", "account": account_id, "webhook_secret": secret,
+                "released_jobs": released}  # fmt: skip
+
+    async def reseal_webhook_secrets(self, actor: str = SYSTEM) -> dict[str, Any]:
+        """Every webhook secret this gateway can open, sealed with its first key (the
+        first of ``BOURSE_SECRET_KEY``), which the database names from now on: the step
+        of a key rotation after every replica was given ``NEW,OLD``. Secrets it cannot
+        open are listed; their accounts need a new secret."""
+        now = time.time()
+        report = await self.store.reseal_webhook_secrets(
+            now, audit=audit_entry(actor, "webhook_secrets.reseal", "webhook_secrets", {}, now)
+        )
+        log.warning(
+            "webhook secrets re-sealed with this gateway's first key: %d re-sealed, %d unchanged, %d unreadable, "
+            "%d held webhooks released",
+            report.resealed, report.unchanged, report.unreadable_count, report.released_jobs,
+        )  # fmt: skip
+        return {"object": "bourse.reseal", **asdict(report), "unreadable": list(report.unreadable)}
 
     async def credit(self, account_id: str, amount_usd: float, actor: str = SYSTEM) -> dict[str, Any]:
         micros = usd_to_micros(amount_usd)
@@ -177,8 +223,11 @@ class AdminService:
             )
         except UnknownAccount:
             raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
-        secret_hook = getattr(self.store, "webhook_secret", None)
-        webhook_secret = await secret_hook(account_id) if secret_hook is not None else None
+        try:
+            webhook_secret = await self.store.webhook_secret(account_id)
+        except WebhookSecretUnreadable:  # the key is made; the secret needs a new one (or a re-seal)
+            log.warning("account %s: its webhook secret cannot be opened with this gateway's key", account_id)
+            webhook_secret = None
         return {"key": secret, **view, "webhook_secret": webhook_secret}
 
     def _check_products(self, products: list[str] | None) -> None:

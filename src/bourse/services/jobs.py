@@ -49,6 +49,8 @@ from bourse.ports.stores import (
     KeyStore,
     LedgerStore,
     StoreUnavailable,
+    WebhookSecretStore,
+    WebhookSecretUnreadable,
 )
 from bourse.ports.webhooks import WebhookSender
 from bourse.retrying import backoff_s
@@ -83,11 +85,9 @@ def _result_lost(job: Job, charged_micros: int) -> GatewayError:
     )
 
 
-class JobsStore(JobStore, LedgerStore, KeyStore, Protocol):
+class JobsStore(JobStore, LedgerStore, KeyStore, WebhookSecretStore, Protocol):
     single_node: bool
     """True for the embedded database: every unfinished job at start-up is this node's."""
-
-    async def webhook_secret(self, account_id: str) -> str | None: ...
 
 
 @immutable
@@ -389,6 +389,8 @@ class JobService:
             "finished_at": job.finished_at,
             "webhook_url": job.webhook_url,
         }
+        if job.webhook_url:
+            out["webhook"] = {"state": job.webhook_state, "error": job.webhook_error}
         if act is not None:
             run = act.run
             if run.phase >= Phase.ADMITTED:
@@ -553,7 +555,13 @@ class JobService:
             or job.status not in FINAL_JOB_STATES
         ):
             return  # (one that has not ended, as stored: its final state may wait for the sweep)
-        secret = await self.store.webhook_secret(job.account_id) or ""
+        try:
+            secret = await self.store.webhook_secret(job.account_id)
+        except WebhookSecretUnreadable:
+            secret = None
+        if not secret:  # never signed with a key the receiver does not have, nor with ""
+            await self._hold(job)
+            return
         body = orjson.dumps(await self.view(job))
         attempts = self.limits.webhook_attempts
         for attempt in range(attempts):
@@ -563,16 +571,32 @@ class JobService:
                     base + backoff_s(attempt - 1, base_s=base, max_s=base * WEBHOOK_BACKOFF_CAP)
                 )
             outcome = await self._post(job, job.webhook_url, secret, body, attempt)
-            if outcome is not None:
-                if outcome == "delivered":
-                    self.observer.webhook_result(job_id, "delivered")
-                await self.store.update_job(job_id, webhook_state=outcome)
+            if outcome == "delivered":
+                self.observer.webhook_result(job_id, "delivered")
+                await self.store.update_job(job_id, webhook_state="delivered", webhook_error=None)
                 return
-        self.observer.webhook_result(job_id, "failed", f"no 2xx answer in {attempts} attempts")
-        await self.store.update_job(job_id, webhook_state="failed")
+            if outcome is not None:  # the target was refused: why
+                await self.store.update_job(job_id, webhook_state="failed", webhook_error=outcome)
+                return
+        why = f"no 2xx answer in {attempts} attempts"
+        self.observer.webhook_result(job_id, "failed", why)
+        await self.store.update_job(job_id, webhook_state="failed", webhook_error=why)
+
+    async def _hold(self, job: Job) -> None:
+        """The account's secret cannot be opened here: the webhook is not sent (a
+        signature the receiver cannot verify is no delivery); it waits, ``held``, until
+        an admin sets a new secret or re-seals, which makes it pending again."""
+        why = (
+            f"not sent: the webhook secret of account {job.account_id} cannot be opened with this gateway's "
+            "key (sealed by a replica with another BOURSE_SECRET_KEY, or with a key since lost); an admin "
+            f"sets a new one with POST /admin/accounts/{job.account_id}/webhook_secret (or re-seals with "
+            "POST /admin/webhook_secrets/reseal on a gateway that has the old key), then it is sent"
+        )
+        if await self.store.hold_webhook(job.id, why):  # (not when another gateway sent it meanwhile)
+            self.observer.webhook_result(job.id, "held", why)
 
     async def _post(self, job: Job, url: str, secret: str, body: bytes, attempt: int) -> str | None:
-        """One delivery attempt: "delivered", "failed" (the target is refused), or None to retry."""
+        """One delivery attempt: "delivered", why the target is refused, or None to retry."""
         try:
             await check_target(
                 url,
@@ -581,8 +605,9 @@ class JobService:
                 resolve=self.sender.resolve,
             )
         except GatewayError as exc:
-            self.observer.webhook_result(job.id, "failed", f"target refused: {exc.message}")
-            return "failed"
+            why = f"target refused: {exc.message}"
+            self.observer.webhook_result(job.id, "failed", why)
+            return why
         headers = {
             "content-type": "application/json",
             # the receiver checks the stamp against its own clock: this host's (NTP) time

@@ -11,8 +11,8 @@ ledger change, however many statements it takes. Adapters supply
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -34,6 +34,7 @@ from bourse.ports.stores import (
     KeyBudgetExceeded,
     KeyChanged,
     KeyRevoked,
+    ResealReport,
     ResponseRecord,
     StoredResponse,
     StoreUnavailable,
@@ -41,9 +42,13 @@ from bourse.ports.stores import (
     UnknownAccount,
     UnknownKey,
     UsageRecord,
+    WebhookSecretUnreadable,
+    new_webhook_secret,
 )
+from bourse.storage import sealing
 from bourse.storage.batching import Coalescer
 from bourse.storage.schema import migrations
+from bourse.storage.sealing import Sealer
 
 Row = Mapping[str, Any]
 T = TypeVar("T")
@@ -213,14 +218,24 @@ def _migrate(db: Executor, lock_sql: str | None, now: float) -> int:
     return version
 
 
+def _reseal_audited(db: Executor, box: Sealer, now: float, audit: AuditEntry | None) -> ResealReport:
+    """A re-seal and its audit entry (its detail: the counts), in one transaction."""
+    report = sealing.reseal(db, box, now)
+    if audit is not None:
+        counts = {"resealed": report.resealed, "unchanged": report.unchanged,
+                  "unreadable": report.unreadable_count, "released_jobs": report.released_jobs}  # fmt: skip
+        _add_audit(db, dataclasses.replace(audit, detail={**audit.detail, **counts}))
+    return report
+
+
 def _create_account(
-    db: Executor, account_id: str, credit_micros: int, now: float, hook_secret: str
+    db: Executor, account_id: str, credit_micros: int, now: float, seal: Callable[[Executor, str], str]
 ) -> Account:
     if db.fetchrow("SELECT id FROM accounts WHERE id = $1", account_id) is not None:
         raise AccountExists(account_id)
     db.execute(
         "INSERT INTO accounts (id, balance_micros, created_at, webhook_secret) VALUES ($1, $2, $3, $4)",
-        account_id, credit_micros, now, hook_secret,
+        account_id, credit_micros, now, seal(db, new_webhook_secret()),
     )  # fmt: skip
     if credit_micros:
         db.execute(
@@ -910,6 +925,7 @@ _JOB_FIELDS = frozenset(
         "result",
         "error",
         "webhook_state",
+        "webhook_error",
         "bid",
         "owner",
         "expires_at",
@@ -932,6 +948,7 @@ def _job(row: Row) -> Job:
         hold_id=row["hold_id"],
         webhook_url=row["webhook_url"],
         webhook_state=row["webhook_state"],
+        webhook_error=row["webhook_error"],
         result=None if row["result"] is None else orjson.loads(row["result"]),
         error=None if row["error"] is None else orjson.loads(row["error"]),
         started_at=None if row["started_at"] is None else float(row["started_at"]),
@@ -1060,19 +1077,6 @@ def _put_response(db: Executor, r: ResponseRecord) -> None:
     )  # fmt: skip
 
 
-log = logging.getLogger("bourse.storage")
-
-
-class Sealer(Protocol):
-    """Seals secrets at rest (:class:`bourse.storage.private.SecretBox`)."""
-
-    def seal(self, secret: str) -> str: ...
-
-    def open(self, stored: str) -> str:
-        """The secret; ValueError when this key cannot open it."""
-        ...
-
-
 class SqlStore:
     """All storage ports over one database. Subclasses provide the database thread."""
 
@@ -1095,17 +1099,12 @@ class SqlStore:
     secret_box: Sealer | None = None
     """Seals webhook secrets at rest (set by the composition root); None keeps them in clear."""
 
-    def _seal(self, secret: str) -> str:
-        return secret if self.secret_box is None else self.secret_box.seal(secret)
-
-    def _open(self, account_id: str, stored: str | None) -> str | None:
-        if stored is None or self.secret_box is None:
-            return stored
-        try:
-            return self.secret_box.open(stored)
-        except ValueError as exc:
-            log.error("account %s: %s", account_id, exc)
-            return None
+    async def adopt_sealing_key(self, now: float, *, take_over: bool) -> sealing.Adoption:
+        """Check this gateway's keys against the one the database seals with (name it on a
+        new database); SealingKeyMismatch unless they include it or ``take_over``."""
+        box = self.secret_box
+        assert box is not None, "adopt_sealing_key needs a secret box"
+        return await self._run(sealing.adopt, box, now, take_over)
 
     async def open(self) -> None:
         """Connect and migrate."""
@@ -1137,7 +1136,7 @@ class SqlStore:
                 account_id,
                 credit_micros,
                 now,
-                self._seal(os.urandom(24).hex()),
+                sealing.sealer_in(self.secret_box),
             )
         except IntegrityError:
             raise AccountExists(account_id) from None
@@ -1164,9 +1163,27 @@ class SqlStore:
     async def webhook_secret(self, account_id: str) -> str | None:
         def get(db: Executor) -> str | None:
             row = db.fetchrow("SELECT webhook_secret FROM accounts WHERE id = $1", account_id)
-            return None if row is None else str(row["webhook_secret"])
+            return None if row is None or row["webhook_secret"] is None else str(row["webhook_secret"])
 
-        return self._open(account_id, await self._read(get))
+        stored = await self._read(get)
+        if stored is None or self.secret_box is None:
+            return stored
+        try:
+            return self.secret_box.opened(stored)[0]
+        except ValueError:  # sealed with a key this gateway does not have
+            raise WebhookSecretUnreadable(account_id) from None
+
+    async def set_webhook_secret(
+        self, account_id: str, secret: str, now: float, *, audit: AuditEntry | None = None
+    ) -> int:
+        return await self._run(
+            _with_audit, audit, sealing.set_secret, sealing.sealer_in(self.secret_box), account_id, secret
+        )
+
+    async def reseal_webhook_secrets(self, now: float, *, audit: AuditEntry | None = None) -> ResealReport:
+        box = self.secret_box
+        assert box is not None, "a re-seal needs a secret box"
+        return await self._run(_reseal_audited, box, now, audit)
 
     # Holds and closes of one account are group-committed (storage.batching): one
     # writer per account, its account's row taken once per batch, not once per request.
@@ -1440,6 +1457,13 @@ class SqlStore:
 
     async def claim_jobs(self, owner: str, *, all_others: bool, include_own: bool = False) -> Sequence[Job]:
         return await self._run(_claim_jobs, owner, all_others, include_own)
+
+    async def hold_webhook(self, job_id: str, why: str) -> bool:
+        def hold(db: Executor) -> bool:
+            sql = "UPDATE jobs SET webhook_state = 'held', webhook_error = $2 WHERE id = $1 AND webhook_state = 'pending'"
+            return db.execute(sql, job_id, why) == 1
+
+        return await self._run(hold)
 
     async def jobs_to_notify(self) -> Sequence[Job]:
         def get(db: Executor) -> list[Job]:

@@ -30,7 +30,7 @@ import openai
 import pytest
 
 from tests.support.bodies import USER
-from tests.support.processes import clean_env, free_port, serve_process
+from tests.support.processes import CLUSTER_ENV, clean_env, free_port, serve_process
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -156,7 +156,9 @@ floor = 0.1
             data.mkdir()
             served.append(
                 stack.enter_context(
-                    serve_process(tmp_path, f"replica{i}", config, data, ADMIN_KEY, postgres_dsn)
+                    serve_process(
+                        tmp_path, f"replica{i}", config, data, ADMIN_KEY, postgres_dsn, env=CLUSTER_ENV
+                    )
                 )
             )
         c = Cluster([u for u, _ in served], [p for _, p in served], upstream)
