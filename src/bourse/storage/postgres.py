@@ -34,14 +34,13 @@ from psycopg_pool import ConnectionPool
 
 from bourse.ports.stores import Hold, HoldNotOpen, StoreUnavailable, UnknownAccount
 from bourse.retrying import retrying
+from bourse.storage.executor import Executor, Row
 from bourse.storage.sql import (
     HOLD_COLUMNS,
     BatchShort,
     Closing,
-    Executor,
     IntegrityError,
     LedgerWrite,
-    Row,
     SqlStore,
     hold_row,
     hold_row_args,

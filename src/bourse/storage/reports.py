@@ -15,7 +15,8 @@ from typing import Any
 from bourse.domain.values import immutable
 from bourse.ports.reports import SpendPoint, UsageFilter
 from bourse.ports.stores import Account, Job, JobStatus, UsageRecord
-from bourse.storage.sql import Executor, SqlStore, _account, _job, _usage
+from bourse.storage.executor import Executor
+from bourse.storage.sql import SqlStore, _account, _job, _usage
 from bourse.storage.sqlite import SqliteStore
 
 MAX_ROWS = 1000

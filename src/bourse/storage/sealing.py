@@ -15,14 +15,12 @@ its first, which the row names from then on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from bourse.domain.values import immutable
 from bourse.ports.stores import ResealReport, SealingKeyMissing, UnknownAccount
+from bourse.storage.executor import Executor
 from bourse.storage.private import SEALED
-
-if TYPE_CHECKING:
-    from bourse.storage.sql import Executor
 
 UNREADABLE_NAMED = 100
 """A re-seal's report names at most this many accounts whose secret it cannot open."""

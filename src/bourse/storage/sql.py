@@ -16,7 +16,7 @@ import functools
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -47,26 +47,11 @@ from bourse.ports.stores import (
 )
 from bourse.storage import sealing
 from bourse.storage.batching import Coalescer
+from bourse.storage.executor import Executor, Row
 from bourse.storage.schema import migrations
 from bourse.storage.sealing import Sealer
 
-Row = Mapping[str, Any]
 T = TypeVar("T")
-
-
-class Executor(Protocol):
-    """One connection inside one transaction (synchronous, on the database thread)."""
-
-    clock: str
-    """An SQL expression for the database's own clock, in seconds since the epoch: every
-    lease and take-over between replicas is judged on it, never on a replica's clock
-    (which may be minutes off). On SQLite (one process, one file) it is that process's."""
-
-    def fetch(self, sql: str, *args: Any) -> list[Row]: ...
-    def fetchrow(self, sql: str, *args: Any) -> Row | None: ...
-    def execute(self, sql: str, *args: Any) -> int:
-        """Run a statement; the number of rows it changed."""
-        ...
 
 
 class IntegrityError(Exception):

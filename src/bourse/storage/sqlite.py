@@ -25,8 +25,9 @@ from typing import Any, TypeVar
 
 from bourse.ports.stores import StoreUnavailable
 from bourse.retrying import retrying
+from bourse.storage.executor import Row
 from bourse.storage.private import narrow_files, private_file
-from bourse.storage.sql import IntegrityError, Row, SqlStore
+from bourse.storage.sql import IntegrityError, SqlStore
 
 T = TypeVar("T")
 log = logging.getLogger("bourse.storage")

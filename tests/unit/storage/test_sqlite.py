@@ -14,7 +14,7 @@ import pytest
 
 from bourse.ports.stores import Hold, HoldNotOpen
 from bourse.storage import sql
-from bourse.storage.sql import Executor
+from bourse.storage.executor import Executor
 from bourse.storage.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
