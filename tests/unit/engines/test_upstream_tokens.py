@@ -178,7 +178,8 @@ def test_the_packaged_gguf_counts_as_llama_cpp_python_itself() -> None:
     ``Llama``'s own chat handler, and a text prompt tokenized as ``_create_completion``
     does (the server-side figures are in tests/engines/test_token_counts.py)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    from bourse.engines.llamacpp import default_model_path, load_vocab
+    from bourse.engines.llamacpp import default_model_path
+    from bourse.engines.llamacpp_native import load_vocab
 
     try:
         path = default_model_path()
