@@ -28,6 +28,10 @@ _CONFIG_STATUSES = frozenset({401, 403, 404})
 """Answers that say the deployment is set up wrong (its URL, its credentials, its model
 name): a configuration error, marked on the deployment's availability."""
 _BODY_LOGGED = 300
+_MISROUTE_HOLD_S = 60.0
+"""A deployment whose generation route answered 404 (or refused the credentials) stays
+unavailable this long, though its probes pass: a probe cannot try that route without
+generating. Then one request tries it again."""
 _FAILED_ANSWER_STATUSES = frozenset({500, 502})
 """Answers to a non-streamed request that say the upstream ran the generation and it
 failed, perhaps after some output: final, as a failure after output is in a stream
@@ -100,15 +104,26 @@ class UpstreamFailures:
     the operator's log lines), its API key (scrubbed from every message) and its
     availability (marked on a configuration error)."""
 
-    __slots__ = ("_api_key", "availability", "misrouted", "name")
+    __slots__ = ("_api_key", "_misrouted", "availability", "name")
 
     def __init__(self, name: str, api_key: str | None, availability: Availability | None) -> None:
         self.name = name
         self._api_key = api_key
         self.availability = availability
         """The deployment's availability, marked on a configuration error (None: probes off)."""
-        self.misrouted: tuple[str, float] | None = None
+        self._misrouted: tuple[str, float] | None = None
         """(reason, monotonic time) of the last configuration error a request met."""
+
+    def misrouted(self) -> str | None:
+        """The configuration error a request last met, for :data:`_MISROUTE_HOLD_S` after
+        it (the probes report it); None once that has passed, so one request tries again."""
+        if self._misrouted is None:
+            return None
+        reason, at = self._misrouted
+        if time.monotonic() - at < _MISROUTE_HOLD_S:
+            return reason
+        self._misrouted = None
+        return None
 
     def scrub(self, text: str) -> str:
         """``text`` cut to a message's length, the API key in it masked."""
@@ -169,7 +184,7 @@ class UpstreamFailures:
         else:
             reason = f"the upstream refused bourse's credentials (HTTP {status}{detail}); check api_key_env"
         reason = self.scrub(reason)
-        self.misrouted = (reason, time.monotonic())
+        self._misrouted = (reason, time.monotonic())
         if self.availability is not None:
             self.availability.fail(reason)  # its on_change logs the change
         return EngineFailure(reason, transient=True, status=503, code="no_capacity", kind="config")

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 import urllib.parse
 from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
@@ -59,11 +58,6 @@ from bourse.wire.stops import stop_list
 __all__ = ["OpenAIHTTPEngine"]
 
 log = logging.getLogger("bourse.engines")
-
-_MISROUTE_HOLD_S = 60.0
-"""A deployment whose generation route answered 404 (or refused the credentials) stays
-unavailable this long, though its probes pass: a probe cannot try that route without
-generating. Then one request tries it again."""
 
 
 class OpenAIHTTPEngine(Engine):
@@ -392,11 +386,9 @@ class OpenAIHTTPEngine(Engine):
 
     async def _check(self) -> tuple[str | None, object]:
         """(why the upstream cannot serve this deployment or None, its model listing)."""
-        if self._failures.misrouted is not None:
-            reason, at = self._failures.misrouted
-            if time.monotonic() - at < _MISROUTE_HOLD_S:
-                return reason, None
-            self._failures.misrouted = None
+        misrouted = self._failures.misrouted()
+        if misrouted is not None:
+            return misrouted, None
         if self._flavor == "llama.cpp":
             status, _ = await self._fetch("GET", self._root + "/health", None)
             if status != 200:
