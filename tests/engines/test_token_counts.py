@@ -137,7 +137,7 @@ def _assert_charged_as_the_engine_counts(
 
 STOPS: dict[
     str, dict[str, Any]
-] = {  # legacy prompts cut at a client's stop string (bourse applies it: see _StopParse)
+] = {  # legacy prompts cut at a client's stop string (bourse applies it: see StopParse)
     "one-token": {"prompt": "The capital of France is", "stop": ["."]},
     "two-tokens": {"prompt": "1, 2, 3,", "stop": [" 7", "zzzq"]},
     "never-met": {"prompt": "Once upon a time", "stop": "zzzq"},

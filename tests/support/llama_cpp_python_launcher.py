@@ -1,7 +1,7 @@
 """Start llama-cpp-python's OpenAI server (``python -m llama_cpp.server``) the way the
 embedded engine loads its model: on a CPU that reports Intel AMX, without llama.cpp's
 "extra buffer types" (the stock server crashes inside ggml's AMX matrix multiply
-there; see ``bourse.engines.llamacpp._model_params``). Every argument is handed to the
+there; see ``bourse.engines.llamacpp_native.model_params``). Every argument is handed to the
 server's own command line unchanged.
 
 Run as ``python -m tests.support.llama_cpp_python_launcher --model PATH --port N ...``.
@@ -16,7 +16,7 @@ def main() -> None:
     import llama_cpp
     import llama_cpp.server.__main__ as server_main
 
-    from bourse.engines.llamacpp import has_amx
+    from bourse.engines.llamacpp_native import has_amx
 
     if has_amx():
         low = llama_cpp.llama_cpp

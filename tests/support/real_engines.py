@@ -157,7 +157,7 @@ def _no_extra_buffers() -> tuple[str, ...]:
     """``--no-repack`` on a CPU with AMX: without it llama-server (built for this CPU)
     takes ggml's AMX path for the packaged GGUF, the one that crashed llama-cpp-python;
     with it, the plain CPU kernels, as the embedded engine and the launcher load."""
-    from bourse.engines.llamacpp import has_amx
+    from bourse.engines.llamacpp_native import has_amx
 
     return ("--no-repack",) if has_amx() else ()
 

@@ -106,7 +106,7 @@ _CHAT_ARGS = ("functions", "function_call", "tools", "tool_choice")
 
 
 def _load_vocab(path: str, chat_format: str | None) -> Any:
-    from bourse.engines.llamacpp import load_vocab
+    from bourse.engines.llamacpp_native import load_vocab
 
     return load_vocab(path, chat_format)
 

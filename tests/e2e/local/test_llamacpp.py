@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from bourse.engines.llamacpp import base_prompt
+from bourse.engines.llamacpp_formats import base_prompt
 from tests.support.gateway import Gateway, running_gateway
 
 CONFIG = """

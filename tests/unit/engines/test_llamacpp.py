@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from bourse.engines.llamacpp import BASE_SHOTS, LlamaCppEngine, _LlamaLog, base_prompt, chat_format
+from bourse.engines.llamacpp import LlamaCppEngine
+from bourse.engines.llamacpp_formats import BASE_SHOTS, base_prompt, chat_format
+from bourse.engines.llamacpp_native import _LlamaLog
 from bourse.ports.engine import (
     ChunkEvent,
     Engine,

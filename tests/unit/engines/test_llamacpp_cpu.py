@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bourse.engines.llamacpp import has_amx
+from bourse.engines.llamacpp_native import has_amx
 
 
 def test_amx_is_read_from_the_cpu_flags(tmp_path: Path) -> None:

@@ -619,20 +619,20 @@ async def test_done_after_a_finish_reason_is_a_complete_answer(chunks: list[dict
 
 
 def test_stream_parse_needs_a_finish_reason_after_output() -> None:
-    from bourse.engines.openai_http import _StreamParse
+    from bourse.engines.openai_parse import StreamParse
 
     def failure_of(error: object, output_began: bool) -> EngineFailure:
         return EngineFailure("error", transient=not output_began)
 
-    cut = _StreamParse(failure_of)
+    cut = StreamParse(failure_of)
     assert len(cut.events(_sse(_chunk("a")))) == 1 and cut.done
     with pytest.raises(EngineFailure) as info:
         cut.finish()
     assert info.value.kind == "interrupted"
-    whole = _StreamParse(failure_of)
+    whole = StreamParse(failure_of)
     whole.events(_sse(_chunk("a"), _chunk("", "stop")))
     assert whole.finish() is None
-    nothing = _StreamParse(failure_of)  # [DONE] alone: no output, nothing cut short
+    nothing = StreamParse(failure_of)  # [DONE] alone: no output, nothing cut short
     nothing.events(_sse())
     assert nothing.finish() is None
 

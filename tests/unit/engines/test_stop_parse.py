@@ -1,12 +1,12 @@
 """The openai engine's parse step for a counted stream whose stop strings bourse applies
-itself (``_StopParse``): every token counted, the text cut before the stop string, the
+itself (``StopParse``): every token counted, the text cut before the stop string, the
 chunk that completed it ending the answer."""
 
 from __future__ import annotations
 
 import orjson
 
-from bourse.engines.openai_http import _StopParse
+from bourse.engines.openai_parse import StopParse
 from bourse.ports.engine import EngineFailure
 
 
@@ -32,7 +32,7 @@ def _chat(content: str | None, finish: str | None = None) -> bytes:
 
 
 def test_a_stop_split_across_chunks_cuts_the_answer_and_every_token_is_counted() -> None:
-    parse = _StopParse(_failure, [" 7"], chat=False)
+    parse = StopParse(_failure, [" 7"], chat=False)
     read = b"".join(_legacy(t) for t in [" 4,", " 5,", " 6,", " ", "7", ", 8"])
     events = parse.events(read)
     texts = [e.chunk["choices"][0]["text"] for e in events]
@@ -44,7 +44,7 @@ def test_a_stop_split_across_chunks_cuts_the_answer_and_every_token_is_counted()
 
 
 def test_a_stop_never_met_flushes_what_was_held_at_the_finish() -> None:
-    parse = _StopParse(_failure, ["ab"], chat=True)
+    parse = StopParse(_failure, ["ab"], chat=True)
     events = parse.events(_chat(None) + _chat("xa") + _chat("", "length") + b"data: [DONE]\n\n")
     contents = [e.chunk["choices"][0]["delta"].get("content") for e in events]
     assert contents == [None, "x", "a"]  # a chunk without content passes as it is; "a" was held

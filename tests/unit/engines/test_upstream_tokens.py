@@ -178,7 +178,8 @@ def test_the_packaged_gguf_counts_as_llama_cpp_python_itself() -> None:
     ``Llama``'s own chat handler, and a text prompt tokenized as ``_create_completion``
     does (the server-side figures are in tests/engines/test_token_counts.py)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    from bourse.engines.llamacpp import default_model_path, load_vocab
+    from bourse.engines.llamacpp import default_model_path
+    from bourse.engines.llamacpp_native import load_vocab
 
     try:
         path = default_model_path()
@@ -251,12 +252,12 @@ async def test_a_stream_with_usage_never_asks_the_counter_and_later_streams_are_
     counts = _Counts()
     usage = {"id": "up-1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
     async with _fake(_answer(200, _sse(_chunk("a", "stop"), usage)), tokens=counts) as engine:
-        assert engine._chat_parse().__class__.__name__ == "_CountingParse"
+        assert engine._chat_parse().__class__.__name__ == "CountingParse"
         _, usages = await _collect(engine, _request(CHAT))
         assert usages == [UsageEvent(3, 1, {})]
         assert counts.asked == []
         # the upstream counts: the next streams' chunks are not counted (no cost)
-        assert engine._chat_parse().__class__.__name__ == "_StreamParse"
+        assert engine._chat_parse().__class__.__name__ == "StreamParse"
 
 
 async def test_without_a_counter_a_stream_without_usage_warns_once(caplog: pytest.LogCaptureFixture) -> None:
