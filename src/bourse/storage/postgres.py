@@ -34,19 +34,9 @@ from psycopg_pool import ConnectionPool
 
 from bourse.ports.stores import Hold, HoldNotOpen, StoreUnavailable, UnknownAccount
 from bourse.retrying import retrying
-from bourse.storage.sql import (
-    HOLD_COLUMNS,
-    BatchShort,
-    Closing,
-    Executor,
-    IntegrityError,
-    LedgerWrite,
-    Row,
-    SqlStore,
-    hold_row,
-    hold_row_args,
-    values_list,
-)
+from bourse.storage.executor import Executor, IntegrityError, Row, values_list
+from bourse.storage.ledger import HOLD_COLUMNS, BatchShort, Closing, LedgerWrite, hold_row, hold_row_args
+from bourse.storage.sql import SqlStore
 
 T = TypeVar("T")
 _PARAM = re.compile(r"\$(\d+)")

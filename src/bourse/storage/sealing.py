@@ -22,7 +22,7 @@ from bourse.ports.stores import ResealReport, SealingKeyMissing, UnknownAccount
 from bourse.storage.private import SEALED
 
 if TYPE_CHECKING:
-    from bourse.storage.sql import Executor
+    from bourse.storage.executor import Executor
 
 UNREADABLE_NAMED = 100
 """A re-seal's report names at most this many accounts whose secret it cannot open."""
