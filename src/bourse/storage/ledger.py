@@ -4,11 +4,16 @@ account debited), closed (settled, released, reconciling: the unused amount give
 back), a settled charge reversed, and one account's holds and closes group-committed
 in one transaction (:func:`ledger_batch`). Every ledger transaction locks in one
 order: the hold rows, the capped keys' rows (in key order), the account's row last.
+
+A new hold's row is written once, in :data:`NEW_HOLD_ROW`: the single insert here,
+the batch insert, and PostgreSQL's one-statement batch (:mod:`bourse.storage.postgres`)
+are built from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -24,7 +29,51 @@ from bourse.ports.stores import (
     UsageRecord,
 )
 from bourse.storage.executor import Executor, IntegrityError, Row, values_list
-from bourse.storage.usage import USAGE_UPSERT, put_usage
+from bourse.storage.usage import put_usage, put_usages
+
+HOLD_PARAMS = ("id", "account_id", "request_id", "amount_micros", "owner", "product", "created_at", "key_id")
+"""The :class:`Hold` fields a new hold's row is inserted with, in their parameters' order
+(a single insert passes the spend period it counted the hold in next)."""
+NEW_HOLD_ROW = (
+    ("id", "id"),
+    ("account_id", "account_id"),
+    ("request_id", "request_id"),
+    ("amount_micros", "amount_micros"),
+    ("charged_micros", "0"),
+    ("state", "'open'"),
+    ("owner", "owner"),
+    ("product", "product"),
+    ("note", "NULL"),
+    ("created_at", "created_at"),
+    ("updated_at", "created_at"),
+    ("key_id", "key_id"),
+    ("spend_period", "spend_period"),
+)
+"""Every column of ``holds``, and what a new hold's row has in it: a parameter (named by
+its field in :data:`HOLD_PARAMS`, or ``spend_period``) or an SQL value."""
+HOLD_COLUMNS = ", ".join(column for column, _ in NEW_HOLD_ROW)
+HOLD_ACCOUNT_PARAM = HOLD_PARAMS.index("account_id") + 1
+"""The number of the account's parameter in a new hold's (``$n``, ``column<n>``)."""
+
+
+def new_hold_values(param: Callable[[int], str], spend_period: str) -> str:
+    """The values of a new hold's row as a SELECT list: the parameter ``n`` of
+    :data:`HOLD_PARAMS` (from 1) spelled ``param(n)``, the spend period ``spend_period``."""
+    named = {name: param(n) for n, name in enumerate(HOLD_PARAMS, 1)} | {"spend_period": spend_period}
+    return ", ".join(named.get(value, value) for _, value in NEW_HOLD_ROW)
+
+
+_hold_params = operator.attrgetter(*HOLD_PARAMS)
+_ONE_HOLD = new_hold_values("${}".format, f"${len(HOLD_PARAMS) + 1}")
+_INSERT_HOLD = (
+    f"INSERT INTO holds ({HOLD_COLUMNS}) SELECT {_ONE_HOLD} "
+    f"WHERE EXISTS (SELECT 1 FROM accounts WHERE id = ${HOLD_ACCOUNT_PARAM}) ON CONFLICT DO NOTHING"
+)
+_VALUES_HOLD = new_hold_values("column{}".format, "NULL")  # uncapped: no spend period
+HOLDS_FROM_VALUES = f"INSERT INTO holds ({HOLD_COLUMNS}) SELECT {_VALUES_HOLD} FROM (VALUES {{values}}) AS v "
+"""The head of a multi-row insert of uncapped holds (``{values}``: a :func:`values_list`
+of :data:`HOLD_PARAMS`, aliased ``v``): its WHERE and what follows come next."""
+_INSERT_HOLDS = HOLDS_FROM_VALUES + "WHERE true ON CONFLICT DO NOTHING RETURNING id"
 
 
 def hold_row(row: Row) -> Hold:
@@ -79,14 +128,7 @@ def _new_hold(db: Executor, hold: Hold) -> None:
         hold.key_id is None or not _count_on_cap(db, hold.key_id, period, hold.amount_micros)
     ):
         period = None
-    n = db.execute(
-        "INSERT INTO holds (id, account_id, request_id, amount_micros, charged_micros, state, owner, product, "
-        "note, created_at, updated_at, key_id, spend_period) "
-        "SELECT $1, $2, $3, $4, 0, 'open', $5, $6, NULL, $7, $7, $8, $9 "
-        "WHERE EXISTS (SELECT 1 FROM accounts WHERE id = $2) ON CONFLICT DO NOTHING",
-        hold.id, hold.account_id, hold.request_id, hold.amount_micros, hold.owner, hold.product, hold.created_at,
-        hold.key_id, period,
-    )  # fmt: skip
+    n = db.execute(_INSERT_HOLD, *_hold_params(hold), period)
     if n == 1:
         return
     if period is not None:
@@ -130,41 +172,19 @@ class BatchShort(Exception):
     each of its holds is placed alone, to find which ones it can cover)."""
 
 
-HOLD_COLUMNS = (
-    "id, account_id, request_id, amount_micros, charged_micros, state, owner, product, note, created_at, "
-    "updated_at, key_id, spend_period"
-)
-
-
 def hold_row_args(holds: list[Hold]) -> list[Any]:
-    """The eight values each new hold is inserted with (id, account, request, amount,
-    owner, product, created_at, key_id), flat, for one multi-row INSERT."""
+    """The values of :data:`HOLD_PARAMS` of each new hold, flat, for one multi-row INSERT."""
     args: list[Any] = []
     for h in holds:
-        args += (
-            h.id,
-            h.account_id,
-            h.request_id,
-            h.amount_micros,
-            h.owner,
-            h.product,
-            h.created_at,
-            h.key_id,
-        )
+        args += _hold_params(h)
     return args
 
 
 def _insert_holds(db: Executor, holds: list[Hold]) -> set[str]:
     """Insert uncapped holds of existing accounts in one statement; the ids inserted
     (a hold whose id exists is left out)."""
-    args = hold_row_args(holds)
-    values = values_list(len(holds), 8)
-    rows = db.fetch(
-        f"INSERT INTO holds ({HOLD_COLUMNS}) SELECT column1, column2, column3, column4, 0, 'open', column5, "
-        f"column6, NULL, column7, column7, column8, NULL FROM (VALUES {values}) AS v WHERE true "
-        "ON CONFLICT DO NOTHING RETURNING id",
-        *args,
-    )
+    values = values_list(len(holds), len(HOLD_PARAMS))
+    rows = db.fetch(_INSERT_HOLDS.format(values=values), *hold_row_args(holds))
     return {r["id"] for r in rows}
 
 
@@ -278,11 +298,7 @@ def _close_rows(db: Executor, items: list[Closing]) -> list[Row]:
     closed = {r["id"] for r in rows}
     usages = {u.request_id: u for hold_id, _, _, u, _, _ in items if u is not None and hold_id in closed}
     if usages:
-        args = []
-        for u in usages.values():
-            args += (u.request_id, u.account_id, u.product, u.created_at, u.outcome, u.cost_micros)
-            args.append(orjson.dumps(dict(u.record)).decode())
-        db.execute(USAGE_UPSERT.replace("($1, $2, $3, $4, $5, $6, $7)", values_list(len(usages), 7)), *args)
+        put_usages(db, list(usages.values()))
     return rows
 
 

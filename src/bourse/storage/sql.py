@@ -10,7 +10,8 @@ keys), :mod:`~bourse.storage.ledger` (holds and the ledger), :mod:`~bourse.stora
 SQLite and PostgreSQL (numbered ``$n`` parameters, rewritten by each adapter; the
 database's clock is the executor's ``clock``), with one exception: PostgreSQL places
 and closes a batch of one account's holds in a single statement of data-modifying
-CTEs, which SQLite has not (``_write_many`` in :mod:`~bourse.storage.postgres`).
+CTEs, which SQLite has not (``_write_many`` in :mod:`~bourse.storage.postgres`, built
+from the ledger's new hold row and the usage columns, like the statements here).
 
 Each public method is one transaction, run as one function on the adapter's database
 thread: a single hop off the event loop per ledger change, however many statements it

@@ -1,23 +1,42 @@
-"""Usage records (a request's receipt as stored, table ``usage``): the transactions
-that write and page them. A record is written with its hold's close
-(:mod:`bourse.storage.ledger`) or alone (``put_usage``).
+"""Usage records (a request's receipt as stored, table ``usage``): their columns,
+written once in :data:`USAGE_COLUMNS`, and the transactions that write and page them.
+A record is written with its hold's close (:mod:`bourse.storage.ledger`, and the
+PostgreSQL ledger batch in :mod:`bourse.storage.postgres`, both built from the
+statements here) or alone (``put_usage``).
 """
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from bourse.ports.stores import UsageRecord
-from bourse.storage.executor import Executor, Row
+from bourse.storage.executor import Executor, Row, values_list
 
-USAGE_UPSERT = (
-    "INSERT INTO usage (request_id, account_id, product, created_at, outcome, cost_micros, record) "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7) "
-    "ON CONFLICT (request_id) DO UPDATE SET outcome = excluded.outcome, cost_micros = excluded.cost_micros, "
-    "record = excluded.record"
+USAGE_COLUMNS = ("request_id", "account_id", "product", "created_at", "outcome", "cost_micros", "record")
+"""The ``usage`` table's columns, in the order every insert of a record lists them and
+:func:`usage_values` gives their values: each names a :class:`UsageRecord` field,
+``record`` (last) stored as its JSON text."""
+USAGE_REWRITTEN = ("outcome", "cost_micros", "record")
+"""What a second write of a request's record replaces (its outcome and cost; whose and when stay)."""
+
+USAGE_INSERT = f"INSERT INTO usage ({', '.join(USAGE_COLUMNS)}) "
+"""The head of every insert of usage records (its rows follow: VALUES or a SELECT)."""
+USAGE_ON_CONFLICT = "ON CONFLICT (request_id) DO UPDATE SET " + ", ".join(
+    f"{c} = excluded.{c}" for c in USAGE_REWRITTEN
 )
+"""The tail of every insert of usage records: a request's record is written over."""
+_UPSERT_MANY = USAGE_INSERT + "VALUES {values} " + USAGE_ON_CONFLICT
+_UPSERT = _UPSERT_MANY.format(values=values_list(1, len(USAGE_COLUMNS)))
+_PLAIN_FIELDS = operator.attrgetter(*USAGE_COLUMNS[:-1])
+
+
+def usage_values(usage: UsageRecord) -> tuple[Any, ...]:
+    """The record's values in :data:`USAGE_COLUMNS` order (``record`` as JSON text)."""
+    return (*_PLAIN_FIELDS(usage), orjson.dumps(dict(usage.record)).decode())
 
 
 def usage_row(row: Row) -> UsageRecord:
@@ -33,11 +52,15 @@ def usage_row(row: Row) -> UsageRecord:
 
 
 def put_usage(db: Executor, usage: UsageRecord) -> None:
-    db.execute(
-        USAGE_UPSERT,
-        usage.request_id, usage.account_id, usage.product, usage.created_at, usage.outcome,
-        usage.cost_micros, orjson.dumps(dict(usage.record)).decode(),
-    )  # fmt: skip
+    db.execute(_UPSERT, *usage_values(usage))
+
+
+def put_usages(db: Executor, usages: Sequence[UsageRecord]) -> None:
+    """Several records in one statement (each request once: one statement cannot write a row twice)."""
+    args: list[Any] = []
+    for u in usages:
+        args += usage_values(u)
+    db.execute(_UPSERT_MANY.format(values=values_list(len(usages), len(USAGE_COLUMNS))), *args)
 
 
 def usage_page(
