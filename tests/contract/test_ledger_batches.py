@@ -24,7 +24,7 @@ from bourse.ports.stores import (
     UsageRecord,
     audit_entry,
 )
-from bourse.storage import sql
+from bourse.storage.executor import IntegrityError, values_list
 from tests.support.databases import StoreFactory
 
 NOW = 1_700_000_000.0
@@ -89,7 +89,7 @@ async def test_a_batch_answers_each_write_as_if_it_ran_alone(
         assert batches == [len(batch)]
         assert results[: 1 + len(plain) + 1] == [None] * (len(plain) + 2)
         assert isinstance(results[-2], KeyBudgetExceeded) and results[-2].spent_micros == 900
-        assert isinstance(results[-1], sql.IntegrityError)
+        assert isinstance(results[-1], IntegrityError)
         a = await s.account("a")
         assert a is not None
         assert (a.balance_micros, a.open_holds_micros) == (100_000 - 5_000, 5_000)
@@ -132,7 +132,7 @@ async def test_a_batch_answers_each_write_as_if_it_ran_alone(
         twins = [_hold("a", 1), _hold("a", 1, hold_id=plain[0].id), _hold("a", 1)]
         out = await asyncio.gather(*(s.place_hold(h) for h in twins), return_exceptions=True)
         assert batches[-1] == 2
-        assert out[0] is None and isinstance(out[1], sql.IntegrityError) and out[2] is None
+        assert out[0] is None and isinstance(out[1], IntegrityError) and out[2] is None
         a = await s.account("a")
         assert a is not None and (a.balance_micros, a.open_holds_micros) == (100_000 - 1_752, 2)
         await _balanced(s)
@@ -209,8 +209,8 @@ async def test_holds_and_closes_of_one_account_share_a_batch(
 
 
 def test_values_lists_number_their_parameters() -> None:
-    assert sql.values_list(2, 2) == "($1, $2), ($3, $4)"
-    assert sql.values_list(1, 2, ("", "BIGINT")) == "($1, CAST($2 AS BIGINT))"
+    assert values_list(2, 2) == "($1, $2), ($3, $4)"
+    assert values_list(1, 2, ("", "BIGINT")) == "($1, CAST($2 AS BIGINT))"
 
 
 @pytest.mark.anyio

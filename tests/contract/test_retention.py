@@ -134,7 +134,7 @@ async def test_a_pass_prunes_old_closed_requests_and_keeps_their_sums(store_fact
         await s.settle(reconciling.id, 7, _usage(reconciling, old, 7), old)
         writes.clear()
         assert await hk.prune_once() == (1, 1)
-        assert writes == ["_prune"], writes  # one batch, one write transaction
+        assert writes == ["prune"], writes  # one batch, one write transaction
         assert (await s.totals()).balanced
         acc = await s.account("a")
         assert acc.spent_micros == spent_before["a"] + 7

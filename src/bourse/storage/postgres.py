@@ -27,25 +27,25 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import orjson
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from bourse.ports.stores import Hold, HoldNotOpen, StoreUnavailable, UnknownAccount
 from bourse.retrying import retrying
-from bourse.storage.executor import Executor, Row
-from bourse.storage.sql import (
-    HOLD_COLUMNS,
+from bourse.storage.executor import Executor, IntegrityError, Row, values_list
+from bourse.storage.ledger import (
+    HOLD_ACCOUNT_PARAM,
+    HOLD_PARAMS,
+    HOLDS_FROM_VALUES,
     BatchShort,
     Closing,
-    IntegrityError,
     LedgerWrite,
-    SqlStore,
     hold_row,
     hold_row_args,
-    values_list,
 )
+from bourse.storage.sql import SqlStore
+from bourse.storage.usage import USAGE_COLUMNS, USAGE_INSERT, USAGE_ON_CONFLICT, usage_values
 
 T = TypeVar("T")
 _PARAM = re.compile(r"\$(\d+)")
@@ -237,10 +237,8 @@ def _open_pool(pool: ConnectionPool[psycopg.Connection[Any]], dsn: str) -> None:
 
 # -- a batch of one account's ledger writes as one statement (no BEGIN, no COMMIT trip) --
 
-_NEW_HOLDS = (
-    "INSERT INTO holds ({cols}) SELECT column1, column2, column3, column4, 0, 'open', column5, column6, NULL, "
-    "column7, column7, column8, NULL FROM (VALUES {values}) AS v "
-    "WHERE EXISTS (SELECT 1 FROM accounts WHERE id = column2) ON CONFLICT DO NOTHING RETURNING *"
+_NEW_HOLDS = HOLDS_FROM_VALUES + (
+    f"WHERE EXISTS (SELECT 1 FROM accounts WHERE id = column{HOLD_ACCOUNT_PARAM}) ON CONFLICT DO NOTHING RETURNING *"
 )
 _CLOSED = (
     "UPDATE holds SET state = v.column2, "
@@ -248,12 +246,10 @@ _CLOSED = (
     "note = COALESCE(v.column4, note), updated_at = v.column5 FROM (VALUES {values}) AS v "
     "WHERE holds.id = v.column1 AND holds.state IN ('open', 'reconciling') RETURNING holds.*"
 )
+_USED_VALUES = ", ".join(f"column{n}" for n in range(2, len(USAGE_COLUMNS) + 2))  # column1: the hold's id
 _USED = (
-    ", used AS (INSERT INTO usage (request_id, account_id, product, created_at, outcome, cost_micros, record) "
-    "SELECT column2, column3, column4, column5, column6, column7, column8 FROM (VALUES {values}) AS u "
-    "WHERE u.column1 IN (SELECT id FROM closed) "
-    "ON CONFLICT (request_id) DO UPDATE SET outcome = excluded.outcome, cost_micros = excluded.cost_micros, "
-    "record = excluded.record)"
+    f", used AS ({USAGE_INSERT}SELECT {_USED_VALUES} FROM (VALUES {{values}}) AS u "
+    f"WHERE u.column1 IN (SELECT id FROM closed) {USAGE_ON_CONFLICT})"
 )
 _BATCH = (
     "WITH ins AS ({ins}), closed AS ({closed}), "
@@ -274,7 +270,7 @@ def _write_many(db: Executor, items: list[LedgerWrite]) -> list[Hold | Exception
     holds = [i for i in items if isinstance(i, Hold)]
     closes = [i for i in items if not isinstance(i, Hold)]
     args: list[Any] = hold_row_args(holds)
-    ins = _NEW_HOLDS.format(cols=HOLD_COLUMNS, values=values_list(len(holds), 8)) if holds else _NONE
+    ins = _NEW_HOLDS.format(values=values_list(len(holds), len(HOLD_PARAMS))) if holds else _NONE
     closed, used = _close_parts(closes, args)
     try:
         rows = db.fetch(_BATCH.format(ins=ins, closed=closed, used=used), *args)
@@ -309,6 +305,6 @@ def _close_parts(closes: list[Closing], args: list[Any]) -> tuple[str, str]:
         return closed, ""
     start = len(args)
     for hold_id, u in usages.values():
-        args += (hold_id, u.request_id, u.account_id, u.product, u.created_at, u.outcome, u.cost_micros)
-        args.append(orjson.dumps(dict(u.record)).decode())
-    return closed, _USED.format(values=values_list(len(usages), 8, start=start))
+        args.append(hold_id)
+        args += usage_values(u)
+    return closed, _USED.format(values=values_list(len(usages), 1 + len(USAGE_COLUMNS), start=start))

@@ -15,9 +15,12 @@ from typing import Any
 from bourse.domain.values import immutable
 from bourse.ports.reports import SpendPoint, UsageFilter
 from bourse.ports.stores import Account, Job, JobStatus, UsageRecord
+from bourse.storage.accounts import account
 from bourse.storage.executor import Executor
-from bourse.storage.sql import SqlStore, _account, _job, _usage
+from bourse.storage.jobs import job_row
+from bourse.storage.sql import SqlStore
 from bourse.storage.sqlite import SqliteStore
+from bourse.storage.usage import usage_row
 
 MAX_ROWS = 1000
 """The most rows one call returns (callers page with the keyset cursor)."""
@@ -69,7 +72,7 @@ def _usage_rows(
         where.append(f"(created_at < ${t} OR (created_at = ${t} AND request_id < ${r}))")
     sql = "SELECT * FROM usage" + (" WHERE " + " AND ".join(where) if where else "")
     sql += f" ORDER BY created_at DESC, request_id DESC LIMIT {max(1, min(limit, MAX_ROWS))}"
-    return [_usage(r) for r in db.fetch(sql, *args)]
+    return [usage_row(r) for r in db.fetch(sql, *args)]
 
 
 def _spend(db: Executor, d: _Dialect, f: UsageFilter, bucket_s: int) -> list[SpendPoint]:
@@ -89,7 +92,7 @@ def _spend(db: Executor, d: _Dialect, f: UsageFilter, bucket_s: int) -> list[Spe
 
 def _accounts(db: Executor, limit: int) -> list[Account]:
     ids = db.fetch(f"SELECT id FROM accounts ORDER BY id LIMIT {max(1, min(limit, MAX_ROWS))}")
-    out = [_account(db, r["id"]) for r in ids]
+    out = [account(db, r["id"]) for r in ids]
     return [a for a in out if a is not None]
 
 
@@ -102,7 +105,7 @@ def _jobs(db: Executor, account_id: str | None, status: str | None, limit: int) 
             where.append(f"{column} = ${len(args)}")
     sql = "SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
     sql += f" ORDER BY created_at DESC, id DESC LIMIT {max(1, min(limit, MAX_ROWS))}"
-    return [_job(r) for r in db.fetch(sql, *args)]
+    return [job_row(r) for r in db.fetch(sql, *args)]
 
 
 class SqlReports:

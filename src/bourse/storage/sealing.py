@@ -15,12 +15,14 @@ its first, which the row names from then on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bourse.domain.values import immutable
 from bourse.ports.stores import ResealReport, SealingKeyMissing, UnknownAccount
-from bourse.storage.executor import Executor
 from bourse.storage.private import SEALED
+
+if TYPE_CHECKING:
+    from bourse.storage.executor import Executor
 
 UNREADABLE_NAMED = 100
 """A re-seal's report names at most this many accounts whose secret it cannot open."""

@@ -4,8 +4,8 @@ One connection on one dedicated thread: every transaction is one function run
 there, so transactions are serialized without locks, and concurrent ones are
 group-committed (see ``_serve``): one hop off the event loop and one commit for a
 whole batch. The database files are the owner's only (0600). WAL journal, ``synchronous=NORMAL``, checkpoints off the commit path and a WAL kept
-bounded (see ``_checkpoint``). Statements use the shared ``$n`` parameters of
-:mod:`bourse.storage.sql`, rewritten to ``?n`` once per statement text.
+bounded (see ``_checkpoint``). Statements use the shared ``$n`` parameters
+(:mod:`bourse.storage.executor`), rewritten to ``?n`` once per statement text.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 
 from bourse.ports.stores import StoreUnavailable
 from bourse.retrying import retrying
-from bourse.storage.executor import Row
+from bourse.storage.executor import IntegrityError, Row
 from bourse.storage.private import narrow_files, private_file
-from bourse.storage.sql import IntegrityError, SqlStore
+from bourse.storage.sql import SqlStore
 
 T = TypeVar("T")
 log = logging.getLogger("bourse.storage")

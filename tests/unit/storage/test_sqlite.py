@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from bourse.ports.stores import Hold, HoldNotOpen
-from bourse.storage import sql
-from bourse.storage.executor import Executor
+from bourse.storage import ledger
+from bourse.storage.executor import Executor, IntegrityError
 from bourse.storage.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
@@ -209,15 +209,15 @@ async def test_one_ledger_batch_places_an_id_once_and_closes_a_hold_once() -> No
     try:
         now = time.time()
         await store.create_account("a", 1_000, now)
-        out = await store._run(sql._ledger_batch, [_hold("h", 100), _hold("h", 100)])
-        assert out[0] is None and isinstance(out[1], sql.IntegrityError)
+        out = await store._run(ledger.ledger_batch, [_hold("h", 100), _hold("h", 100)])
+        assert out[0] is None and isinstance(out[1], IntegrityError)
         a = await store.account("a")
         assert a is not None and (a.balance_micros, a.open_holds_micros) == (900, 100)
-        closes: list[sql.LedgerWrite] = [
+        closes: list[ledger.LedgerWrite] = [
             ("h", "settled", 10, None, None, now),
             ("h", "released", 0, None, None, now),
         ]
-        out = await store._run(sql._ledger_batch, closes)
+        out = await store._run(ledger.ledger_batch, closes)
         assert isinstance(out[0], Hold) and isinstance(out[1], HoldNotOpen)
         a = await store.account("a")
         assert a is not None and (a.balance_micros, a.open_holds_micros, a.spent_micros) == (990, 0, 10)

@@ -1,0 +1,460 @@
+"""Holds and the ledger (tables ``holds``, ``instances``, the balance on ``accounts``
+and the spend count on ``api_keys``): a hold placed (counted on its key's cap, the
+account debited), closed (settled, released, reconciling: the unused amount given
+back), a settled charge reversed, and one account's holds and closes group-committed
+in one transaction (:func:`ledger_batch`). Every ledger transaction locks in one
+order: the hold rows, the capped keys' rows (in key order), the account's row last.
+
+A new hold's row is written once, in :data:`NEW_HOLD_ROW`: the single insert here,
+the batch insert, and PostgreSQL's one-statement batch (:mod:`bourse.storage.postgres`)
+are built from it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from bourse.ports.stores import (
+    Hold,
+    HoldNotOpen,
+    HoldState,
+    InsufficientFunds,
+    KeyBudgetExceeded,
+    Totals,
+    UnknownAccount,
+    UsageRecord,
+)
+from bourse.storage.executor import Executor, IntegrityError, Row, values_list
+from bourse.storage.usage import put_usage, put_usages
+
+HOLD_PARAMS = ("id", "account_id", "request_id", "amount_micros", "owner", "product", "created_at", "key_id")
+"""The :class:`Hold` fields a new hold's row is inserted with, in their parameters' order
+(a single insert passes the spend period it counted the hold in next)."""
+NEW_HOLD_ROW = (
+    ("id", "id"),
+    ("account_id", "account_id"),
+    ("request_id", "request_id"),
+    ("amount_micros", "amount_micros"),
+    ("charged_micros", "0"),
+    ("state", "'open'"),
+    ("owner", "owner"),
+    ("product", "product"),
+    ("note", "NULL"),
+    ("created_at", "created_at"),
+    ("updated_at", "created_at"),
+    ("key_id", "key_id"),
+    ("spend_period", "spend_period"),
+)
+"""Every column of ``holds``, and what a new hold's row has in it: a parameter (named by
+its field in :data:`HOLD_PARAMS`, or ``spend_period``) or an SQL value."""
+HOLD_COLUMNS = ", ".join(column for column, _ in NEW_HOLD_ROW)
+HOLD_ACCOUNT_PARAM = HOLD_PARAMS.index("account_id") + 1
+"""The number of the account's parameter in a new hold's (``$n``, ``column<n>``)."""
+
+
+def new_hold_values(param: Callable[[int], str], spend_period: str) -> str:
+    """The values of a new hold's row as a SELECT list: the parameter ``n`` of
+    :data:`HOLD_PARAMS` (from 1) spelled ``param(n)``, the spend period ``spend_period``."""
+    named = {name: param(n) for n, name in enumerate(HOLD_PARAMS, 1)} | {"spend_period": spend_period}
+    return ", ".join(named.get(value, value) for _, value in NEW_HOLD_ROW)
+
+
+_hold_params = operator.attrgetter(*HOLD_PARAMS)
+_ONE_HOLD = new_hold_values("${}".format, f"${len(HOLD_PARAMS) + 1}")
+_INSERT_HOLD = (
+    f"INSERT INTO holds ({HOLD_COLUMNS}) SELECT {_ONE_HOLD} "
+    f"WHERE EXISTS (SELECT 1 FROM accounts WHERE id = ${HOLD_ACCOUNT_PARAM}) ON CONFLICT DO NOTHING"
+)
+_VALUES_HOLD = new_hold_values("column{}".format, "NULL")  # uncapped: no spend period
+HOLDS_FROM_VALUES = f"INSERT INTO holds ({HOLD_COLUMNS}) SELECT {_VALUES_HOLD} FROM (VALUES {{values}}) AS v "
+"""The head of a multi-row insert of uncapped holds (``{values}``: a :func:`values_list`
+of :data:`HOLD_PARAMS`, aliased ``v``): its WHERE and what follows come next."""
+_INSERT_HOLDS = HOLDS_FROM_VALUES + "WHERE true ON CONFLICT DO NOTHING RETURNING id"
+
+
+def hold_row(row: Row) -> Hold:
+    return Hold(
+        id=row["id"],
+        account_id=row["account_id"],
+        request_id=row["request_id"],
+        amount_micros=int(row["amount_micros"]),
+        state=row["state"],
+        charged_micros=int(row["charged_micros"]),
+        owner=row["owner"],
+        product=row["product"],
+        created_at=float(row["created_at"]),
+        note=row["note"],
+        key_id=row["key_id"],
+        spend_period=None if row["spend_period"] is None else int(row["spend_period"]),
+    )
+
+
+_SPEND_IN_PERIOD = "(CASE WHEN spend_period = $2 THEN spend_micros ELSE 0 END)"
+
+
+def _count_on_cap(db: Executor, key_id: str, period: int, amount: int) -> bool:
+    """Count ``amount`` on the key's spend cap in ``period``, or KeyBudgetExceeded; False
+    when the key has no cap (nothing counted). One conditional UPDATE: concurrent holds
+    of one key queue on its row and each sees the others' amounts."""
+    n = db.execute(
+        f"UPDATE api_keys SET spend_micros = {_SPEND_IN_PERIOD} + $3, spend_period = $2 "
+        f"WHERE id = $1 AND spend_cap_micros IS NOT NULL AND {_SPEND_IN_PERIOD} + $3 <= spend_cap_micros",
+        key_id, period, amount,
+    )  # fmt: skip
+    if n == 1:
+        return True
+    row = db.fetchrow(
+        "SELECT spend_cap_micros, spend_cap_period, spend_micros, spend_period FROM api_keys WHERE id = $1",
+        key_id,
+    )
+    if row is None or row["spend_cap_micros"] is None:
+        return False
+    spent = int(row["spend_micros"]) if int(row["spend_period"]) == period else 0
+    raise KeyBudgetExceeded(int(row["spend_cap_micros"]), spent, row["spend_cap_period"])
+
+
+def _new_hold(db: Executor, hold: Hold) -> None:
+    """The hold's row, counted on its key's cap: the key's row first (only a capped
+    key's row is locked), the hold row next; the caller debits the account last, so
+    the account's row lock (every request of an account takes it) is held for one
+    statement and the commit. Raises without an SQL error (the transaction stays
+    usable for a batch's other holds), having undone its cap count."""
+    period = hold.spend_period
+    if period is not None and (
+        hold.key_id is None or not _count_on_cap(db, hold.key_id, period, hold.amount_micros)
+    ):
+        period = None
+    n = db.execute(_INSERT_HOLD, *_hold_params(hold), period)
+    if n == 1:
+        return
+    if period is not None:
+        _uncount(db, hold.key_id, period, hold.amount_micros)
+    if db.fetchrow("SELECT 1 AS x FROM accounts WHERE id = $1", hold.account_id) is None:
+        raise UnknownAccount(hold.account_id)
+    raise IntegrityError(f"hold {hold.id} exists")
+
+
+def _uncount(db: Executor, key_id: Any, period: Any, amount: int) -> None:
+    """Give back ``amount`` to the key's cap (if still in ``period``)."""
+    db.execute(
+        "UPDATE api_keys SET spend_micros = CASE WHEN spend_micros > $3 THEN spend_micros - $3 ELSE 0 END "
+        "WHERE id = $1 AND spend_period = $2",
+        key_id, period, amount,
+    )  # fmt: skip
+
+
+def _debit(db: Executor, account_id: str, amount: int) -> bool:
+    """Take ``amount`` from the account's balance; False when it cannot cover it."""
+    n = db.execute(
+        "UPDATE accounts SET balance_micros = balance_micros - $2 WHERE id = $1 AND balance_micros >= $2",
+        account_id, amount,
+    )  # fmt: skip
+    return n == 1
+
+
+def place_hold(db: Executor, hold: Hold) -> None:
+    _new_hold(db, hold)
+    if not _debit(
+        db, hold.account_id, hold.amount_micros
+    ):  # the transaction rolls back, the hold row with it
+        row = db.fetchrow("SELECT balance_micros FROM accounts WHERE id = $1", hold.account_id)
+        if row is None:
+            raise UnknownAccount(hold.account_id)
+        raise InsufficientFunds(int(row["balance_micros"]))
+
+
+class BatchShort(Exception):
+    """The account cannot cover a batch's holds together (the batch rolls back and
+    each of its holds is placed alone, to find which ones it can cover)."""
+
+
+def hold_row_args(holds: list[Hold]) -> list[Any]:
+    """The values of :data:`HOLD_PARAMS` of each new hold, flat, for one multi-row INSERT."""
+    args: list[Any] = []
+    for h in holds:
+        args += _hold_params(h)
+    return args
+
+
+def _insert_holds(db: Executor, holds: list[Hold]) -> set[str]:
+    """Insert uncapped holds of existing accounts in one statement; the ids inserted
+    (a hold whose id exists is left out)."""
+    values = values_list(len(holds), len(HOLD_PARAMS))
+    rows = db.fetch(_INSERT_HOLDS.format(values=values), *hold_row_args(holds))
+    return {r["id"] for r in rows}
+
+
+def _new_holds(db: Executor, holds: list[Hold]) -> list[Exception | None]:
+    """The rows of a batch's holds (the capped ones in key order, the others in one
+    statement), each hold's refusal or None; the caller debits the accounts."""
+    out: list[Exception | None] = [None] * len(holds)
+    seen: set[str] = set()
+    for i, h in enumerate(holds):  # one row per id: a second hold of an id in the batch is refused
+        if h.id in seen:
+            out[i] = IntegrityError(f"hold {h.id} exists")
+        seen.add(h.id)
+    for account_id in sorted({h.account_id for h in holds}):
+        if db.fetchrow("SELECT 1 AS x FROM accounts WHERE id = $1", account_id) is None:
+            for i, h in enumerate(holds):
+                if h.account_id == account_id:
+                    out[i] = UnknownAccount(account_id)
+    capped = [i for i, h in enumerate(holds) if out[i] is None and h.spend_period is not None]
+    for i in sorted(capped, key=lambda i: holds[i].key_id or ""):
+        try:
+            _new_hold(db, holds[i])
+        except (KeyBudgetExceeded, UnknownAccount, IntegrityError) as exc:
+            out[i] = exc
+            continue
+    plain = [i for i, h in enumerate(holds) if out[i] is None and h.spend_period is None]
+    inserted = _insert_holds(db, [holds[i] for i in plain]) if plain else set()
+    for i in plain:
+        if holds[i].id not in inserted:
+            out[i] = IntegrityError(f"hold {holds[i].id} exists")
+    return out
+
+
+Closing = tuple[str, HoldState, int, UsageRecord | None, str | None, float]
+"""One settle or release: ``(hold_id, state, charge_micros, usage, note, now)``."""
+
+
+def _close_row(db: Executor, item: Closing) -> Row | None:
+    """Close the hold's row (settled or released) and write its usage record; the row,
+    or None when the hold is not open. The caller returns the unused amount."""
+    hold_id, state, charge_micros, usage, note, now = item
+    charge = max(0, charge_micros) if state == "settled" else 0
+    row = db.fetchrow(
+        "UPDATE holds SET state = $2, "
+        "charged_micros = CASE WHEN $3 < amount_micros THEN $3 ELSE amount_micros END, "
+        "note = COALESCE($4, note), updated_at = $5 "
+        "WHERE id = $1 AND state IN ('open', 'reconciling') RETURNING *",
+        hold_id, state, charge, note, now,
+    )  # fmt: skip
+    if row is not None and usage is not None:
+        put_usage(db, usage)
+    return row
+
+
+def _unused(row: Row) -> int:
+    return int(row["amount_micros"]) - int(row["charged_micros"])
+
+
+def _refund_cap(db: Executor, row: Row) -> None:
+    """The key's cap gets back what the hold did not charge (if still in that period)."""
+    unused = _unused(row)
+    if row["spend_period"] is not None and row["key_id"] is not None and unused:
+        _uncount(db, row["key_id"], row["spend_period"], unused)
+
+
+def _refund(db: Executor, account_id: str, unused: int) -> None:
+    # the account last: its row lock is held for one statement and the commit
+    db.execute("UPDATE accounts SET balance_micros = balance_micros + $2 WHERE id = $1", account_id, unused)
+
+
+def close_hold(
+    db: Executor,
+    hold_id: str,
+    state: HoldState,
+    charge_micros: int,
+    usage: UsageRecord | None,
+    note: str | None,
+    now: float,
+) -> Hold:
+    if state == "reconciling":
+        row = db.fetchrow(
+            "UPDATE holds SET state = 'reconciling', note = $2, updated_at = $3 WHERE id = $1 AND state = 'open' "
+            "RETURNING *",
+            hold_id, note, now,
+        )  # fmt: skip
+        if row is not None and usage is not None:
+            put_usage(db, usage)
+    else:
+        row = _close_row(db, (hold_id, state, charge_micros, usage, note, now))
+        if row is not None:
+            _refund_cap(db, row)
+            _refund(db, row["account_id"], _unused(row))
+    if row is None:
+        raise HoldNotOpen(hold_id)
+    return hold_row(row)
+
+
+def _close_rows(db: Executor, items: list[Closing]) -> list[Row]:
+    """Close the holds' rows (settled or released) in one statement, then write their
+    usage records in one more; the rows closed (a hold not open is left out)."""
+    args: list[Any] = []
+    for hold_id, state, charge, _, note, now in items:
+        args += (hold_id, state, max(0, charge) if state == "settled" else 0, note, now)
+    values = values_list(len(items), 5, ("", "", "BIGINT", "TEXT", "DOUBLE PRECISION"))
+    rows = db.fetch(
+        "UPDATE holds SET state = v.column2, "
+        "charged_micros = CASE WHEN v.column3 < amount_micros THEN v.column3 ELSE amount_micros END, "
+        f"note = COALESCE(v.column4, note), updated_at = v.column5 FROM (VALUES {values}) AS v "
+        f"WHERE holds.id = v.column1 AND holds.state IN ('open', 'reconciling') RETURNING {HOLD_COLUMNS}",
+        *args,
+    )
+    closed = {r["id"] for r in rows}
+    usages = {u.request_id: u for hold_id, _, _, u, _, _ in items if u is not None and hold_id in closed}
+    if usages:
+        put_usages(db, list(usages.values()))
+    return rows
+
+
+LedgerWrite = Hold | Closing
+"""A write of the ledger's group commit: a hold to place, or a close."""
+
+
+def ledger_batch(db: Executor, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
+    """Holds and closes of one account in one transaction, in the order every ledger
+    transaction locks: the closed hold rows, the capped holds' key rows (in key
+    order), then each account's row once, for the net of its debits and refunds
+    (:class:`BatchShort` when that is more than its balance). A close gives its hold,
+    a hold None, a refused write its exception."""
+    out: list[Hold | Exception | None] = [None] * len(items)
+    delta: dict[str, int] = {}
+    closes: list[tuple[int, Closing]] = []
+    closing: set[str] = set()
+    for i, item in enumerate(items):
+        if isinstance(item, Hold):
+            continue
+        if item[0] in closing:  # a second close of one hold in the batch finds it closed
+            out[i] = HoldNotOpen(item[0])
+            continue
+        closing.add(item[0])
+        closes.append((i, item))
+    rows = {r["id"]: r for r in _close_rows(db, [c for _, c in closes])} if closes else {}
+    for i, close in closes:
+        row = rows.get(close[0])
+        out[i] = HoldNotOpen(close[0]) if row is None else hold_row(row)
+        if row is not None:
+            delta[row["account_id"]] = delta.get(row["account_id"], 0) + _unused(row)
+    holds = [(i, item) for i, item in enumerate(items) if isinstance(item, Hold)]
+    refused = _new_holds(db, [h for _, h in holds]) if holds else []
+    for (i, hold), exc in zip(holds, refused, strict=True):
+        out[i] = exc
+        if exc is None:
+            delta[hold.account_id] = delta.get(hold.account_id, 0) - hold.amount_micros
+    for account_id in sorted(delta):
+        if delta[account_id] > 0:
+            _refund(db, account_id, delta[account_id])
+        elif delta[account_id] < 0 and not _debit(db, account_id, -delta[account_id]):
+            raise BatchShort(account_id)
+    return out
+
+
+def hold_list(db: Executor, state: HoldState | None, account_id: str | None, limit: int) -> list[Hold]:
+    where: list[str] = []
+    args: list[Any] = []
+    if state is not None:
+        args.append(state)
+        where.append(f"state = ${len(args)}")
+    if account_id is not None:
+        args.append(account_id)
+        where.append(f"account_id = ${len(args)}")
+    sql = "SELECT * FROM holds" + (" WHERE " + " AND ".join(where) if where else "")
+    sql += f" ORDER BY created_at DESC LIMIT {max(1, min(limit, 1000))}"
+    return [hold_row(r) for r in db.fetch(sql, *args)]
+
+
+RECONCILE_CHUNK = 500
+"""Hold ids one reconciling statement names (SQLite's parameter limit is far above)."""
+
+
+def reconcile_orphans(
+    db: Executor, owner: str, all_others: bool, include_own: bool, hold_ids: Sequence[str] | None
+) -> int:
+    if hold_ids is not None:  # the hold sweeper's: this instance's own, that no run holds any more
+        n = 0
+        for i in range(0, len(hold_ids), RECONCILE_CHUNK):
+            chunk = hold_ids[i : i + RECONCILE_CHUNK]
+            marks = ", ".join(f"${k}" for k in range(2, 2 + len(chunk)))
+            n += db.execute(
+                "UPDATE holds SET state = 'reconciling', note = 'no run of its gateway holds it', "
+                f"updated_at = {db.clock} WHERE state = 'open' AND owner = $1 AND id IN ({marks})",
+                owner, *chunk,
+            )  # fmt: skip
+        return n
+    own = " OR owner = $1" if include_own else ""
+    if all_others:
+        return db.execute(
+            "UPDATE holds SET state = 'reconciling', note = 'open when its gateway stopped', "
+            f"updated_at = {db.clock} WHERE state = 'open' AND (owner <> $1{own})",
+            owner,
+        )  # fmt: skip
+    return db.execute(
+        f"UPDATE holds SET state = 'reconciling', note = 'its gateway lease lapsed', updated_at = {db.clock} "
+        "WHERE state = 'open' AND (owner <> $1 AND owner NOT IN "
+        f"(SELECT id FROM instances WHERE lease_until >= {db.clock}){own})",
+        owner,
+    )  # fmt: skip
+
+
+def heartbeat(db: Executor, owner: str, lease_s: float) -> float:
+    """Renew ``owner``'s lease until the database's now + ``lease_s``; the database's now."""
+    row = db.fetchrow(f"SELECT {db.clock} AS now")
+    assert row is not None
+    now = float(row["now"])
+    if db.execute("UPDATE instances SET lease_until = $2 WHERE id = $1", owner, now + lease_s) == 0:
+        db.execute(
+            "INSERT INTO instances (id, started_at, lease_until) VALUES ($1, $2, $3)",
+            owner,
+            now,
+            now + lease_s,
+        )
+    db.execute("DELETE FROM instances WHERE lease_until < $1", now - 86_400)
+    return now
+
+
+def totals(db: Executor) -> Totals:
+    row = db.fetchrow(
+        "SELECT "
+        "COALESCE((SELECT SUM(amount_micros) FROM credits), 0) AS c, "
+        "COALESCE((SELECT SUM(balance_micros) FROM accounts), 0) AS b, "
+        "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE state IN ('open', 'reconciling')), 0) AS h, "
+        "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE state = 'settled'), 0) "
+        "+ COALESCE((SELECT SUM(charged_micros) FROM pruned), 0) AS r"
+    )
+    assert row is not None
+    return Totals(int(row["c"]), int(row["b"]), int(row["h"]), int(row["r"]))
+
+
+def hold_counts(db: Executor) -> dict[str, tuple[int, int]]:
+    rows = db.fetch(
+        "SELECT state, COUNT(*) AS n, COALESCE(SUM(amount_micros), 0) AS m FROM holds "
+        "WHERE state IN ('open', 'reconciling') GROUP BY state"
+    )
+    return {str(r["state"]): (int(r["n"]), int(r["m"])) for r in rows}
+
+
+def reverse_charge(db: Executor, hold_id: str, note: str, now: float) -> int:
+    """A settled hold's charge given back (its answer was lost after it): the hold
+    released with nothing charged, its usage record an ``error`` at no cost, the key's
+    cap and the account given the charge back, in the ledger's lock order (the hold
+    row, the key's, the account's). The amount given back; 0 when not settled."""
+    row = db.fetchrow(
+        "UPDATE holds SET state = 'released', note = $2, updated_at = $3 WHERE id = $1 AND state = 'settled' "
+        "RETURNING *",
+        hold_id, note, now,
+    )  # fmt: skip
+    if row is None:
+        return 0
+    charged = int(row["charged_micros"])
+    db.execute("UPDATE holds SET charged_micros = 0 WHERE id = $1", hold_id)
+    usage = db.fetchrow("SELECT record FROM usage WHERE request_id = $1", row["request_id"])
+    if usage is not None:
+        record = orjson.loads(usage["record"])
+        record["outcome"] = "error"
+        record["usage"] = {**(record.get("usage") or {}), "cost": 0.0, "cost_micros": 0}
+        record["receipt"] = {**(record.get("receipt") or {}), "outcome": "error", "cost_micros": 0}
+        record["reversed_micros"] = charged
+        db.execute(
+            "UPDATE usage SET outcome = 'error', cost_micros = 0, record = $2 WHERE request_id = $1",
+            row["request_id"], orjson.dumps(record).decode(),
+        )  # fmt: skip
+    if charged and row["spend_period"] is not None and row["key_id"] is not None:
+        _uncount(db, row["key_id"], row["spend_period"], charged)
+    if charged:
+        _refund(db, row["account_id"], charged)
+    return charged
