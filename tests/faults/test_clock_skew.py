@@ -34,7 +34,7 @@ import pytest
 
 from tests.faults.ledger import read_books
 from tests.support.databases import MISSING_SERVICE_MARK, services_required
-from tests.support.processes import serve_process
+from tests.support.processes import CLUSTER_ENV, serve_process
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -110,7 +110,7 @@ def test_a_replica_with_a_skewed_clock_runs_no_job_twice(skew_setup: dict[str, A
     faked = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": skew}
     with ExitStack() as stack:
         urls = []
-        for i, env in enumerate([None, faked]):
+        for i, env in enumerate([CLUSTER_ENV, {**CLUSTER_ENV, **faked}]):  # one sealing key, as replicas need
             data = tmp / f"data{i}"
             data.mkdir()
             url, _ = stack.enter_context(
