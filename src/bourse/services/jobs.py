@@ -55,8 +55,11 @@ from bourse.ports.stores import (
 from bourse.ports.webhooks import WebhookSender
 from bourse.retrying import backoff_s
 from bourse.services.auth import Principal
-from bourse.services.completion import CompletionService, Finished, HandedBack, Phase, Run
+from bourse.services.completion import CompletionService
 from bourse.services.ids import new_request_id
+from bourse.services.run import Run
+from bourse.services.run_events import Finished, HandedBack
+from bourse.services.run_state import Phase
 from bourse.services.webhooks import check_target, sign
 from bourse.wire.chunks import Aggregator
 from bourse.wire.requests import check_storable, validate
@@ -198,7 +201,7 @@ class JobService:
         return await self.view(job)
 
     def _start(self, job: Job, run: Run, tap: Callable[[dict[str, Any]], None] | None = None) -> None:
-        run.detached = True
+        run.detach()
         act = Active(job, run, agg=Aggregator(run.kind, run.market.policy.reasoning_field), tap=tap)
         self.active[job.id] = act
         act.task = self._spawn(self._execute(act))
