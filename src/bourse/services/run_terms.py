@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from bourse.domain.policy import Policy
 from bourse.domain.values import immutable
 from bourse.ports.engine import Kind
 from bourse.ports.limits import KeyLimits
@@ -67,15 +66,3 @@ class Terms:
     """False: the engine may answer at once (a relayed non-streamed request)."""
     caller: Caller | None
     """The HTTP request (None: a job's run)."""
-
-    @property
-    def market(self) -> Market:
-        return self.ask.market
-
-    @property
-    def policy(self) -> Policy:
-        return self.ask.market.policy
-
-    @property
-    def product(self) -> str:
-        return self.ask.market.product
