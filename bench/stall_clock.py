@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
-from bourse.services.completion import StallClock
+from bourse.services.stall_clock import StallClock
 
 STALL_S = 120.0
 

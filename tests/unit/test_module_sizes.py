@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import bourse
 
 MAX_LINES = 600
@@ -30,7 +28,6 @@ def test_the_count_sees_the_package() -> None:
     assert {"__init__.py", "container.py", "wire/responses/__init__.py"} <= names, sorted(names)[:10]
 
 
-@pytest.mark.xfail(strict=False, reason="issue 36: storage/sql.py and services/completion.py are being split")
 def test_no_module_is_over_the_limit() -> None:
     over = _over()
     assert not over, f"modules over {MAX_LINES} lines (split them by concern): " + ", ".join(

@@ -31,9 +31,10 @@ import logging
 from collections.abc import Callable
 
 from bourse.domain.errors import draining
-from bourse.services.completion import CompletionService, Phase
+from bourse.services.completion import CompletionService
 from bourse.services.housekeeping import Sweep
 from bourse.services.jobs import JobService
+from bourse.services.run_state import Phase
 
 log = logging.getLogger("bourse.drain")
 

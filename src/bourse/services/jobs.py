@@ -28,12 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
-
-import orjson
 
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.values import immutable
@@ -50,14 +47,16 @@ from bourse.ports.stores import (
     LedgerStore,
     StoreUnavailable,
     WebhookSecretStore,
-    WebhookSecretUnreadable,
 )
 from bourse.ports.webhooks import WebhookSender
-from bourse.retrying import backoff_s
 from bourse.services.auth import Principal
-from bourse.services.completion import CompletionService, Finished, HandedBack, Phase, Run
+from bourse.services.completion import CompletionService
 from bourse.services.ids import new_request_id
-from bourse.services.webhooks import check_target, sign
+from bourse.services.job_webhooks import JobWebhooks
+from bourse.services.run import Run
+from bourse.services.run_events import Finished, HandedBack
+from bourse.services.run_state import Phase
+from bourse.services.webhooks import check_target
 from bourse.wire.chunks import Aggregator
 from bourse.wire.requests import check_storable, validate
 
@@ -67,8 +66,6 @@ ENDPOINTS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions":
 MAX_UNWRITTEN = 100_000
 """Job states the database refused, kept for the sweep; past it a job stays as stored
 until the gateway's next start resumes it."""
-WEBHOOK_BACKOFF_CAP = 64
-"""The jittered share of the wait between two webhook attempts is at most this many ``webhook_backoff_s``."""
 _ENDED = FINAL_JOB_STATES - {"expired"}
 """The states whose result is kept until ``expires_at``."""
 
@@ -125,10 +122,14 @@ class JobService:
     active: dict[str, Active] = field(default_factory=dict)
     _sweeper: asyncio.Task[None] | None = None
     _claimer: asyncio.Task[None] | None = None
-    _notifying: set[str] = field(default_factory=set)
     _unwritten: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Job states the database refused (unavailable), by job id: the next write of the
     job carries them, or :meth:`sweep` writes them once the job no longer runs here."""
+    _webhooks: JobWebhooks = field(init=False)
+    """Sends the ended jobs' webhooks (:mod:`bourse.services.job_webhooks`)."""
+
+    def __post_init__(self) -> None:
+        self._webhooks = JobWebhooks(self)
 
     # -- submit -------------------------------------------------------------------
 
@@ -198,7 +199,7 @@ class JobService:
         return await self.view(job)
 
     def _start(self, job: Job, run: Run, tap: Callable[[dict[str, Any]], None] | None = None) -> None:
-        run.detached = True
+        run.detach()
         act = Active(job, run, agg=Aggregator(run.kind, run.market.policy.reasoning_field), tap=tap)
         self.active[job.id] = act
         act.task = self._spawn(self._execute(act))
@@ -246,7 +247,7 @@ class JobService:
         finally:
             self.active.pop(job.id, None)
         if job.webhook_url and job.id not in self._unwritten:  # else the sweep notifies, once it is written
-            await self._notify(job.id)
+            await self._webhooks.notify(job.id)
 
     async def _failed_in_gateway(self, job: Job, run: Run, fin: Finished | None) -> None:
         if not await self._given_back(job, run, fin):
@@ -336,7 +337,7 @@ class JobService:
                 del self._unwritten[job_id]
             written += 1
             if fields.get("status") in FINAL_JOB_STATES:
-                self._spawn(self._notify(job_id))
+                self._spawn(self._webhooks.notify(job_id))
         if written:
             log.warning("job sweep: %d job states written (the database had refused them)", written)
         return written
@@ -508,7 +509,7 @@ class JobService:
         error = {"error": exc.envelope(), "status": exc.status}
         written = await self._update(job.id, status="failed", error=error, hold_id=None, **self._ended(job))
         if job.webhook_url and written:
-            self._spawn(self._notify(job.id))
+            self._spawn(self._webhooks.notify(job.id))
 
     async def _sweep(self) -> None:
         while True:
@@ -519,11 +520,11 @@ class JobService:
                     log.info("%d job results expired", n)
                 for job in await self.store.jobs_to_notify():
                     if (
-                        job.id not in self._notifying
+                        job.id not in self._webhooks.sending
                         and job.id not in self.active
                         and job.id not in self._unwritten
                     ):
-                        self._spawn(self._notify(job.id))
+                        self._spawn(self._webhooks.notify(job.id))
             except Exception:
                 log.exception("job sweep failed")
 
@@ -534,93 +535,3 @@ class JobService:
         if self._claimer is not None:
             self._claimer.cancel()
             self._claimer = None
-
-    # -- webhooks --------------------------------------------------------------------
-
-    async def _notify(self, job_id: str) -> None:
-        if job_id in self._notifying:
-            return
-        self._notifying.add(job_id)
-        try:
-            await self._deliver(job_id)
-        finally:
-            self._notifying.discard(job_id)
-
-    async def _deliver(self, job_id: str) -> None:
-        job = await self.store.job(job_id)
-        if (
-            job is None
-            or not job.webhook_url
-            or job.webhook_state != "pending"
-            or job.status not in FINAL_JOB_STATES
-        ):
-            return  # (one that has not ended, as stored: its final state may wait for the sweep)
-        try:
-            secret = await self.store.webhook_secret(job.account_id)
-        except WebhookSecretUnreadable:
-            secret = None
-        if not secret:  # never signed with a key the receiver does not have, nor with ""
-            await self._hold(job)
-            return
-        body = orjson.dumps(await self.view(job))
-        attempts = self.limits.webhook_attempts
-        for attempt in range(attempts):
-            if attempt:  # at least webhook_backoff_s, then a full-jitter exponential share
-                base = self.limits.webhook_backoff_s
-                await asyncio.sleep(
-                    base + backoff_s(attempt - 1, base_s=base, max_s=base * WEBHOOK_BACKOFF_CAP)
-                )
-            outcome = await self._post(job, job.webhook_url, secret, body, attempt)
-            if outcome == "delivered":
-                self.observer.webhook_result(job_id, "delivered")
-                await self.store.update_job(job_id, webhook_state="delivered", webhook_error=None)
-                return
-            if outcome is not None:  # the target was refused: why
-                await self.store.update_job(job_id, webhook_state="failed", webhook_error=outcome)
-                return
-        why = f"no 2xx answer in {attempts} attempts"
-        self.observer.webhook_result(job_id, "failed", why)
-        await self.store.update_job(job_id, webhook_state="failed", webhook_error=why)
-
-    async def _hold(self, job: Job) -> None:
-        """The account's secret cannot be opened here: the webhook is not sent (a
-        signature the receiver cannot verify is no delivery); it waits, ``held``, until
-        an admin sets a new secret or re-seals, which makes it pending again."""
-        why = (
-            f"not sent: the webhook secret of account {job.account_id} cannot be opened with this gateway's "
-            "key (sealed by a replica with another BOURSE_SECRET_KEY, or with a key since lost); an admin "
-            f"sets a new one with POST /admin/accounts/{job.account_id}/webhook_secret (or re-seals with "
-            "POST /admin/webhook_secrets/reseal on a gateway that has the old key), then it is sent"
-        )
-        if await self.store.hold_webhook(job.id, why):  # (not when another gateway sent it meanwhile)
-            self.observer.webhook_result(job.id, "held", why)
-
-    async def _post(self, job: Job, url: str, secret: str, body: bytes, attempt: int) -> str | None:
-        """One delivery attempt: "delivered", why the target is refused, or None to retry."""
-        try:
-            await check_target(
-                url,
-                allow_private=self.limits.allow_private_webhooks,
-                allow_loopback=self.limits.allow_loopback_webhooks,
-                resolve=self.sender.resolve,
-            )
-        except GatewayError as exc:
-            why = f"target refused: {exc.message}"
-            self.observer.webhook_result(job.id, "failed", why)
-            return why
-        headers = {
-            "content-type": "application/json",
-            # the receiver checks the stamp against its own clock: this host's (NTP) time
-            "x-bourse-signature": sign(secret, int(time.time()), body),
-            "x-bourse-event": "job." + job.status,
-            "x-bourse-delivery": f"{job.id}.{attempt + 1}",
-        }
-        try:
-            status = await self.sender.post(url, body, headers)
-            if 200 <= status < 300:
-                return "delivered"
-            log.info("webhook of job %s answered %d (attempt %d)", job.id, status, attempt + 1)
-        except OSError as exc:
-            log.info("webhook of job %s failed: %s (attempt %d)", job.id, exc, attempt + 1)
-        self.observer.webhook_result(job.id, "attempt_failed")
-        return None

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator
 
 from bourse.ports.stores import UsageRecord, UsageStore
 from bourse.services.billing import Closing
-from bourse.services.completion import CompletionService, Finished
+from bourse.services.completion import CompletionService
+from bourse.services.run_events import Finished
 
 log = logging.getLogger("bourse.dashboard")
 

@@ -62,8 +62,10 @@ class Exchange:
         max_tokens: int = 8,
         timeout_s: float | None = None,
         stream: bool = True,
+        present: Callable[[], bool] | None = None,
     ) -> Run:
-        """A booked run of a chat request (as the route opens it)."""
+        """A booked run of a chat request (as the route opens it; ``present``: the relay's
+        look at the client's connection)."""
         body: dict[str, Any] = {
             "model": model,
             "messages": [{"role": "user", "content": "Tell me about the market."}],
@@ -76,7 +78,12 @@ class Exchange:
         if timeout_s is not None:
             body["timeout"] = timeout_s
         return await self.completions.open(
-            "chat", body, validate("chat", body), self.principal, request_id=new_request_id("chat")
+            "chat",
+            body,
+            validate("chat", body),
+            self.principal,
+            request_id=new_request_id("chat"),
+            present=present,
         )
 
     async def hold(self, run: Run) -> Hold:

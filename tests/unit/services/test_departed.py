@@ -36,14 +36,13 @@ async def test_a_slot_for_a_departed_client_starts_no_engine(exchange: Exchange)
     await until(lambda: blocker.phase is Phase.ADMITTED)
     started = sim.stats["started"]
 
-    left = await exchange.open(MODEL)
     asked: list[str] = []
 
     def present() -> bool:  # the socket says the client is gone; the relay has not seen it yet
-        asked.append(left.request_id)
+        asked.append("left")
         return False
 
-    left.present = present
+    left = await exchange.open(MODEL, present=present)
     nxt = await exchange.open(MODEL, sim={"output_tokens": 2}, max_tokens=2)
     assert await exchange.busy(MODEL) == (1, 2)
     events = asyncio.create_task(run_to_end(left))
@@ -106,22 +105,24 @@ async def test_the_client_is_asked_only_for_an_order_that_waited_and_once(exchan
     """Each look is a poll() on the event loop's thread: none for an order admitted at
     once (its request was just read), one (the book's, at the dispatch; not again
     right after it, in the run) for an order that waited in the book."""
-    at_once = await exchange.open(MODEL, sim={"output_tokens": 2}, max_tokens=2)
     asked: list[str] = []
 
     def present(rid: str) -> bool:
         asked.append(rid)
         return True
 
-    at_once.present = lambda: present("at_once")
+    at_once = await exchange.open(
+        MODEL, sim={"output_tokens": 2}, max_tokens=2, present=lambda: present("at_once")
+    )
     _, fin = await run_to_end(at_once)
     assert fin.outcome == "completed" and asked == []
 
     blocker = await exchange.open(MODEL, sim={"ttft_ms": 30_000})
     blocker_events = asyncio.create_task(run_to_end(blocker))
     await until(lambda: blocker.phase is Phase.ADMITTED)
-    waited = await exchange.open(MODEL, sim={"output_tokens": 2}, max_tokens=2)
-    waited.present = lambda: present("waited")
+    waited = await exchange.open(
+        MODEL, sim={"output_tokens": 2}, max_tokens=2, present=lambda: present("waited")
+    )
     events = asyncio.create_task(run_to_end(waited))
     await until(lambda: waited.phase is Phase.QUEUED)
     await blocker.abandon()

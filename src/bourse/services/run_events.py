@@ -1,0 +1,55 @@
+"""What a run yields to its consumer (:data:`RunEvent`), and how a drain hands one back.
+
+Between the engine's own chunks, a run says that its order rests in the book
+(:class:`Queued`), that a failed attempt went back to it (:class:`Requeued`), and at
+its end, once, how it was settled (:class:`Finished`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from bourse.domain.charging import RecordedOutcome
+from bourse.domain.errors import GatewayError
+from bourse.domain.values import immutable
+from bourse.ports.engine import ChunkEvent
+from bourse.services.billing import Closing
+
+
+@immutable
+class Queued:
+    """The order rests in the book at ``bid``."""
+
+    bid: float
+
+
+@immutable
+class Requeued:
+    """An attempt on ``deployment`` failed before any output: the order is back in the book."""
+
+    deployment: str
+
+
+@immutable
+class Finished:
+    """The end of a run, settled: the error (None when completed), usage and receipt."""
+
+    outcome: RecordedOutcome
+    error: GatewayError | None
+    usage: dict[str, Any]
+    receipt: dict[str, Any]
+    text_tokens: int = 0
+    """Completion tokens the gateway relayed (its own count)."""
+    cost_micros: int = 0
+
+
+RunEvent = ChunkEvent | Queued | Requeued | Finished
+SettledHook = Callable[[Closing, Finished], None]
+"""Called once per run after its settlement (the usage record is written); must not block."""
+
+
+class HandedBack(Exception):
+    """A detached job's run stopped by a draining gateway, neither finished nor settled:
+    its slot is back; its hold is the consumer's to give back
+    (:meth:`CompletionService.give_back`)."""
