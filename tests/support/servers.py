@@ -16,7 +16,7 @@ from bourse.http.connections import ConnectionLimits, bounded_protocol
 
 
 @contextmanager
-def serve_app_in_thread(app: Any, *, start_timeout_s: float = 10.0) -> Iterator[str]:
+def serve_app_in_thread(app: Any, *, start_timeout_s: float = 30.0) -> Iterator[str]:
     """Run ``app`` with uvicorn on 127.0.0.1 (a free port) in a daemon thread with its
     own event loop; yield its base URL (``http://127.0.0.1:<port>``); stop it on exit."""
     config = uvicorn.Config(
