@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+
+T = TypeVar("T")
 
 TOTALS = (
     "SELECT "
@@ -119,22 +122,28 @@ def _books(cur: Any) -> Books:
     return books
 
 
-def read_books(data_dir: Path, dsn: str | None) -> Books:
-    """The books of the gateway whose data folder is ``data_dir`` (SQLite) or whose
-    database is ``dsn`` (PostgreSQL), read in one transaction."""
+def in_snapshot(data_dir: Path, dsn: str | None, read: Callable[[Any], T]) -> T:
+    """``read(cursor)`` in one read transaction on the gateway's database: the data
+    folder's SQLite file (``dsn`` None) or the PostgreSQL database ``dsn``."""
     if dsn is None:
         conn = sqlite3.connect(f"file:{data_dir / 'bourse.db'}?mode=ro", uri=True, timeout=30)
         try:
             lite = conn.cursor()
             lite.execute("BEGIN")
-            return _books(lite)
+            return read(lite)
         finally:
             conn.close()
     import psycopg
 
     with psycopg.connect(dsn, connect_timeout=10) as pg, pg.cursor() as cur:
         cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        return _books(cur)
+        return read(cur)
+
+
+def read_books(data_dir: Path, dsn: str | None) -> Books:
+    """The books of the gateway whose data folder is ``data_dir`` (SQLite) or whose
+    database is ``dsn`` (PostgreSQL), read in one transaction."""
+    return in_snapshot(data_dir, dsn, _books)
 
 
 # -- the nine invariants ---------------------------------------------------------------
@@ -218,29 +227,13 @@ def violations(cur: Any) -> tuple[list[str], list[str]]:
     return out, settling
 
 
-def _snapshot(data_dir: Path, dsn: str | None) -> tuple[list[str], list[str]]:
-    if dsn is None:
-        conn = sqlite3.connect(f"file:{data_dir / 'bourse.db'}?mode=ro", uri=True, timeout=30)
-        try:
-            lite = conn.cursor()
-            lite.execute("BEGIN")
-            return violations(lite)
-        finally:
-            conn.close()
-    import psycopg
-
-    with psycopg.connect(dsn, connect_timeout=10) as pg, pg.cursor() as cur:
-        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        return violations(cur)
-
-
 def check_ledger(data_dir: Path, dsn: str | None, *, settle_s: float = 5.0) -> None:
     """Assert the nine invariants on a gateway's database. What holds in every snapshot
     is asserted at once; a finished job's open hold is given ``settle_s`` to close (the
     job's status is written before its hold is closed)."""
     deadline = time.monotonic() + settle_s
     while True:
-        broken, settling = _snapshot(data_dir, dsn)
+        broken, settling = in_snapshot(data_dir, dsn, violations)
         assert not broken, f"ledger invariants broken ({len(broken)}): {(broken + settling)[:10]}"
         if not settling:
             return
