@@ -99,6 +99,27 @@ def test_raw_disconnect_mid_stream_cancels_the_engine(env: Env, relay_paths: lis
     assert relay_paths == [("watch", True)]
 
 
+def test_a_client_that_stops_reading_has_not_left(env: Env) -> None:
+    """Leaving a loop over an open stream's frames is not a disconnect (the test
+    helpers' own contract, which the disconnect tests above rely on): the engine is not
+    cancelled, the connection stays open, and reading on takes the rest of the answer."""
+    before = env.stats("p-a")
+    fast = {"tokens_per_s": 60, "output_tokens": 30}
+    with open_sse(env, {"model": "p", "seed": 8, "sim": fast}) as s:
+        content = 0
+        for f in s.frames():
+            if f.data is not None and f.json.get("choices"):
+                content += 1
+            if content == 2:
+                break
+        stats, _ = env.wait_stats("p-a", lambda st: st["completed"] > before["completed"], timeout=5)
+        assert stats["cancelled"] == before["cancelled"], stats
+        rest = list(s.frames())
+    assert rest and rest[-1].is_done, [f.data for f in rest[-3:]]
+    chunks = [f for f in s.seen if f.data is not None and not f.is_done and f.json.get("choices")]
+    assert len(chunks) >= 30, len(chunks)
+
+
 def test_disconnect_before_the_first_token_cancels_the_engine(
     env: Env, relay_paths: list[tuple[str, bool]]
 ) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -137,6 +138,14 @@ class SSEStream:
         self.t0 = t0
         self.seen: list[Frame] = []
         self.raw = b""
+        # one body iterator and parser for the stream's life: a ``for f in s.frames():
+        # break`` drops its generator, and had that generator owned httpx's iterator, its
+        # finalizer would close the connection there and then (httpcore closes a stream
+        # whose iteration ends in GeneratorExit): the client would have left at the
+        # ``break``, not at the end of the ``with``
+        self._pieces = response.iter_raw()
+        self._parser = SSEParser()
+        self._pending: deque[Frame] = deque()
 
     @property
     def status(self) -> int:
@@ -147,14 +156,20 @@ class SSEStream:
         return self.response.headers
 
     def frames(self) -> Iterator[Frame]:
-        parser = SSEParser()
-        for piece in self.response.iter_raw():
+        """The stream's frames from where the last call stopped; leaving the loop early
+        keeps the connection open (only leaving the ``with`` closes it)."""
+        while True:
+            while self._pending:
+                yield self._pending.popleft()
+            piece = next(self._pieces, None)
+            if piece is None:
+                return
             now = time.monotonic() - self.t0
             self.raw += piece
-            for ev in parser.feed(piece):
+            for ev in self._parser.feed(piece):
                 f = Frame(now, data=ev.data, comment=ev.comment)
                 self.seen.append(f)
-                yield f
+                self._pending.append(f)
 
     def result(self) -> SSEResult:
         return SSEResult(self.status, self.headers, list(self.seen), self.raw)

@@ -137,14 +137,9 @@ def assert_ledger_balanced(gw: Gateway) -> dict[str, Any]:
 def read_until(stream: SSEStream, *, data_chunks: int = 0, comment_prefix: str | None = None) -> list[Any]:
     """Read frames until ``data_chunks`` content chunks arrived, or a comment starting
     with ``comment_prefix``; the frames read."""
-    # one frame iterator per stream, kept alive: closing it would close the connection
-    it = getattr(stream, "_money_frames", None)
-    if it is None:
-        it = stream.frames()
-        stream._money_frames = it  # type: ignore[attr-defined]
     seen: list[Any] = []
     got = 0
-    for f in it:
+    for f in stream.frames():
         seen.append(f)
         if comment_prefix is not None and f.comment is not None and f.comment.startswith(comment_prefix):
             return seen
