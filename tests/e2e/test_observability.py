@@ -321,6 +321,72 @@ def test_counters_move_by_exactly_the_requests_made_and_each_has_one_json_line(g
     assert any(h.get("traceparent") == TRACEPARENT for h in gw.upstream.headers)
 
 
+RESPONSES = "/v1/responses"
+
+
+def access_lines(gw: Served, rid: str) -> list[dict[str, Any]]:
+    """The JSON access lines of request ``rid`` so far."""
+    lines = [json.loads(x) for x in gw.log_text().splitlines() if x.startswith("{")]
+    return [d for d in lines if d.get("request_id") == rid and d["logger"] == "bourse.access"]
+
+
+def test_refused_responses_requests_are_counted_and_logged_under_their_route(gateway: Served) -> None:
+    gw = gateway
+    before = scrape(gw.url)
+    refused = {
+        "bad json": (400, gw.headers, b"{not json"),
+        "over the output limit": (400, gw.headers, json.dumps({"model": "fast", "input": "Hi",
+                                                               "max_output_tokens": 10**9}).encode()),
+        "unknown model": (404, gw.headers, json.dumps({"model": "nope", "input": "Hi"}).encode()),
+        "no key": (401, {}, json.dumps({"model": "fast", "input": "Hi"}).encode()),
+    }  # fmt: skip
+    rids: dict[str, str] = {}
+    with httpx.Client(base_url=gw.url, timeout=30) as client:
+        for what, (status, headers, content) in refused.items():
+            r = client.post(
+                RESPONSES, content=content, headers={**headers, "content-type": "application/json"}
+            )
+            assert r.status_code == status, (what, r.text)
+            rids[what] = r.headers["x-request-id"]
+
+    def on_route(status: int) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return (
+            "bourse_http_responses_total",
+            (("method", "POST"), ("route", RESPONSES), ("status", str(status))),
+        )
+
+    expected = {
+        on_route(400): 2,
+        on_route(404): 1,
+        on_route(401): 1,
+        req("unknown", "refused"): 3,
+        req("fast", "refused"): 1,
+    }
+    got: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def settled() -> bool:
+        nonlocal got
+        got = {
+            k: v
+            for k, v in delta(before, scrape(gw.url)).items()
+            if k[0] == "bourse_requests_total" or ("route", RESPONSES) in k[1]
+        }
+        return got == expected
+
+    try:
+        eventually(settled, "the counters to move by the refused requests")
+    finally:
+        assert got == expected
+    eventually(lambda: all(access_lines(gw, rid) for rid in rids.values()), "an access line for each")
+    for what, rid in rids.items():
+        (line,) = access_lines(gw, rid)
+        status = refused[what][0]
+        assert (line["route"], line["status"], line["outcome"]) == (RESPONSES, status, "refused"), (
+            what,
+            line,
+        )
+
+
 def test_the_live_gauges_are_scraped(gateway: Served) -> None:
     got = scrape(gateway.url)
     for product in ("fast", "slow", "relayed"):

@@ -1,8 +1,8 @@
 """The ASGI application factory: routes, error mapping, lifespan.
 
 Routes are thin: read and check the body, hand it to a service, return a response.
-No middleware sits on the hot path (no ``BaseHTTPMiddleware``): the two completion
-routes are served by :class:`~bourse.http.edge.HotRouter` in front of Starlette, which
+No middleware sits on the hot path (no ``BaseHTTPMiddleware``): the hot routes
+(:mod:`bourse.http.pipeline`) are served by :class:`~bourse.http.edge.HotRouter` in front of Starlette, which
 serves the rest.
 """
 
@@ -30,6 +30,7 @@ from bourse.http import (
     jobs,
     market,
     openapi,
+    pipeline,
     responses_api,
     usage_csv,
 )
@@ -130,7 +131,7 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
     }
     hot = {**completions.hot_routes(services), **responses_api.hot_routes(services)}
     routes = [
-        *completions.routes(hot),
+        *pipeline.routes(hot),
         *responses_api.routes(services),
         *market.routes(services),
         *account.routes(services),

@@ -1,9 +1,10 @@
 """The raw ASGI router in front of Starlette: the hot routes skip its middleware stack.
 
-``POST /v1/chat/completions`` and ``POST /v1/completions`` are the gateway's hot path.
-Going through Starlette costs a Request object, two exception-middleware layers
-(each wrapping ``send``), a scan of every route and a task group per response. Here
-the two routes are a dictionary lookup on ``(method, path)`` away; everything else
+``POST /v1/chat/completions``, ``POST /v1/completions`` and ``POST /v1/responses``
+are the gateway's hot path (one pipeline, :mod:`bourse.http.pipeline`). Going through
+Starlette costs a Request object, two exception-middleware layers (each wrapping
+``send``), a scan of every route and a task group per response. Here the hot routes
+are a dictionary lookup on ``(method, path)`` away; everything else
 (other methods on these paths, 404s, lifespan) goes on to the Starlette app, which
 still has its own routes and error handlers.
 
@@ -55,10 +56,11 @@ Templates = Mapping[Any, Sequence[tuple[re.Pattern[str], str]]]
 @immutable
 class HotRoute:
     kind: str
-    """The request-id kind (``chat``, ``completion``)."""
+    """The request-id kind (``chat``, ``completion``, ``resp``)."""
     open: Opener
-    path: str = ""
-    """The route template, for the observer."""
+    path: str
+    """The route template, for the observer (required: every route is counted and logged
+    under its own name)."""
     observer: Observer = NULL_OBSERVER
 
 

@@ -22,18 +22,16 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope
+from starlette.types import ASGIApp
 
-from bourse.domain.errors import GatewayError, invalid_request
-from bourse.http import idempotency
-from bourse.http.completions import Head, keeper, read_head
+from bourse.domain.errors import invalid_request
 from bourse.http.deps import Services, page_limit
-from bourse.http.edge import HotRoute, read_body
-from bourse.http.relay import RunResponse
+from bourse.http.edge import HotRoute
+from bourse.http.pipeline import Adapter, Incoming, hot_route
 from bourse.http.responses import JSON
-from bourse.ports.observer import Caller
 from bourse.services.auth import Principal
 from bourse.services.completion import Finished, Run
+from bourse.services.market import Market
 from bourse.services.responses import ResponseService
 from bourse.wire import sse
 from bourse.wire.requests import check_id, check_storable, optional_id, parse_body, validate
@@ -94,91 +92,74 @@ class ResponsesEncoder:
         return await self._final(fin)
 
 
-def hot_routes(services: Services) -> dict[str, HotRoute]:
-    """``POST /v1/responses``, for :class:`~bourse.http.edge.HotRouter`."""
-    completions = services.completions
-    responses = services.responses
+class Responses(Adapter[ResponsesRequest]):
+    """A Responses request, run as a chat request (or a background job) whose frames
+    are the API's typed events (:class:`ResponsesEncoder`)."""
 
-    async def create(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
-        t0 = caller.started
-        rid = caller.request_id
-        head = read_head(scope, caller)
-        principal = await services.auth.user(head.authorization)
-        caller.key_id = principal.key.id
-        head.idempotency_key = idempotency.scoped(principal, head.idempotency_key)
-        raw = await read_body(receive, head.length, services.max_body_bytes)
-        req = parse_request(parse_body(raw, services.max_json_depth))
-        market = completions.market(req.model)
+    __slots__ = ("kind", "path", "services")
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.kind = "resp"
+        self.path = PATH
+
+    def parse(self, raw: bytes, depth: int) -> ResponsesRequest:
+        return parse_request(parse_body(raw, depth))
+
+    def product(self, req: ResponsesRequest) -> tuple[str, Market]:
+        return req.model, self.services.completions.market(req.model)  # 404 if there is none
+
+    def check(self, req: ResponsesRequest, market: Market) -> None:
         if req.max_output_tokens is not None and req.max_output_tokens > market.max_output_tokens:
             raise invalid_request(
                 f"max_output_tokens: {req.max_output_tokens} is over the output limit of '{req.model}' "
                 f"({market.max_output_tokens}).",
                 param="max_output_tokens",
             )
-        caller.product = req.model
-        policy = market.policy
-        # the product's policy names the request id, errors included (the edge answers
-        # them with the caller's id; the policy's id headers go with them)
-        rid = caller.request_id = policy.request_id(rid)
-        try:
-            return await answer(head, principal, raw, req, rid, t0, caller)
-        except GatewayError as exc:
-            exc.headers = {**policy.id_headers(rid), **exc.headers}
-            raise
 
-    async def answer(
-        head: Head,
-        principal: Principal,
-        raw: bytes,
-        req: ResponsesRequest,
-        rid: str,
-        t0: float,
-        caller: Caller,
-    ) -> ASGIApp:
-        account, idem = principal.account_id, head.idempotency_key
-        replay = await idempotency.begin(services, account, idem, "responses", raw)
-        if replay is not None:
-            return replay
-        try:
-            history = await responses.history(req.previous_response_id, account)
-            items = await responses.resolve(input_items(req), account)
-            chat = chat_body(req, history, items)
-            # what the answer echoes and the store keeps, written once before the hold
-            check_storable(response_object(rid, req, req.model, 0, "in_progress"), "body")
-            check_storable(items, "input")
-            if req.background:
-                doc = await responses.submit(
-                    principal, req, chat, items, history, request_id=rid,
-                    max_price_header=head.max_price, timeout_header=head.book_timeout,
-                )  # fmt: skip
-                kept = await idempotency.keep(services, account, idem, JSON(doc, request_id=doc["id"]))
-                return follow(responses, doc, None) if req.stream else kept
-            run = await completions.open(
-                "chat", chat, validate("chat", chat), principal, request_id=rid,
-                max_price_header=head.max_price, timeout_header=head.book_timeout, t0=t0,
-                engine_stream=req.stream, caller=caller, present=head.present,
-            )  # fmt: skip
-        except BaseException:
-            await idempotency.forget(services, account, idem)
-            raise
-        return RunResponse(
-            run, on_done=keeper(services.store, account, idem), encoder=_encoder(run, req, items, history)
+    def scope(self, req: ResponsesRequest) -> str:
+        return "responses"
+
+    async def answer(self, incoming: Incoming, req: ResponsesRequest) -> ASGIApp:
+        responses, account, rid, head = (
+            self.services.responses,
+            incoming.principal.account_id,
+            incoming.request_id,
+            incoming.head,
         )
+        history = await responses.history(req.previous_response_id, account)
+        items = await responses.resolve(input_items(req), account)
+        chat = chat_body(req, history, items)
+        # what the answer echoes and the store keeps, written once before the hold
+        check_storable(response_object(rid, req, req.model, 0, "in_progress"), "body")
+        check_storable(items, "input")
+        if req.background:
+            doc = await responses.submit(
+                incoming.principal, req, chat, items, history, request_id=rid,
+                max_price_header=head.max_price, timeout_header=head.book_timeout,
+            )  # fmt: skip
+            kept = await incoming.keep(JSON(doc, request_id=doc["id"]))
+            return follow(responses, doc, None) if req.stream else kept
+        run = await incoming.open("chat", chat, validate("chat", chat), engine_stream=req.stream)
+        return incoming.relay(run, self._encoder(run, req, items, history))
 
     def _encoder(
-        run: Run, req: ResponsesRequest, items: list[dict[str, Any]], history: list[dict[str, Any]]
+        self, run: Run, req: ResponsesRequest, items: list[dict[str, Any]], history: list[dict[str, Any]]
     ) -> ResponsesEncoder:
         shell = response_object(run.request_id, req, run.product, run.created, "in_progress")
         keep: Keep | None = None
         if req.stored:
-            account = run.account_id
+            account, responses = run.account_id, self.services.responses
 
             async def keep(response: dict[str, Any]) -> None:
                 await responses.save(account, items, history, response)
 
         return ResponsesEncoder(ResponseBuilder(shell, events=req.stream), run.policy.receipt_name, keep)
 
-    return {PATH: HotRoute("resp", create, PATH, services.observer)}
+
+def hot_routes(services: Services) -> dict[str, HotRoute]:
+    """``POST /v1/responses``, for :class:`~bourse.http.edge.HotRouter`."""
+    return {PATH: hot_route(services, Responses(services))}
 
 
 async def _resume(responses: ResponseService, request: Request, p: Principal, rid: str) -> Response:

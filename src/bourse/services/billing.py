@@ -66,6 +66,8 @@ log = logging.getLogger("bourse.billing")
 NO_USAGE_NOTE = "the engine gave no usage"
 """The note of a hold moved to ``reconciling`` because its run reported no usage."""
 ENDPOINTS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+"""Each kind of run's route: the one map of them (the hot routes, the job endpoints and
+the usage record's ``endpoint`` are read from it)."""
 
 
 class BillingStore(LedgerStore, Protocol):

@@ -49,6 +49,7 @@ from bourse.ports.stores import (
     WebhookSecretStore,
 )
 from bourse.ports.webhooks import WebhookSender
+from bourse.services import billing
 from bourse.services.auth import Principal
 from bourse.services.completion import CompletionService
 from bourse.services.ids import new_request_id
@@ -62,7 +63,8 @@ from bourse.wire.requests import check_storable, validate
 
 log = logging.getLogger("bourse.jobs")
 
-ENDPOINTS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+ENDPOINTS: dict[str, Kind] = {path: kind for kind, path in billing.ENDPOINTS.items()}
+"""The kind of run each job endpoint is (billing's map, read the other way)."""
 MAX_UNWRITTEN = 100_000
 """Job states the database refused, kept for the sweep; past it a job stays as stored
 until the gateway's next start resumes it."""

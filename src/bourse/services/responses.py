@@ -31,6 +31,7 @@ from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.values import immutable
 from bourse.ports.stores import ResponseRecord, ResponseStore
 from bourse.services.auth import Principal
+from bourse.services.billing import ENDPOINTS
 from bourse.services.jobs import JobService
 from bourse.wire.responses import (
     FINAL_STATUSES,
@@ -42,7 +43,8 @@ from bourse.wire.responses import (
 
 log = logging.getLogger("bourse.responses")
 
-CHAT = "/v1/chat/completions"
+CHAT = ENDPOINTS["chat"]
+"""The job endpoint a background response runs as (its kind of run)."""
 LOG_GRACE_S = 300.0
 """How long a background stream's events are kept after its end, for late readers."""
 _JOB_STATUS = {"queued": "queued", "running": "in_progress"}

@@ -89,7 +89,7 @@ Opener = Callable[[Scope, Receive, Caller], Awaitable[ASGIApp]]
 
 
 def _router(open_: Opener) -> HotRouter:
-    return HotRouter(_starlette(), {"/v1/hot": HotRoute("chat", open_)})
+    return HotRouter(_starlette(), {"/v1/hot": HotRoute("chat", open_, "/v1/hot")})
 
 
 async def _ok(scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
@@ -122,7 +122,7 @@ async def test_lifespan_and_other_scopes_go_to_starlette() -> None:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         seen.append(scope["type"])
 
-    router = HotRouter(app, {"/v1/hot": HotRoute("chat", _ok)})
+    router = HotRouter(app, {"/v1/hot": HotRoute("chat", _ok, "/v1/hot")})
 
     async def nothing() -> Message:
         return {"type": "lifespan.startup"}
