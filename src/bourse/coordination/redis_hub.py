@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Coroutine
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
@@ -266,7 +266,8 @@ class RedisHub:
 
 async def _close_quietly(pubsub: PubSub) -> None:
     try:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        # redis-py types ``aclose`` from 8.x on, not before: the cast holds for both
+        await cast(Callable[[], Awaitable[None]], pubsub.aclose)()
     except Exception:
         pass
 
