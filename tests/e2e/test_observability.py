@@ -387,6 +387,29 @@ def test_refused_responses_requests_are_counted_and_logged_under_their_route(gat
         )
 
 
+def test_a_response_is_logged_and_recorded_under_its_route_attached_or_in_the_background(
+    gateway: Served,
+) -> None:
+    """A Responses request runs as a chat completion, but its access lines (the request's
+    and, in the background, its detached run's) and its usage record's ``endpoint`` name
+    the route the client called: ``/v1/responses``."""
+    gw = gateway
+    with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {gw.key}"}, timeout=30) as c:
+        attached = c.post(RESPONSES, json={"model": "fast", "input": "Hi"})
+        assert attached.status_code == 200, attached.text
+        queued = c.post(RESPONSES, json={"model": "fast", "input": "Hi", "background": True})
+        assert queued.status_code == 200 and queued.json()["status"] == "queued", queued.text
+        bg = queued.json()["id"]
+        eventually(lambda: c.get(f"{RESPONSES}/{bg}").json()["status"] == "completed", "the background one")
+        for rid, lines in ((attached.json()["id"], 1), (bg, 2)):
+            eventually(lambda rid=rid, n=lines: len(access_lines(gw, rid)) == n, f"{lines} access lines")  # type: ignore[misc]
+            assert [d["route"] for d in access_lines(gw, rid)] == [RESPONSES] * lines, access_lines(gw, rid)
+            record = c.get(f"/v1/usage/{rid}").json()
+            assert record["endpoint"] == RESPONSES, record
+        [job] = [j for j in c.get("/v1/jobs").json()["data"] if j["request_id"] == bg]
+        assert job["endpoint"] == RESPONSES, job
+
+
 def test_the_live_gauges_are_scraped(gateway: Served) -> None:
     got = scrape(gateway.url)
     for product in ("fast", "slow", "relayed"):

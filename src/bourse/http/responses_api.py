@@ -30,6 +30,7 @@ from bourse.http.edge import HotRoute
 from bourse.http.pipeline import Adapter, Incoming, hot_route
 from bourse.http.responses import JSON
 from bourse.services.auth import Principal
+from bourse.services.billing import RESPONSES
 from bourse.services.completion import Finished, Run
 from bourse.services.market import Market
 from bourse.services.responses import ResponseService
@@ -47,7 +48,7 @@ from bourse.wire.responses import (
 
 log = logging.getLogger("bourse.responses")
 
-PATH = "/v1/responses"
+PATH = RESPONSES
 
 Keep = Callable[[dict[str, Any]], Awaitable[None]]
 """Stores a finished response."""

@@ -66,8 +66,13 @@ log = logging.getLogger("bourse.billing")
 NO_USAGE_NOTE = "the engine gave no usage"
 """The note of a hold moved to ``reconciling`` because its run reported no usage."""
 ENDPOINTS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
-"""Each kind of run's route: the one map of them (the hot routes, the job endpoints and
-the usage record's ``endpoint`` are read from it)."""
+"""Each kind of run's own route: the one map of them (the hot routes and the job
+endpoints are read from it)."""
+RESPONSES = "/v1/responses"
+"""The Responses API's route: its requests run as chat completions."""
+ROUTES: dict[str, Kind] = {**{path: kind for kind, path in ENDPOINTS.items()}, RESPONSES: "chat"}
+"""Every route a run answers, and the kind of run it is: a run's access line and its
+usage record's ``endpoint`` name its route, not its kind's."""
 
 
 class BillingStore(LedgerStore, Protocol):
@@ -108,6 +113,8 @@ class Closing:
 
     request_id: str
     kind: Kind
+    endpoint: str
+    """The route the client called (one of :data:`ROUTES`), the usage record's ``endpoint``."""
     product: str
     created_at: float
     account_id: str
@@ -378,7 +385,7 @@ def usage_document(closing: Closing, s: Settlement) -> dict[str, Any]:
         "object": "bourse.usage",
         "created": int(closing.created_at),
         "model": closing.product,
-        "endpoint": ENDPOINTS[closing.kind],
+        "endpoint": closing.endpoint,
         "outcome": s.outcome,
         "usage": s.usage,
         "receipt": s.receipt,

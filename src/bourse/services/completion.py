@@ -27,7 +27,7 @@ from bourse.ports.engine import Kind
 from bourse.ports.limits import LimiterUnavailable, RateLimiter
 from bourse.ports.observer import NULL_OBSERVER, NULL_SPAN, Caller, Observer, Span
 from bourse.services.auth import Authenticator, Principal
-from bourse.services.billing import Billing, Closing, quote_for
+from bourse.services.billing import ENDPOINTS, Billing, Closing, quote_for
 from bourse.services.market import Market
 from bourse.services.run import Run
 from bourse.services.run_events import Finished, HandedBack, Queued, Requeued, RunEvent, SettledHook
@@ -109,6 +109,7 @@ class CompletionService:
         fail_fast: bool = True,
         caller: Caller | None = None,
         present: Callable[[], bool] | None = None,
+        route: str | None = None,
     ) -> Run:
         """validate -> (authenticated) -> rate-limit -> quote -> hold -> book.
 
@@ -118,7 +119,8 @@ class CompletionService:
         out open breakers in the book (a resumed job) rather than get 503 at once.
         ``caller``: the HTTP request (None: a job's run). ``present`` asks whether the
         client is still connected: a slot that comes to an order whose client left is
-        given to the next order, and no engine starts for it."""
+        given to the next order, and no engine starts for it. ``route``: the route a
+        job's run answers (default: its kind's own; an HTTP request's is its caller's)."""
         if self.draining:
             raise draining()
         t0 = time.perf_counter() if t0 is None else t0
@@ -141,9 +143,14 @@ class CompletionService:
         except BaseException:
             await self._limits_done(grant, 0)
             raise
+        if caller is not None:
+            route = caller.route
+        elif route is None:
+            route = ENDPOINTS[kind]
         terms = Terms(
-            ask, request_id, t0, time.time(), prompt, quote, account_id, hold_id, grant, engine_stream, caller
-        )
+            ask, request_id, t0, time.time(), prompt, quote, account_id, hold_id, grant, engine_stream, caller,
+            route,
+        )  # fmt: skip
         run = Run(self, terms, present)
         try:
             await run.submit()

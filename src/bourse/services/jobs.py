@@ -147,7 +147,11 @@ class JobService:
         timeout_header: str | None = None,
         request_id: str | None = None,
         tap: Callable[[dict[str, Any]], None] | None = None,
+        route: str | None = None,
     ) -> dict[str, Any]:
+        """Accept a job at ``endpoint`` (one of :data:`ENDPOINTS`) and start it. ``route``:
+        the route the client called when it is not ``endpoint`` (a background response,
+        ``/v1/responses``, runs as a chat completion); the job keeps it as its endpoint."""
         kind = ENDPOINTS.get(endpoint)
         if kind is None:
             raise invalid_request(f"endpoint: expected one of {', '.join(ENDPOINTS)}", param="endpoint")
@@ -175,12 +179,13 @@ class JobService:
         run = await self.completions.open(
             kind, body, req, principal,
             request_id=request_id or new_request_id(kind), max_price_header=max_price_header, timeout_header=timeout_header,
+            route=route or endpoint,
         )  # fmt: skip
         job = Job(
             id="job_" + os.urandom(12).hex(),
             account_id=principal.account_id,
             key_id=principal.key.id,
-            endpoint=endpoint,
+            endpoint=route or endpoint,
             body=body,
             status="queued",
             request_id=run.request_id,
@@ -482,7 +487,7 @@ class JobService:
                 if charged:  # it ran to its charge; only its result was never stored
                     await self._fail_resumed(job, _result_lost(job, charged))
                     return
-        kind = ENDPOINTS[job.endpoint]
+        kind = billing.ROUTES[job.endpoint]
         # the key's own record, so that its spend cap counts the new hold
         key = await self.store.key(job.key_id) or ApiKey(id=job.key_id, account_id=job.account_id)
         principal = Principal(key, KeyLimits())
@@ -491,7 +496,7 @@ class JobService:
             req = validate(kind, body)
             # accepted long ago: it waits out open breakers in the book rather than fail
             run = await self.completions.open(
-                kind, body, req, principal, request_id=job.request_id, fail_fast=False
+                kind, body, req, principal, request_id=job.request_id, fail_fast=False, route=job.endpoint
             )
         except GatewayError as exc:
             if exc.code == "draining":  # stopping meanwhile: left, unowned, for the next gateway

@@ -31,7 +31,7 @@ from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.values import immutable
 from bourse.ports.stores import ResponseRecord, ResponseStore
 from bourse.services.auth import Principal
-from bourse.services.billing import ENDPOINTS
+from bourse.services.billing import ENDPOINTS, RESPONSES
 from bourse.services.jobs import JobService
 from bourse.wire.responses import (
     FINAL_STATUSES,
@@ -216,7 +216,7 @@ class ResponseService:
         try:
             job = await self.jobs.submit(
                 principal, CHAT, chat, ttl_s=ttl, max_price_header=max_price_header,
-                timeout_header=timeout_header, request_id=request_id,
+                timeout_header=timeout_header, request_id=request_id, route=RESPONSES,
                 tap=None if events is None else events.tap,
             )  # fmt: skip
         except BaseException:

@@ -10,7 +10,7 @@ from typing import Any
 from bourse.domain.book import Admission, Order
 from bourse.domain.charging import Outcome
 from bourse.ports.observer import RunReport
-from bourse.services.billing import ENDPOINTS, Closing
+from bourse.services.billing import Closing
 from bourse.services.run_events import Finished
 from bourse.services.run_meter import Meter
 from bourse.services.run_state import Phase
@@ -31,6 +31,7 @@ def closing_of(
     return Closing(
         request_id=terms.request_id,
         kind=terms.ask.kind,
+        endpoint=terms.route,
         product=terms.ask.market.product,
         created_at=terms.created_at,
         account_id=terms.account_id,
@@ -101,7 +102,7 @@ def report_of(
         status = 499 if client_left else 200
     return RunReport(
         method=None if caller is None else "POST",
-        route=caller.route if caller is not None else ENDPOINTS[closing.kind],
+        route=terms.route,
         status=status,
         outcome=fin.outcome,
         request_id=terms.request_id,

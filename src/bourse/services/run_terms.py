@@ -66,3 +66,6 @@ class Terms:
     """False: the engine may answer at once (a relayed non-streamed request)."""
     caller: Caller | None
     """The HTTP request (None: a job's run)."""
+    route: str
+    """The route the client called (one of :data:`~bourse.services.billing.ROUTES`): a
+    job's is its endpoint, a background response's ``/v1/responses``."""
