@@ -16,6 +16,7 @@ import pytest
 
 from bourse.ports.stores import (
     ApiKey,
+    ChargeAboveHold,
     Hold,
     HoldNotOpen,
     InsufficientFunds,
@@ -116,8 +117,14 @@ async def test_a_batch_answers_each_write_as_if_it_ran_alone(
         # alone: the first, the capped one, the released one (not open); "zz" batched 2
         assert batches == [len(batch), 2, 3]
         charged = [o.charged_micros if isinstance(o, Hold) else o for o in out]
-        assert charged[:5] == [50, 400, 300, 0, 1_000]
-        assert isinstance(out[5], HoldNotOpen)
+        assert charged[:4] == [50, 400, 300, 0]
+        # a charge above its hold is refused in the batch, the others written; a close of
+        # a released hold is told so
+        assert isinstance(out[4], ChargeAboveHold) and out[4].amount_micros == 1_000, out[4]
+        assert isinstance(out[5], HoldNotOpen) and out[5].state == "released", out[5]
+        above = await s.hold(plain[2].id)
+        assert above is not None and above.state == "open"
+        assert (await s.settle(plain[2].id, 1_000, None, NOW + 1)).charged_micros == 1_000
         for h, cost in ((first, 50), (plain[0], 400), (capped_ok, 300), (plain[1], 0)):
             u = await s.usage("a", h.request_id)
             assert u is not None and u.cost_micros == cost

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from bourse.ports.stores import (
     AccountExists,
     ApiKey,
+    ChargeAboveHold,
     Hold,
     HoldNotOpen,
     InsufficientFunds,
@@ -202,16 +203,23 @@ async def test_settle_charges_at_most_the_hold_and_writes_usage(store_factory: S
             lambda: s.release(h.id, None, NOW + 2),
             lambda: s.to_reconciling(h.id, None, "late", NOW + 2),
         ]
-        for again in agains:
-            with pytest.raises(HoldNotOpen):
+        for again in agains:  # each told what the hold already is
+            with pytest.raises(HoldNotOpen) as refused:
                 await again()
+            assert (refused.value.hold_id, refused.value.state) == (h.id, "settled")
         a = await acct(s, "a")
         assert (a.balance_micros, a.spent_micros) == (850, 150)
         await balanced(s)
 
         big = mk_hold("a", 200)
         await s.place_hold(big)
-        out = await s.settle(big.id, 999_999, None, NOW + 3)  # charge above the hold: min(charge, amount)
+        # a charge above the hold is refused, never clamped: the hold stays open as it was
+        with pytest.raises(ChargeAboveHold) as above:
+            await s.settle(big.id, 999_999, None, NOW + 3)
+        assert (above.value.charge_micros, above.value.amount_micros) == (999_999, 200)
+        assert (await s.hold(big.id)).state == "open"
+        assert (await acct(s, "a")).open_holds_micros == 200
+        out = await s.settle(big.id, 200, None, NOW + 3)  # the whole hold is within it
         assert out.charged_micros == 200
         a = await acct(s, "a")
         assert (a.balance_micros, a.spent_micros) == (650, 350)
@@ -227,8 +235,9 @@ async def test_settle_charges_at_most_the_hold_and_writes_usage(store_factory: S
         assert (a.balance_micros, a.spent_micros, a.open_holds_micros) == (650, 350, 0)
         await balanced(s)
 
-        with pytest.raises(HoldNotOpen):
+        with pytest.raises(HoldNotOpen) as missing:
             await s.settle("h_missing", 1, None, NOW)
+        assert missing.value.state is None
         await balanced(s)
 
 
@@ -245,12 +254,15 @@ async def test_release_returns_everything(store_factory: StoreFactory) -> None:
         assert (a.balance_micros, a.open_holds_micros, a.spent_micros) == (1_000, 0, 0)
         assert await s.usage("a", h.request_id) == u
         await balanced(s)
-        with pytest.raises(HoldNotOpen):
+        with pytest.raises(HoldNotOpen) as again:
             await s.release(h.id, None, NOW + 2)
-        with pytest.raises(HoldNotOpen):
+        assert again.value.state == "released"
+        with pytest.raises(HoldNotOpen) as again:
             await s.settle(h.id, 100, None, NOW + 2)
-        with pytest.raises(HoldNotOpen):
+        assert again.value.state == "released"
+        with pytest.raises(HoldNotOpen) as again:
             await s.release("h_missing", None, NOW)
+        assert again.value.state is None
         assert (await acct(s, "a")).balance_micros == 1_000
         await balanced(s)
 
@@ -777,11 +789,11 @@ async def test_concurrent_holds_never_overdraw(store_factory: StoreFactory) -> N
         await balanced(s)
 
         rng = random.Random(1234)
-        charges = {h.id: rng.randint(0, 2 * amount) for h in ok}
+        charges = {h.id: rng.randint(0, amount) for h in ok}
         settled = await asyncio.gather(*(s.settle(h.id, charges[h.id], None, NOW + 1) for h in ok))
         for out in settled:
             assert out.state == "settled"
-            assert out.charged_micros == min(charges[out.id], amount)
+            assert out.charged_micros == charges[out.id]
         total = sum(out.charged_micros for out in settled)
         assert total <= credit
         a = await acct(s, "a")
@@ -920,14 +932,18 @@ async def _hold_op(s: Any, m: Model, mh: ModelHold, op: str, value: int) -> None
         assert out.state == "reconciling"
         mh.state = "reconciling"
     elif mh.state not in ("open", "reconciling"):  # a second settle or release
-        with pytest.raises(HoldNotOpen):
+        with pytest.raises(HoldNotOpen) as refused:
             if op == "settle":
                 await s.settle(mh.id, value, None, NOW)
             else:
                 await s.release(mh.id, None, NOW)
+        assert refused.value.state == mh.state
+    elif op == "settle" and value > mh.amount:  # refused, the hold as it was
+        with pytest.raises(ChargeAboveHold):
+            await s.settle(mh.id, value, None, NOW)
     elif op == "settle":
         out = await s.settle(mh.id, value, None, NOW)
-        charged = min(value, mh.amount)
+        charged = value
         assert (out.state, out.charged_micros) == ("settled", charged)
         mh.state, mh.charged = "settled", charged
         m.balances[mh.account] += mh.amount - charged

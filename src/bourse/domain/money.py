@@ -58,6 +58,11 @@ def quote_tokens(prompt_bytes: int, messages: int, max_output_tokens: int) -> in
     return prompt_bytes + messages * MESSAGE_OVERHEAD_TOKENS + REQUEST_OVERHEAD_TOKENS + max_output_tokens
 
 
-def charge(prompt_tokens: int, completion_tokens: int, units: int, hold_micros: int) -> int:
-    """What a request pays: its tokens at the cleared price, never above its hold."""
-    return min(cost_micros(prompt_tokens + completion_tokens, units), hold_micros)
+def charge(prompt_tokens: int, completion_tokens: int, units: int, hold_micros: int) -> tuple[int, int]:
+    """What a request pays, and what its tokens cost beyond that: its tokens at the
+    cleared price up to its hold, the rest unpaid. This is the one cap of a charge (the
+    ledger refuses a charge above its hold rather than clamp it); the caller records
+    the unpaid rest (a hold is an upper bound, so any is an engine's count past it)."""
+    cost = cost_micros(prompt_tokens + completion_tokens, units)
+    paid = min(cost, hold_micros)
+    return paid, cost - paid

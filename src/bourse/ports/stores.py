@@ -181,7 +181,26 @@ class AccountExists(Exception):
 
 
 class HoldNotOpen(Exception):
-    """The hold is already settled or released (or does not exist)."""
+    """A close refused because the hold is not open: each answer distinct, as
+    :attr:`state` says (``settled``, ``released``; ``reconciling`` for a move to
+    reconciling, which takes an open hold; None: there is no such hold)."""
+
+    def __init__(self, hold_id: str, state: HoldState | None) -> None:
+        super().__init__(f"hold {hold_id} is {'unknown' if state is None else 'already ' + state}")
+        self.hold_id = hold_id
+        self.state = state
+
+
+class ChargeAboveHold(Exception):
+    """A settlement that would charge more than its hold: refused, never clamped (the
+    domain caps a charge at its hold and records the excess; a charge above it is a
+    defect). The hold stays as it was."""
+
+    def __init__(self, hold_id: str, charge_micros: int, amount_micros: int) -> None:
+        super().__init__(f"hold {hold_id}: a charge of {charge_micros} above its {amount_micros} micro-USD")
+        self.hold_id = hold_id
+        self.charge_micros = charge_micros
+        self.amount_micros = amount_micros
 
 
 class WebhookSecretUnreadable(Exception):
@@ -235,8 +254,9 @@ class LedgerStore(Protocol):
         *,
         audit: AuditEntry | None = None,
     ) -> Hold:
-        """Charge ``min(charge, amount)`` and return the rest; with the usage record in
-        the same transaction. HoldNotOpen if already settled or released."""
+        """Charge ``charge`` and return the rest; with the usage record in the same
+        transaction. HoldNotOpen (its state) if the hold is not open or reconciling;
+        ChargeAboveHold if ``charge`` is more than the hold."""
         ...
 
     async def release(

@@ -307,8 +307,8 @@ class AdminService:
         entry = audit_entry(actor, "hold.settle", hold_id, _hold_detail(hold, amount_micros), now)
         try:
             return hold_view(await self.store.settle(hold_id, amount_micros, usage, now, audit=entry))
-        except HoldNotOpen:
-            raise GatewayError(409, "hold_closed", f"The hold '{hold_id}' is already {hold.state}.") from None
+        except HoldNotOpen as exc:
+            raise _closed(exc) from None
 
     async def release_hold(self, hold_id: str, actor: str = SYSTEM) -> dict[str, Any]:
         """Give a hold back and note in the request's usage record that nothing was charged."""
@@ -321,8 +321,8 @@ class AdminService:
         entry = audit_entry(actor, "hold.release", hold_id, _hold_detail(hold, 0), now)
         try:
             return hold_view(await self.store.release(hold_id, usage, now, audit=entry))
-        except HoldNotOpen:
-            raise GatewayError(409, "hold_closed", f"The hold '{hold_id}' is already {hold.state}.") from None
+        except HoldNotOpen as exc:
+            raise _closed(exc) from None
 
     @staticmethod
     def _suggested_charge(hold: Hold, rec: UsageRecord | None) -> int:
@@ -334,12 +334,21 @@ class AdminService:
         price = market.get("cleared_price") or market.get("bid")
         if not isinstance(price, int | float):
             return hold.amount_micros
-        return charge(
+        paid, _ = charge(
             int(usage.get("prompt_tokens", 0)),
             int(usage.get("completion_tokens", 0)),
             price_units(float(price)),
             hold.amount_micros,
         )
+        return paid
+
+
+def _closed(exc: HoldNotOpen) -> GatewayError:
+    """An operator's close of a hold that another close has just ended: 409 with the
+    state that close left (read in the refused transaction, not before it)."""
+    if exc.state is None:
+        return GatewayError(404, "not_found", f"No hold '{exc.hold_id}'.")
+    return GatewayError(409, "hold_closed", f"The hold '{exc.hold_id}' is already {exc.state}.")
 
 
 _KEY_AUDIT_FIELDS = (

@@ -47,6 +47,7 @@ from bourse.ports.engine import Kind
 from bourse.ports.observer import NULL_OBSERVER, Observer
 from bourse.ports.stores import (
     ApiKey,
+    ChargeAboveHold,
     Hold,
     HoldNotOpen,
     InsufficientFunds,
@@ -158,24 +159,23 @@ def assess(closing: Closing) -> Settlement:
         produced=closing.produced,
         usage_estimated=bool(usage.get("usage_estimated")),
     )
-    cost = 0
+    cost = unpaid = 0
     if action == "settle":
         units = price_units(closing.price)
-        cost = charge(
+        cost, unpaid = charge(
             int(usage["prompt_tokens"]), int(usage["completion_tokens"]), units, closing.quote.micros
         )
     outcome = recorded(closing.outcome, action)
+    receipt = {
+        **closing.receipt,
+        "outcome": outcome,
+        "cost_micros": cost,
+        policy.receipt_quote_field: closing.quote.micros,
+    }
+    if unpaid:  # recorded, never silently dropped: the tokens' cost past the hold
+        receipt["unpaid_micros"] = unpaid
     return Settlement(
-        action,
-        outcome,
-        cost,
-        {**usage, "cost": micros_to_usd(cost), "cost_micros": cost},
-        {
-            **closing.receipt,
-            "outcome": outcome,
-            "cost_micros": cost,
-            policy.receipt_quote_field: closing.quote.micros,
-        },
+        action, outcome, cost, {**usage, "cost": micros_to_usd(cost), "cost_micros": cost}, receipt
     )
 
 
@@ -323,11 +323,18 @@ class Billing:
                 assert usage is not None  # a run's own decision: it has its usage record
                 await store.to_reconciling(hold_id, usage, NO_USAGE_NOTE, close.now)
                 observer.hold_reconciling(hold_id, usage.request_id, NO_USAGE_NOTE)
-        except HoldNotOpen:
+        except HoldNotOpen as exc:
             if swept:  # a refused try whose outcome was unknown had been written after all
-                log.info("hold %s was closed already when the sweeper came", hold_id)
+                log.info("hold %s was %s already when the sweeper came", hold_id, exc.state)
             else:
-                log.error("hold %s of request %s was already closed", hold_id, usage and usage.request_id)
+                rid = usage and usage.request_id
+                log.error("hold %s of request %s: %s", hold_id, rid, exc)
+            return
+        except ChargeAboveHold as exc:  # a defect: the hold goes to an operator, never clamped
+            log.error("%s (request %s): moved to reconciling", exc, usage and usage.request_id)
+            note = f"a charge of {exc.charge_micros} micro-USD above the hold was refused"
+            await store.to_reconciling(hold_id, usage, note, close.now)
+            observer.hold_reconciling(hold_id, usage.request_id if usage else "", note)
             return
         except Exception as exc:
             observer.backend_error("database", close.action, exc)

@@ -482,8 +482,8 @@ class JobService:
         if job.hold_id is not None:
             try:  # nothing was delivered: the old attempt's hold goes back
                 await self.store.release(job.hold_id, None, self._now())
-            except HoldNotOpen:
-                charged = await self._charged(job.hold_id)
+            except HoldNotOpen as exc:
+                charged = await self._charged(job.hold_id) if exc.state == "settled" else 0
                 if charged:  # it ran to its charge; only its result was never stored
                     await self._fail_resumed(job, _result_lost(job, charged))
                     return

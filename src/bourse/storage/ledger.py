@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from bourse.ports.stores import (
+    ChargeAboveHold,
     Hold,
     HoldNotOpen,
     HoldState,
@@ -221,17 +222,39 @@ Closing = tuple[str, HoldState, int, UsageRecord | None, str | None, float]
 """One settle or release: ``(hold_id, state, charge_micros, usage, note, now)``."""
 
 
+def closing_charge(item: Closing) -> int:
+    """What a close charges: a settlement its charge (never below 0), a release nothing."""
+    return max(0, item[2]) if item[1] == "settled" else 0
+
+
+CLOSABLE = "state IN ('open', 'reconciling')"
+"""The holds a settle or release closes. Its charge must be within the hold as well:
+the store refuses a charge above it (:func:`refusal`), never clamps it."""
+
+
+def refusal(db: Executor, hold_id: str, charge_micros: int | None) -> Exception:
+    """Why a close of ``hold_id`` found no row to change, read in its transaction: the
+    hold's state (:class:`HoldNotOpen`; None when there is no such hold), or, for a
+    hold still closable, the charge above it (:class:`ChargeAboveHold`).
+    ``charge_micros`` None: a move to reconciling, which takes an open hold only."""
+    row = db.fetchrow("SELECT state, amount_micros FROM holds WHERE id = $1", hold_id)
+    if row is None:
+        return HoldNotOpen(hold_id, None)
+    amount = int(row["amount_micros"])
+    if charge_micros is not None and row["state"] in ("open", "reconciling") and charge_micros > amount:
+        return ChargeAboveHold(hold_id, charge_micros, amount)
+    return HoldNotOpen(hold_id, row["state"])  # closable still: a batch's earlier close of it was refused
+
+
 def _close_row(db: Executor, item: Closing) -> Row | None:
     """Close the hold's row (settled or released) and write its usage record; the row,
-    or None when the hold is not open. The caller returns the unused amount."""
-    hold_id, state, charge_micros, usage, note, now = item
-    charge = max(0, charge_micros) if state == "settled" else 0
+    or None when the hold is not closable or the charge is above it. The caller
+    returns the unused amount."""
+    hold_id, state, _, usage, note, now = item
     row = db.fetchrow(
-        "UPDATE holds SET state = $2, "
-        "charged_micros = CASE WHEN $3 < amount_micros THEN $3 ELSE amount_micros END, "
-        "note = COALESCE($4, note), updated_at = $5 "
-        "WHERE id = $1 AND state IN ('open', 'reconciling') RETURNING *",
-        hold_id, state, charge, note, now,
+        "UPDATE holds SET state = $2, charged_micros = $3, note = COALESCE($4, note), updated_at = $5 "
+        f"WHERE id = $1 AND {CLOSABLE} AND $3 <= amount_micros RETURNING *",
+        hold_id, state, closing_charge(item), note, now,
     )  # fmt: skip
     if row is not None and usage is not None:
         put_usage(db, usage)
@@ -263,6 +286,7 @@ def close_hold(
     note: str | None,
     now: float,
 ) -> Hold:
+    item: Closing = (hold_id, state, charge_micros, usage, note, now)
     if state == "reconciling":
         row = db.fetchrow(
             "UPDATE holds SET state = 'reconciling', note = $2, updated_at = $3 WHERE id = $1 AND state = 'open' "
@@ -272,27 +296,33 @@ def close_hold(
         if row is not None and usage is not None:
             put_usage(db, usage)
     else:
-        row = _close_row(db, (hold_id, state, charge_micros, usage, note, now))
+        row = _close_row(db, item)
         if row is not None:
             _refund_cap(db, row)
             _refund(db, row["account_id"], _unused(row))
     if row is None:
-        raise HoldNotOpen(hold_id)
+        raise refusal(db, hold_id, None if state == "reconciling" else closing_charge(item))
     return hold_row(row)
+
+
+CLOSE_FROM_VALUES = (
+    "UPDATE holds SET state = v.column2, charged_micros = v.column3, note = COALESCE(v.column4, note), "
+    "updated_at = v.column5 FROM (VALUES {values}) AS v "
+    f"WHERE holds.id = v.column1 AND holds.{CLOSABLE} AND v.column3 <= holds.amount_micros"
+)
+"""Closes of several holds in one statement (``{values}``: a :func:`values_list` of
+``(hold_id, state, charge, note, now)``, aliased ``v``); its RETURNING comes next."""
 
 
 def _close_rows(db: Executor, items: list[Closing]) -> list[Row]:
     """Close the holds' rows (settled or released) in one statement, then write their
     usage records in one more; the rows closed (a hold not open is left out)."""
     args: list[Any] = []
-    for hold_id, state, charge, _, note, now in items:
-        args += (hold_id, state, max(0, charge) if state == "settled" else 0, note, now)
+    for item in items:
+        args += (item[0], item[1], closing_charge(item), item[4], item[5])
     values = values_list(len(items), 5, ("", "", "BIGINT", "TEXT", "DOUBLE PRECISION"))
     rows = db.fetch(
-        "UPDATE holds SET state = v.column2, "
-        "charged_micros = CASE WHEN v.column3 < amount_micros THEN v.column3 ELSE amount_micros END, "
-        f"note = COALESCE(v.column4, note), updated_at = v.column5 FROM (VALUES {values}) AS v "
-        f"WHERE holds.id = v.column1 AND holds.state IN ('open', 'reconciling') RETURNING {HOLD_COLUMNS}",
+        f"{CLOSE_FROM_VALUES.format(values=values)} RETURNING {HOLD_COLUMNS}",
         *args,
     )
     closed = {r["id"] for r in rows}
@@ -315,21 +345,24 @@ def ledger_batch(db: Executor, items: list[LedgerWrite]) -> list[Hold | Exceptio
     out: list[Hold | Exception | None] = [None] * len(items)
     delta: dict[str, int] = {}
     closes: list[tuple[int, Closing]] = []
+    again: list[tuple[int, Closing]] = []
     closing: set[str] = set()
     for i, item in enumerate(items):
         if isinstance(item, Hold):
             continue
         if item[0] in closing:  # a second close of one hold in the batch finds it closed
-            out[i] = HoldNotOpen(item[0])
+            again.append((i, item))
             continue
         closing.add(item[0])
         closes.append((i, item))
     rows = {r["id"]: r for r in _close_rows(db, [c for _, c in closes])} if closes else {}
     for i, close in closes:
         row = rows.get(close[0])
-        out[i] = HoldNotOpen(close[0]) if row is None else hold_row(row)
+        out[i] = refusal(db, close[0], closing_charge(close)) if row is None else hold_row(row)
         if row is not None:
             delta[row["account_id"]] = delta.get(row["account_id"], 0) + _unused(row)
+    for i, close in again:
+        out[i] = refusal(db, close[0], closing_charge(close))
     holds = [(i, item) for i, item in enumerate(items) if isinstance(item, Hold)]
     refused = _new_holds(db, [h for _, h in holds]) if holds else []
     for (i, hold), exc in zip(holds, refused, strict=True):

@@ -31,18 +31,21 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from bourse.ports.stores import Hold, HoldNotOpen, StoreUnavailable, UnknownAccount
+from bourse.ports.stores import Hold, StoreUnavailable, UnknownAccount
 from bourse.retrying import retrying
 from bourse.storage.executor import Executor, IntegrityError, Row, values_list
 from bourse.storage.ledger import (
+    CLOSE_FROM_VALUES,
     HOLD_ACCOUNT_PARAM,
     HOLD_PARAMS,
     HOLDS_FROM_VALUES,
     BatchShort,
     Closing,
     LedgerWrite,
+    closing_charge,
     hold_row,
     hold_row_args,
+    refusal,
 )
 from bourse.storage.sql import SqlStore
 from bourse.storage.usage import USAGE_COLUMNS, USAGE_INSERT, USAGE_ON_CONFLICT, usage_values
@@ -240,12 +243,7 @@ def _open_pool(pool: ConnectionPool[psycopg.Connection[Any]], dsn: str) -> None:
 _NEW_HOLDS = HOLDS_FROM_VALUES + (
     f"WHERE EXISTS (SELECT 1 FROM accounts WHERE id = column{HOLD_ACCOUNT_PARAM}) ON CONFLICT DO NOTHING RETURNING *"
 )
-_CLOSED = (
-    "UPDATE holds SET state = v.column2, "
-    "charged_micros = CASE WHEN v.column3 < amount_micros THEN v.column3 ELSE amount_micros END, "
-    "note = COALESCE(v.column4, note), updated_at = v.column5 FROM (VALUES {values}) AS v "
-    "WHERE holds.id = v.column1 AND holds.state IN ('open', 'reconciling') RETURNING holds.*"
-)
+_CLOSED = CLOSE_FROM_VALUES + " RETURNING holds.*"
 _USED_VALUES = ", ".join(f"column{n}" for n in range(2, len(USAGE_COLUMNS) + 2))  # column1: the hold's id
 _USED = (
     f", used AS ({USAGE_INSERT}SELECT {_USED_VALUES} FROM (VALUES {{values}}) AS u "
@@ -281,7 +279,7 @@ def _write_many(db: Executor, items: list[LedgerWrite]) -> list[Hold | Exception
     out: list[Hold | Exception | None] = []
     for item in items:
         if not isinstance(item, Hold):
-            out.append(done.get(item[0]) or HoldNotOpen(item[0]))
+            out.append(done.get(item[0]) or refusal(db, item[0], closing_charge(item)))
         elif item.id in placed:
             out.append(None)
         else:
@@ -295,8 +293,8 @@ def _close_parts(closes: list[Closing], args: list[Any]) -> tuple[str, str]:
     if not closes:
         return _NONE, ""
     start = len(args)
-    for hold_id, state, charge, _, note, now in closes:
-        args += (hold_id, state, max(0, charge) if state == "settled" else 0, note, now)
+    for item in closes:
+        args += (item[0], item[1], closing_charge(item), item[4], item[5])
     closed = _CLOSED.format(
         values=values_list(len(closes), 5, ("", "", "BIGINT", "TEXT", "DOUBLE PRECISION"), start=start)
     )
