@@ -85,8 +85,23 @@ def mk_usage(
 
 
 async def balanced(store: Any) -> None:
+    """The ledger balances, and every account's totals (kept on its row by the ledger's
+    transactions) add up to the sums over the holds and credits they stand for."""
     t = await store.totals()
     assert t.balanced, t
+    accounts = await store.accounts_page(limit=1000, after=None)
+    for a in accounts:
+        assert (
+            a.credited_micros
+            == a.balance_micros + a.open_holds_micros + a.reconciling_micros + a.spent_micros
+        ), a
+    kept = (
+        sum(a.credited_micros for a in accounts),
+        sum(a.balance_micros for a in accounts),
+        sum(a.open_holds_micros + a.reconciling_micros for a in accounts),
+        sum(a.spent_micros for a in accounts),
+    )
+    assert kept == (t.credits_micros, t.balances_micros, t.holds_micros, t.revenue_micros), (kept, t)
 
 
 async def acct(store: Any, account_id: str) -> Any:
@@ -108,6 +123,46 @@ async def test_migrations_are_idempotent(store_factory: StoreFactory) -> None:
         assert (await acct(s2, "a")).balance_micros == 5
         assert await s2.migrate() == LATEST
         await balanced(s2)
+
+
+@pytest.mark.anyio
+async def test_the_account_totals_migration_fills_them_from_the_ledger(tmp_path: Path) -> None:
+    """Migration 10 gives a ledger that had no account totals on its rows (version 9)
+    its pending, posted and credited amounts from its holds, pruned charges and credits."""
+    from bourse.storage.sqlite import SqliteStore
+
+    path = tmp_path / "v9.db"
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        await store.create_account("a", 10_000, NOW)
+        await store.create_account("b", 500, NOW)
+        await store.credit("a", 2_000, NOW, "top-up")
+        settled, released, pending, odd = (mk_hold("a", n) for n in (1_000, 700, 300, 200))
+        for h in (settled, released, pending, odd):
+            await store.place_hold(h)
+        await store.settle(settled.id, 600, None, NOW + 1)
+        await store.release(released.id, None, NOW + 1)
+        await store.to_reconciling(odd.id, None, "unknown", NOW + 1)
+        before = [await acct(store, x) for x in ("a", "b")]
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as db:  # back to version 9: the columns gone
+        for column in ("pending_micros", "posted_micros", "credited_micros"):
+            db.execute(f"ALTER TABLE accounts DROP COLUMN {column}")
+        db.execute("DELETE FROM schema_migrations WHERE version = 10")
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        after = [await acct(store, x) for x in ("a", "b")]
+        assert after == before
+        a = after[0]
+        assert (a.credited_micros, a.balance_micros, a.open_holds_micros, a.reconciling_micros, a.spent_micros) == (
+            12_000, 12_000 - 600 - 300 - 200, 300, 200, 600,
+        )  # fmt: skip
+        await balanced(store)
+    finally:
+        await store.close()
 
 
 # -- accounts and credits --------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Every fault test ends with the ledger's nine invariants (:func:`tests.faults.ledger.check_ledger`)
+"""Every fault test ends with the ledger's ten invariants (:func:`tests.faults.ledger.check_ledger`)
 checked on each gateway database it used: as each gateway stops, and after the test on
 those still running (a module's shared gateway)."""
 

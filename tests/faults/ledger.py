@@ -8,7 +8,7 @@ without their usage record, and the holds of jobs not yet finished.
 revenue, to the micro-USD, no balance below 0, and (at rest) every charge has its
 usage record, no request is charged twice, and the usage records add up to the revenue.
 
-:func:`check_ledger` is the suite's nine invariants in one check, run on every
+:func:`check_ledger` is the suite's ten invariants in one check, run on every
 gateway's database after every fault test (tests/faults/conftest.py):
 
 1. credits = balances + open and reconciling holds + charges, overall and per account;
@@ -19,7 +19,9 @@ gateway's database after every fault test (tests/faults/conftest.py):
 6. each capped key's spend counter = what its holds of the current period hold or charged;
 7. job and hold states agree (a finished job's hold is not open; a job's hold is of its request);
 8. each usage record's document says the cost of its column;
-9. a settled hold's charge is a whole number of micro-USD at or above 0 (no hold amount below 0).
+9. a settled hold's charge is a whole number of micro-USD at or above 0 (no hold amount below 0);
+10. each account row's own totals (credited, pending, posted) equal the sums they stand
+    for (its credits; its open and reconciling holds; its settled and pruned charges).
 
 Records deleted by retention (``[storage] retention_s``) count through the sums kept in
 their place: ``pruned`` (per account: its charges are revenue, its usage costs usage
@@ -146,10 +148,10 @@ def read_books(data_dir: Path, dsn: str | None) -> Books:
     return in_snapshot(data_dir, dsn, _books)
 
 
-# -- the nine invariants ---------------------------------------------------------------
+# -- the ten invariants ---------------------------------------------------------------
 
 PER_ACCOUNT = (
-    "SELECT a.id, a.balance_micros, "
+    "SELECT a.id, a.balance_micros, a.credited_micros, a.pending_micros, a.posted_micros, "
     "COALESCE((SELECT SUM(amount_micros) FROM credits c WHERE c.account_id = a.id), 0), "
     "COALESCE((SELECT SUM(amount_micros) FROM holds h WHERE h.account_id = a.id "
     "AND h.state IN ('open', 'reconciling')), 0), "
@@ -180,8 +182,23 @@ FINISHED_JOB_HOLDS = (
 RECORDS = "SELECT request_id, cost_micros, record FROM usage"
 
 
+def _per_account(cur: Any) -> list[str]:
+    """Invariants 1 (per account), 2 and 10."""
+    out: list[str] = []
+    cur.execute(PER_ACCOUNT)
+    for account, balance, *kept, credited, held, charged in cur.fetchall():
+        if [int(v) for v in kept] != [int(credited), int(held), int(charged)]:
+            out.append(f"10: account {account}: its row's credited, pending, posted {kept} "
+                       f"!= the sums {[credited, held, charged]}")  # fmt: skip
+        if int(credited) != int(balance) + int(held) + int(charged):
+            out.append(f"1: account {account}: credits {credited} != {balance} + {held} + {charged}")
+        if int(balance) < 0:
+            out.append(f"2: account {account} balance {balance} < 0")
+    return out
+
+
 def violations(cur: Any) -> tuple[list[str], list[str]]:
-    """What breaks the nine invariants in the snapshot ``cur`` reads: what no snapshot
+    """What breaks the ten invariants in the snapshot ``cur`` reads: what no snapshot
     may show, and what may only for a moment while work finishes (a finished job's
     open hold)."""
     out: list[str] = []
@@ -190,12 +207,7 @@ def violations(cur: Any) -> tuple[list[str], list[str]]:
     if books.credits != books.balances + books.holds + books.revenue:
         out.append(f"1: credits {books.credits} != balances {books.balances} + holds {books.holds} "
                    f"+ charges {books.revenue}")  # fmt: skip
-    cur.execute(PER_ACCOUNT)
-    for account, balance, credited, held, charged in cur.fetchall():
-        if int(credited) != int(balance) + int(held) + int(charged):
-            out.append(f"1: account {account}: credits {credited} != {balance} + {held} + {charged}")
-        if int(balance) < 0:
-            out.append(f"2: account {account} balance {balance} < 0")
+    out += _per_account(cur)
     cur.execute(ABOVE_HOLD)
     out += [f"3/9: hold {r[0]} charged above its amount (or below 0)" for r in cur.fetchall()]
     out += [f"4: settled hold {h} has no usage record of its charge" for h in books.unrecorded]
@@ -228,7 +240,7 @@ def violations(cur: Any) -> tuple[list[str], list[str]]:
 
 
 def check_ledger(data_dir: Path, dsn: str | None, *, settle_s: float = 5.0) -> None:
-    """Assert the nine invariants on a gateway's database. What holds in every snapshot
+    """Assert the ten invariants on a gateway's database. What holds in every snapshot
     is asserted at once; a finished job's open hold is given ``settle_s`` to close (the
     job's status is written before its hold is closed)."""
     deadline = time.monotonic() + settle_s

@@ -1,5 +1,5 @@
 """The ledger check the fault suite runs after every test (:func:`tests.faults.ledger.check_ledger`)
-finds each of its nine invariants broken: a served gateway's real books (a charged
+finds each of its ten invariants broken: a served gateway's real books (a charged
 chat completion, a capped key's spend, a finished job), copied, then damaged one way at
 a time in the copy. The untouched copy passes."""
 
@@ -45,6 +45,7 @@ DAMAGE = {
     "LIMIT 1",
     "6: key": "UPDATE api_keys SET spend_micros = spend_micros + 1 WHERE spend_cap_micros IS NOT NULL",
     "7: job": "UPDATE holds SET state = 'open', charged_micros = 0 WHERE id = (SELECT hold_id FROM jobs LIMIT 1)",
+    "10: account": "UPDATE accounts SET pending_micros = pending_micros + 1 WHERE id = (SELECT MIN(id) FROM accounts)",
     "8: usage record": "UPDATE usage SET record = replace(record, '\"cost_micros\":', '\"cost_micros\":1') "
     "WHERE cost_micros > 0",
 }

@@ -122,7 +122,7 @@ def test_old_records_are_pruned_recent_kept_and_the_books_balance(served: Served
 
     books = served.books()
     books.assert_balanced()
-    check_ledger(served.data_dir, served.dsn)  # the nine invariants, the capped key's counter included
+    check_ledger(served.data_dir, served.dsn)  # the ten invariants, the capped key's counter included
     served.assert_served_books(books, "ret", 2)
     pruned = _pruned(served)
     assert pruned["holds"] == 3 * len(keys) and pruned["charged"] > 0, pruned

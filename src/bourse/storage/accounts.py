@@ -24,14 +24,13 @@ from bourse.ports.stores import (
 from bourse.storage.executor import Executor, Row, new_id
 
 _ACCOUNTS = (
-    "SELECT a.id, a.balance_micros, a.created_at, "
-    "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE account_id = a.id AND state = 'open'), 0) AS open_m, "
-    "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE account_id = a.id AND state = 'reconciling'), 0) AS rec_m, "
-    "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE account_id = a.id AND state = 'settled'), 0) "
-    "+ COALESCE((SELECT charged_micros FROM pruned WHERE account_id = a.id), 0) AS spent_m, "
-    "COALESCE((SELECT SUM(amount_micros) FROM credits WHERE account_id = a.id), 0) AS credit_m "
+    "SELECT a.id, a.balance_micros, a.created_at, a.pending_micros, a.posted_micros, a.credited_micros, "
+    "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE account_id = a.id AND state = 'reconciling'), 0) AS rec_m "
     "FROM accounts a"
 )
+"""An account with its totals: the row's own columns (kept by the ledger's
+transactions), and of its pending amount the part reconciling (few holds, found by
+the ``(account_id, state)`` index)."""
 _ACCOUNT = _ACCOUNTS + " WHERE a.id = $1"
 
 
@@ -44,10 +43,10 @@ def _account_row(row: Row) -> Account:
     return Account(
         id=row["id"],
         balance_micros=int(row["balance_micros"]),
-        open_holds_micros=int(row["open_m"]),
+        open_holds_micros=int(row["pending_micros"]) - int(row["rec_m"]),
         reconciling_micros=int(row["rec_m"]),
-        spent_micros=int(row["spent_m"]),
-        credited_micros=int(row["credit_m"]),
+        spent_micros=int(row["posted_micros"]),
+        credited_micros=int(row["credited_micros"]),
         created_at=float(row["created_at"]),
     )
 
@@ -64,7 +63,8 @@ def create_account(
     if db.fetchrow("SELECT id FROM accounts WHERE id = $1", account_id) is not None:
         raise AccountExists(account_id)
     db.execute(
-        "INSERT INTO accounts (id, balance_micros, created_at, webhook_secret) VALUES ($1, $2, $3, $4)",
+        "INSERT INTO accounts (id, balance_micros, credited_micros, created_at, webhook_secret) "
+        "VALUES ($1, $2, $2, $3, $4)",
         account_id, credit_micros, now, seal(db, new_webhook_secret()),
     )  # fmt: skip
     if credit_micros:
@@ -80,7 +80,8 @@ def create_account(
 def credit(db: Executor, account_id: str, amount_micros: int, now: float, memo: str) -> Account:
     if (
         db.execute(
-            "UPDATE accounts SET balance_micros = balance_micros + $2 WHERE id = $1",
+            "UPDATE accounts SET balance_micros = balance_micros + $2, credited_micros = credited_micros + $2 "
+            "WHERE id = $1",
             account_id,
             amount_micros,
         )

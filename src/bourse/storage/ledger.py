@@ -148,13 +148,23 @@ def _uncount(db: Executor, key_id: Any, period: Any, amount: int) -> None:
     )  # fmt: skip
 
 
+_MOVE = (
+    "UPDATE accounts SET balance_micros = balance_micros + $2, pending_micros = pending_micros + $3, "
+    "posted_micros = posted_micros + $4 WHERE id = $1 AND balance_micros + $2 >= 0"
+)
+
+
+def move(db: Executor, account_id: str, balance: int, pending: int, posted: int) -> bool:
+    """Change the account's balance and its pending and posted totals by these amounts in
+    one statement (so that credited = balance + pending + posted holds after each);
+    False when the balance cannot give ``-balance``. Every ledger write to an
+    account's money is one of these."""
+    return db.execute(_MOVE, account_id, balance, pending, posted) == 1
+
+
 def _debit(db: Executor, account_id: str, amount: int) -> bool:
-    """Take ``amount`` from the account's balance; False when it cannot cover it."""
-    n = db.execute(
-        "UPDATE accounts SET balance_micros = balance_micros - $2 WHERE id = $1 AND balance_micros >= $2",
-        account_id, amount,
-    )  # fmt: skip
-    return n == 1
+    """Move ``amount`` from the account's balance to pending; False when it cannot cover it."""
+    return move(db, account_id, -amount, amount, 0)
 
 
 def place_hold(db: Executor, hold: Hold) -> None:
@@ -272,9 +282,12 @@ def _refund_cap(db: Executor, row: Row) -> None:
         _uncount(db, row["key_id"], row["spend_period"], unused)
 
 
-def _refund(db: Executor, account_id: str, unused: int) -> None:
-    # the account last: its row lock is held for one statement and the commit
-    db.execute("UPDATE accounts SET balance_micros = balance_micros + $2 WHERE id = $1", account_id, unused)
+def _closed(db: Executor, row: Row) -> None:
+    """A closed hold on its account: its amount leaves pending, its charge is posted
+    and the rest is back in the balance. The account last: its row lock is held for
+    one statement and the commit."""
+    amount, charged = int(row["amount_micros"]), int(row["charged_micros"])
+    move(db, row["account_id"], amount - charged, -amount, charged)
 
 
 def close_hold(
@@ -299,7 +312,7 @@ def close_hold(
         row = _close_row(db, item)
         if row is not None:
             _refund_cap(db, row)
-            _refund(db, row["account_id"], _unused(row))
+            _closed(db, row)
     if row is None:
         raise refusal(db, hold_id, None if state == "reconciling" else closing_charge(item))
     return hold_row(row)
@@ -339,11 +352,12 @@ LedgerWrite = Hold | Closing
 def ledger_batch(db: Executor, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
     """Holds and closes of one account in one transaction, in the order every ledger
     transaction locks: the closed hold rows, the capped holds' key rows (in key
-    order), then each account's row once, for the net of its debits and refunds
+    order), then each account's row once, for the net of its debits and refunds (and of
+    its pending and posted totals)
     (:class:`BatchShort` when that is more than its balance). A close gives its hold,
     a hold None, a refused write its exception."""
     out: list[Hold | Exception | None] = [None] * len(items)
-    delta: dict[str, int] = {}
+    delta: dict[str, list[int]] = {}  # per account: balance, pending, posted
     closes: list[tuple[int, Closing]] = []
     again: list[tuple[int, Closing]] = []
     closing: set[str] = set()
@@ -360,7 +374,11 @@ def ledger_batch(db: Executor, items: list[LedgerWrite]) -> list[Hold | Exceptio
         row = rows.get(close[0])
         out[i] = refusal(db, close[0], closing_charge(close)) if row is None else hold_row(row)
         if row is not None:
-            delta[row["account_id"]] = delta.get(row["account_id"], 0) + _unused(row)
+            amount, charged = int(row["amount_micros"]), int(row["charged_micros"])
+            d = delta.setdefault(row["account_id"], [0, 0, 0])
+            d[0] += amount - charged
+            d[1] -= amount
+            d[2] += charged
     for i, close in again:
         out[i] = refusal(db, close[0], closing_charge(close))
     holds = [(i, item) for i, item in enumerate(items) if isinstance(item, Hold)]
@@ -368,11 +386,11 @@ def ledger_batch(db: Executor, items: list[LedgerWrite]) -> list[Hold | Exceptio
     for (i, hold), exc in zip(holds, refused, strict=True):
         out[i] = exc
         if exc is None:
-            delta[hold.account_id] = delta.get(hold.account_id, 0) - hold.amount_micros
+            d = delta.setdefault(hold.account_id, [0, 0, 0])
+            d[0] -= hold.amount_micros
+            d[1] += hold.amount_micros
     for account_id in sorted(delta):
-        if delta[account_id] > 0:
-            _refund(db, account_id, delta[account_id])
-        elif delta[account_id] < 0 and not _debit(db, account_id, -delta[account_id]):
+        if any(delta[account_id]) and not move(db, account_id, *delta[account_id]):
             raise BatchShort(account_id)
     return out
 
@@ -489,5 +507,5 @@ def reverse_charge(db: Executor, hold_id: str, note: str, now: float) -> int:
     if charged and row["spend_period"] is not None and row["key_id"] is not None:
         _uncount(db, row["key_id"], row["spend_period"], charged)
     if charged:
-        _refund(db, row["account_id"], charged)
+        move(db, row["account_id"], charged, 0, -charged)
     return charged

@@ -251,10 +251,13 @@ _USED = (
 )
 _BATCH = (
     "WITH ins AS ({ins}), closed AS ({closed}), "
-    "net AS (UPDATE accounts SET balance_micros = balance_micros + d.delta FROM "
-    "(SELECT account_id, SUM(delta) AS delta FROM (SELECT account_id, -amount_micros AS delta FROM ins "
-    "UNION ALL SELECT account_id, amount_micros - charged_micros FROM closed) AS x GROUP BY account_id) AS d "
-    "WHERE accounts.id = d.account_id AND d.delta <> 0){used} "
+    "net AS (UPDATE accounts SET balance_micros = balance_micros + d.delta, "
+    "pending_micros = pending_micros + d.pending, posted_micros = posted_micros + d.posted FROM "
+    "(SELECT account_id, SUM(delta) AS delta, SUM(pending) AS pending, SUM(posted) AS posted FROM "
+    "(SELECT account_id, -amount_micros AS delta, amount_micros AS pending, 0 AS posted FROM ins UNION ALL "
+    "SELECT account_id, amount_micros - charged_micros, -amount_micros, charged_micros FROM closed) AS x "
+    "GROUP BY account_id) AS d "
+    "WHERE accounts.id = d.account_id AND (d.delta <> 0 OR d.pending <> 0 OR d.posted <> 0)){used} "
     "SELECT *, true AS placed FROM ins UNION ALL SELECT *, false FROM closed"
 )
 _NONE = "SELECT * FROM holds WHERE false"
