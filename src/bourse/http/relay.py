@@ -34,7 +34,10 @@ and the ``finish_reason`` on chunks of their own, or the terminal chunk (the one
 the ``finish_reason``) held back to carry the usage once settled. Nothing waits: chunks that reached the engine together (one upstream read;
 the engine marks all but the last with ``more``) go out together in one ``send``,
 which saves a write per chunk and delays none. The relay only reads the run's
-state; it tells the run that the client left (:meth:`Run.client_gone`).
+state; it tells the run that the client left (:meth:`Run.client_gone`). Its own state
+is two values that only move forward by their tables (:mod:`bourse.http.relay_state`):
+the answer's :class:`Stage` (open, started, closing) and the client's
+:class:`Presence` (there, gone).
 
 Another API's shapes (the Responses API) come from an :class:`Encoder`, chosen once per
 response: it frames the chunks and writes the end (streamed) or folds the chunks into
@@ -53,6 +56,7 @@ import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from bourse.domain.errors import GatewayError
+from bourse.http.relay_state import PRESENCE_MOVES, STAGE_MOVES, Presence, Stage, moved
 from bourse.ports.engine import ChunkEvent
 from bourse.services.completion import Finished, Phase, Queued, Requeued, Run
 from bourse.wire import sse
@@ -73,6 +77,9 @@ _SSE_HEADERS = [
 
 
 log = logging.getLogger("bourse.relay")
+
+_THERE, _GONE, _CLOSING = Presence.THERE, Presence.GONE, Stage.CLOSING
+"""Read once a chunk: plain module names, not an attribute of the enum each time."""
 
 OnDone = Callable[[int, dict[str, str], bytes | None], Awaitable[None]]
 """Called once with the final status, headers and body (None: no answer to keep)."""
@@ -135,8 +142,6 @@ class RunResponse:
     """ASGI response for one run (streamed or not)."""
 
     __slots__ = (
-        "_closing",
-        "_gone",
         "_group",
         "_held",
         "_hold_terminal",
@@ -150,17 +155,18 @@ class RunResponse:
         "_waiting",
         "encoder",
         "on_done",
+        "presence",
         "run",
-        "started",
+        "stage",
     )
 
     def __init__(self, run: Run, on_done: OnDone | None = None, encoder: Encoder | None = None) -> None:
         self.run = run
         self.on_done = on_done
         self.encoder = encoder
-        self._gone = False
-        self._sending = False
-        self._closing = False
+        self.stage = Stage.OPEN
+        self.presence = Presence.THERE
+        self._sending = False  # a frame being written: the quiet interval starts after it
         self._last = 0.0
         self._interval = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -172,8 +178,6 @@ class RunResponse:
         self._hold_terminal = run.include_usage and run.market.policy.usage_on_last_choice
         self._held: dict[str, Any] | None = None
         """The terminal chunk, held back to carry the usage (policy ``usage_on_last_choice``)."""
-        # True once the response head is sent: a failure after it cannot become an error response
-        self.started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watch = _watch_of(scope)
@@ -203,7 +207,7 @@ class RunResponse:
                 try:
                     await (self._stream if run.stream else self._unary)(send)
                 finally:
-                    self._closing = True
+                    self._enter(_CLOSING)
                     listener.cancel()
         except BaseExceptionGroup as group_error:
             _unless_client_left(group_error)
@@ -232,7 +236,7 @@ class RunResponse:
             try:
                 await (self._stream if run.stream else self._unary)(send)
             finally:
-                self._closing = True
+                self._enter(_CLOSING)
                 watch(None)
                 if self._ticking is not None:
                     await self._tick_ended()
@@ -277,6 +281,14 @@ class RunResponse:
 
     # -- client ---------------------------------------------------------------
 
+    def _enter(self, stage: Stage) -> None:
+        moved(STAGE_MOVES, self.stage, stage)
+        self.stage = stage
+
+    def _leave(self) -> None:
+        moved(PRESENCE_MOVES, self.presence, Presence.GONE)
+        self.presence = Presence.GONE
+
     async def _listen(self, receive: Receive) -> None:
         while True:
             msg = await receive()
@@ -289,11 +301,11 @@ class RunResponse:
         """The client disconnected: the run is told; True if the relay is to stop (not
         when the policy drains an admitted run, nor once the answer is being written)."""
         run = self.run
-        self._gone = True
+        self._leave()
         run.client_gone()
         if run.phase >= Phase.ADMITTED and run.market.policy.on_disconnect == "drain":
             return False  # keep reading the engine to its end; nothing more is written
-        return not self._closing
+        return self.stage is not _CLOSING
 
     def _arm(self) -> None:
         """Check for a quiet interval when the current one would end (a timer, not a task)."""
@@ -302,11 +314,11 @@ class RunResponse:
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self._closing:
+        if self.stage is _CLOSING:
             return
         assert self._loop is not None
         now = self._loop.time()
-        if self._sending or self._gone:
+        if self._sending or self.presence is _GONE:
             self._last = now
         if self._last + self._interval > now:
             self._arm()
@@ -341,7 +353,7 @@ class RunResponse:
             self._sending = False
             self._ticking = None
             self._last = self._loop.time()
-            if not self._closing:
+            if self.stage is not _CLOSING:
                 self._arm()
 
     async def _queued_frame(self) -> bytes | None:
@@ -351,7 +363,7 @@ class RunResponse:
         run = self.run
         assert run.order is not None
         p = await run.market.progress(run.order)  # its last known view if unreachable
-        if run.phase is not Phase.QUEUED or self._gone or self._closing:
+        if run.phase is not Phase.QUEUED or self.presence is _GONE or self.stage is _CLOSING:
             return None
         text = f"queued level={sse.fmt_price(p.level)} position={max(p.position, 0)}"
         if p.wait_s is not None:
@@ -361,7 +373,7 @@ class RunResponse:
     def _stop_ticking(self) -> None:
         """No more quiet-interval frames: the timer is off and a frame being written is
         cancelled (the task stays in ``_ticking`` until it ends: see :meth:`_tick_ended`)."""
-        self._closing = True
+        self._enter(_CLOSING)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -396,7 +408,7 @@ class RunResponse:
             *_encoded(run.policy.id_headers(run.request_id)),
             *self._money_headers(None),
         ]
-        self.started = True
+        self._enter(Stage.STARTED)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         self._loop = loop
         self._interval = run.market.policy.quiet_interval_s
@@ -410,7 +422,7 @@ class RunResponse:
         try:
             async for ev in events:
                 if type(ev) is ChunkEvent:
-                    if not self._gone:
+                    if self.presence is _THERE:
                         frame = b"data: %b\n\n" % dumps(ev.chunk) if frame_of is None else frame_of(ev.chunk)
                         if not frame:  # held back
                             continue
@@ -430,10 +442,10 @@ class RunResponse:
                 elif type(ev) is Finished:
                     await self._end(send, ev, together)
                 elif type(ev) is Queued:
-                    if not self._gone:
+                    if self.presence is _THERE:
                         await send(_body(sse.comment(f"queued bid={sse.fmt_price(ev.bid)}")))
                         self._last = loop.time()
-                elif type(ev) is Requeued and not self._gone:
+                elif type(ev) is Requeued and self.presence is _THERE:
                     await send(_body(sse.REQUEUED))
                     self._last = loop.time()
         finally:
@@ -445,7 +457,7 @@ class RunResponse:
         says no ``more``), then the tail."""
         self._stop_ticking()
         encoded = None if self.encoder is None else await self.encoder.tail(fin)
-        if self._gone:
+        if self.presence is _GONE:
             return
         tail = self._tail(fin) if encoded is None else encoded
         if together:
@@ -539,7 +551,7 @@ class RunResponse:
             await events.aclose()
         if fin is None:
             return
-        self._closing = True  # the client leaving now changes nothing
+        self._enter(_CLOSING)  # the client leaving now changes nothing
         encoded = None if self.encoder is None else await self.encoder.document(fin)
         rid = run.request_id
         headers = [
@@ -563,9 +575,8 @@ class RunResponse:
                 await self._keep(status, ({k.decode(): v.decode() for k, v in headers}, body))
             else:
                 await self._keep(status, None)
-        if self._gone:
+        if self.presence is _GONE:
             return
         headers.append((b"content-length", str(len(body)).encode()))
-        self.started = True
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
