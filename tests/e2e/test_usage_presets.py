@@ -47,7 +47,9 @@ def test_every_presets_usage_csv_row_has_its_quote(gw: Gateway) -> None:
         record = httpx.get(gw.v1 + f"/usage/{rid}", headers=gw.headers, timeout=30).json()
         assert_row_is_record(rows[rid], record, gw.account)
         # every column is filled, but those the record has no field for: the estimate
-        # flag (the engine counted), and ttft_ms where the preset's receipt has none
+        # flag (the engine counted), the operator's close (no hold went to reconciling),
+        # and ttft_ms where the preset's receipt has none
         empty = {column for column, cell in rows[rid].items() if cell == ""}
-        expected = {"usage_estimated"} | (set() if PRESETS[name].receipt_ttft else {"ttft_ms"})
+        expected = {"usage_estimated", "reconciled", "reconciled_at"}
+        expected |= set() if PRESETS[name].receipt_ttft else {"ttft_ms"}
         assert empty == expected, (name, empty)

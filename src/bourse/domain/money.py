@@ -37,6 +37,13 @@ def micros_to_usd(micros: int) -> float:
     return micros / MICROS_PER_USD
 
 
+def usd_text(micros: int) -> str:
+    """``micros`` as USD with six decimals (``3`` -> ``"0.000003"``): exact, never in
+    scientific notation, whatever its size."""
+    whole, frac = divmod(abs(micros), MICROS_PER_USD)
+    return f"{'-' if micros < 0 else ''}{whole}.{frac:06d}"
+
+
 def cost_micros(tokens: int, units: int) -> int:
     """``tokens`` at ``units`` (micro-USD per 1M tokens), rounded up once."""
     if tokens < 0 or units < 0:

@@ -6,17 +6,23 @@ JSON list's filters and paging; see :mod:`bourse.http.account`), ``GET
 dashboard's download buttons. Each column is a field of the usage record as
 ``GET /v1/usage/{request_id}`` returns it (:data:`COLUMNS` names its path), so a row
 and the JSON record say the same thing; a field a preset renames in its receipt (the
-quote) has one path per name, taken from the presets (:data:`QUOTE_FIELDS`). Text
+quote) has one path per name, taken from the presets (:data:`QUOTE_FIELDS`). USD
+is written with six decimals (:data:`USD_COLUMNS`), other numbers without an exponent.
+The last columns say how an operator closed a reconciling hold (the
+``reconciliation`` that the admin settle or release writes into the record). Text
 cells that a spreadsheet would run as a formula (``=``, ``+``, ``-``, ``@`` first)
-are prefixed with ``'``.
+are prefixed with ``'``. New columns go at the end, so that a reader of the old ones
+finds them where they were.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import math
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from starlette.requests import Request
@@ -24,6 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from bourse.domain.errors import invalid_request
+from bourse.domain.money import usd_text, usd_to_micros
 from bourse.domain.policy import PRESETS
 from bourse.http.deps import Services, unix_time
 from bourse.ports.reports import ReportStore, UsageFilter
@@ -64,9 +71,22 @@ COLUMNS: tuple[tuple[str, Paths], ...] = (
     ("ttft_ms", _at("receipt", "ttft_ms")),
     ("latency_ms", _at("receipt", "latency_ms")),
     ("quote_micros", tuple(("receipt", name) for name in QUOTE_FIELDS)),
+    ("reconciled", _at("reconciliation", "action")),
+    ("reconciled_at", _at("reconciliation", "at")),
 )
 """(column, its paths in the usage record: the first one present gives the cell);
 ``account`` is the record's account."""
+
+USD_COLUMNS: Mapping[str, Paths] = {
+    "cost_usd": _at("usage", "cost_micros"),
+    "bid": (),
+    "cleared_price": (),
+}
+"""The columns in USD (a cost; a price in USD per 1M tokens, which the book rounds to
+the micro-USD), each with the paths of the integer micro-USD the record keeps beside
+it (none for the prices). The cell is that integer with six decimals when the record
+has it, else the float rounded to the micro-USD: a float's repr would say ``3e-06``,
+and formatting the float itself would carry its rounding error."""
 
 MEDIA_TYPE = "text/csv; charset=utf-8"
 EXPORT_PAGE = 1000
@@ -84,8 +104,11 @@ def _cell(value: Any) -> str:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        # the shortest digits that read back as the float, never with an exponent
+        return format(Decimal(repr(value)), "f") if math.isfinite(value) else ""
     text = str(value)
     return "'" + text if text.startswith(_FORMULA) else text
 
@@ -107,9 +130,24 @@ def _first(doc: Mapping[str, Any], paths: Paths) -> Any:
     return None
 
 
+def _usd(micros: Any, usd: Any) -> str:
+    if isinstance(micros, int) and not isinstance(micros, bool):
+        return usd_text(micros)
+    if isinstance(usd, int | float) and not isinstance(usd, bool) and math.isfinite(usd):
+        return usd_text(usd_to_micros(usd))
+    return _cell(usd)
+
+
+def _column(doc: Mapping[str, Any], name: str, paths: Paths) -> str:
+    value = _first(doc, paths)
+    if name in USD_COLUMNS:
+        return _usd(_first(doc, USD_COLUMNS[name]), value)
+    return _cell(value)
+
+
 def row(record: UsageRecord) -> list[str]:
     doc = record.record
-    return [_cell(_first(doc, paths) if paths else record.account_id) for _, paths in COLUMNS]
+    return [_column(doc, name, paths) if paths else _cell(record.account_id) for name, paths in COLUMNS]
 
 
 def render(records: Iterable[UsageRecord], *, with_header: bool = True) -> str:

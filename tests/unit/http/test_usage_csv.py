@@ -29,9 +29,58 @@ def test_a_row_follows_the_record() -> None:
     )  # fmt: skip
     row = dict(zip(usage_csv.header(), usage_csv.row(rec), strict=True))
     assert row["request_id"] == "r1" and row["account"] == "acme" and row["key_id"] == "key_1"
-    assert row["cost_usd"] == "7e-06" and float(row["cost_usd"]) == 7e-06
+    assert row["cost_usd"] == "0.000007" and float(row["cost_usd"]) == 7e-06
     assert row["level"] == "" and row["usage_estimated"] == ""
-    assert (row["bid"], row["ttft_ms"], row["quote_micros"]) == ("0.2", "12.25", "99")
+    assert (row["bid"], row["cleared_price"]) == ("0.200000", "0.100000")
+    assert (row["ttft_ms"], row["quote_micros"]) == ("12.25", "99")
+    assert (row["reconciled"], row["reconciled_at"]) == ("", "")
+
+
+@pytest.mark.parametrize(
+    ("micros", "cost", "usd"),
+    [
+        (3, 3e-06, "0.000003"),
+        (0, 0.0, "0.000000"),
+        (1_000_000, 1.0, "1.000000"),
+        (1_234_567_891, 1234.567891, "1234.567891"),
+        # past 2**53 micro-USD the float has lost the last digit; the integer has not
+        (12_345_678_901_234_567, 12345678901.234567, "12345678901.234567"),
+    ],
+)
+def test_usd_is_written_with_six_decimals_from_the_micros(micros: int, cost: float, usd: str) -> None:
+    rec = _rec(
+        "r4", usage={"cost_micros": micros, "cost": cost, "x_market": {"bid": 3e-06, "cleared_price": 1e-06}}
+    )
+    row = dict(zip(usage_csv.header(), usage_csv.row(rec), strict=True))
+    assert row["cost_usd"] == usd
+    assert (row["bid"], row["cleared_price"]) == ("0.000003", "0.000001")
+
+
+def test_a_float_usd_without_its_micros_is_rounded_to_the_micro_usd() -> None:
+    rec = _rec("r5", usage={"cost": 2.5e-05, "x_market": {"bid": 0.1 + 0.2, "cleared_price": 1e-07}})
+    row = dict(zip(usage_csv.header(), usage_csv.row(rec), strict=True))
+    assert (row["cost_usd"], row["bid"], row["cleared_price"]) == ("0.000025", "0.300000", "0.000000")
+
+
+def test_other_numbers_are_never_in_scientific_notation() -> None:
+    rec = _rec("r6", usage={"x_market": {"queued_ms": 1e-05}}, receipt={"ttft_ms": 1.5e16})
+    row = dict(zip(usage_csv.header(), usage_csv.row(rec), strict=True))
+    assert (row["queued_ms"], row["ttft_ms"]) == ("0.00001", "15000000000000000")
+
+
+def test_an_operators_close_of_a_hold_is_in_the_last_columns() -> None:
+    rec = _rec(
+        "r7", outcome="reconciling", usage={"cost_micros": 0, "cost": 0.0},
+        reconciliation={"action": "released", "charged_micros": 0, "at": 1700000123.5, "note": "crash"},
+    )  # fmt: skip
+    header = usage_csv.header()
+    assert header[-2:] == ["reconciled", "reconciled_at"]
+    row = dict(zip(header, usage_csv.row(rec), strict=True))
+    assert (row["outcome"], row["reconciled"], row["reconciled_at"]) == (
+        "reconciling",
+        "released",
+        "1700000123.5",
+    )
 
 
 def test_cells_that_a_spreadsheet_would_run_are_quoted() -> None:
