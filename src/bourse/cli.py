@@ -144,6 +144,7 @@ def _serve_locked(
     from bourse.container import build, sealing_problem, unreachable_services
     from bourse.http.server import GatewayServer
     from bourse.observability.logs import configure_logging
+    from bourse.services.accounts import demo_rule
     from bourse.settings import read_environment
 
     server = config.server
@@ -166,6 +167,11 @@ def _serve_locked(
         return EXIT_FAILURE
     container.data_dir = data_dir
     container.adopt_secret_key = args.adopt_secret_key
+    container.demo = demo_rule(
+        asked=args.demo or server.demo,
+        built_in_config=args.config is None,
+        single_node=container.store.single_node,
+    )
     refused = sealing_problem(container)
     if refused is not None:
         print(f"bourse: {refused}", file=sys.stderr)
@@ -267,6 +273,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="make this gateway's BOURSE_SECRET_KEY the one that seals the database's webhook secrets, "
         "giving up those sealed with a lost key (docs/replicas.md)",
+    )
+    s.add_argument(
+        "--demo",
+        action="store_true",
+        help="make the account 'demo' with $5.00 of credit and a key if it is missing (default: only on the "
+        "first start without --config on SQLite; [server] demo = true does the same)",
     )
     s.set_defaults(func=_serve)
     u = sub.add_parser("sim-upstream", help="run a standalone OpenAI-compatible simulated engine")

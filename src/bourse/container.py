@@ -32,7 +32,7 @@ from bourse.ports.engine import Engine, Probed
 from bourse.ports.limits import RateLimiter
 from bourse.ports.observer import NULL_OBSERVER, Observer
 from bourse.ports.reports import ReportStore
-from bourse.services.accounts import AdminService, admin_key_hash, bootstrap_demo
+from bourse.services.accounts import AdminService, DemoRule, admin_key_hash, bootstrap_demo
 from bourse.services.auth import Authenticator
 from bourse.services.billing import Billing
 from bourse.services.completion import CompletionService, Limits
@@ -155,6 +155,8 @@ class Container:
     adopt_secret_key: bool = field(default=False, kw_only=True)
     """``serve --adopt-secret-key``: this gateway's key seals the database's webhook
     secrets from now on, whichever sealed them before."""
+    demo: DemoRule = field(default=DemoRule.OFF, kw_only=True)
+    """Whether the start makes the ``demo`` account (set by ``bourse serve``: :func:`demo_rule`)."""
 
     @property
     def max_body_bytes(self) -> int:
@@ -182,7 +184,7 @@ class Container:
         resumed = await self.jobs.start()
         if resumed:
             log.info("resumed %d jobs left queued or running by the previous run", resumed)
-        self.demo_key = await bootstrap_demo(self.admin)
+        self.demo_key = await bootstrap_demo(self.admin, self.demo)
         self.housekeeping.start()
         self.responses.start()
         if self.announce:

@@ -272,6 +272,10 @@ class ServerConfig(_Strict):
     drain_timeout_s: float = Field(default=30.0, ge=0, le=86_400)
     """On SIGTERM or SIGINT, how long generations already running may go on before they
     are ended with an error frame (orders still waiting end at once); then the process exits."""
+    demo: bool = False
+    """Make the ``demo`` account ($5.00 of credit, an unrestricted key) at start if it is
+    missing, as ``bourse serve --demo`` does. Off: only the embedded first start (no
+    config file, SQLite, a ledger without accounts) makes it."""
 
     @field_validator("cors_origins")
     @classmethod

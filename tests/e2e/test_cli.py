@@ -190,7 +190,9 @@ def test_serve_process_in_front_of_sim_upstream_process(tmp_path: Path) -> None:
             "[products.remote]\n[[products.remote.deployments]]\n"
             f'engine = "openai"\nbase_url = "{up}/v1"\nmodel = "internal-name"\nslots = 4\n'
         )
-        with _process(["serve", "--config", str(cfg), "--data-dir", str(tmp_path / "d")], tmp_path, "gw") as (
+        # a config file makes no demo account unless asked
+        gw = ["serve", "--config", str(cfg), "--data-dir", str(tmp_path / "d"), "--demo"]
+        with _process(gw, tmp_path, "gw") as (
             url,
             _,
             log,

@@ -54,7 +54,7 @@ def _raw_database(data: Path) -> bytes:
 
 def test_a_served_data_folder_keeps_its_secrets(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    with serve_process(tmp_path, "first", CONFIG, data, admin_key="") as (url, _proc):
+    with serve_process(tmp_path, "first", CONFIG, data, admin_key="", extra_args=["--demo"]) as (url, _proc):
         admin_key = (data / "admin_key").read_text().strip()
         demo_key = (data / "demo_key").read_text().strip()
         admin = {"authorization": f"Bearer {admin_key}"}
@@ -80,8 +80,9 @@ def test_a_served_data_folder_keeps_its_secrets(tmp_path: Path) -> None:
     log = _logs(tmp_path, "first")
     assert not KEY.search(log), log  # stderr is not a terminal: no key, only where it is
     assert str(data / "admin_key").encode() in log and str(data / "demo_key").encode() in log, log
-    # a restart on the same folder announces nothing and still opens the sealed secret
-    with serve_process(tmp_path, "again", CONFIG, data, admin_key="") as (url, _proc):
+    # a restart on the same folder announces nothing (the demo account is there) and
+    # still opens the sealed secret
+    with serve_process(tmp_path, "again", CONFIG, data, admin_key="", extra_args=["--demo"]) as (url, _proc):
         r = httpx.post(url + "/admin/keys", json={"account": "hooked"}, headers=admin)
         assert r.status_code == 201 and r.json()["webhook_secret"] == webhook_secret, r.text
     again = _logs(tmp_path, "again")

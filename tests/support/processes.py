@@ -69,7 +69,7 @@ class OutputLines:
 def serve_process(
     tmp: Path,
     name: str,
-    config_toml: str,
+    config_toml: str | None,
     data_dir: Path,
     admin_key: str,
     database: str | None = None,
@@ -80,14 +80,18 @@ def serve_process(
     """``bourse serve`` on 127.0.0.1 as a child process; (base URL, process) once /healthz
     answers; SIGTERM (then SIGKILL) on exit if it still runs. ``env``: variables added to
     the child's environment (libfaketime's for a skewed clock; replicas of one database
-    share ``BOURSE_SECRET_KEY``, :data:`CLUSTER_ENV`)."""
-    config = tmp / f"{name}.toml"
-    config.write_text(config_toml)
+    share ``BOURSE_SECRET_KEY``, :data:`CLUSTER_ENV`). ``config_toml`` None: no
+    ``--config``, the built-in defaults (the README's first command)."""
+    config_args: list[str] = []
+    if config_toml is not None:
+        config = tmp / f"{name}.toml"
+        config.write_text(config_toml)
+        config_args = ["--config", str(config)]
     last = ""
     with watched(data_dir, database):  # the suite's ledger check runs once it has stopped
         for attempt in range(3):
             port = free_port()
-            args = [sys.executable, "-m", "bourse", "serve", "--config", str(config), "--data-dir", str(data_dir),
+            args = [sys.executable, "-m", "bourse", "serve", *config_args, "--data-dir", str(data_dir),
                     "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
             if database:
                 args += ["--database", database]

@@ -5,8 +5,9 @@ revoked or rotated, a hold settled or released) writes an audit entry naming its
 actor, in the same transaction as the change.
 
 Also the first-start bootstrap: an admin key (from ``BOURSE_ADMIN_KEY`` or generated
-and kept in the data folder) and a demo account and key so that ``bourse serve`` is
-usable in one step.
+and kept in the data folder) and, on the embedded first start or when asked
+(:func:`demo_rule`), a demo account and key so that ``bourse serve`` is usable in one
+step.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import asdict
+from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -429,13 +431,38 @@ def admin_key_hash(data_dir: Path, env_key: str | None) -> tuple[str, str | None
     return hash_key(key), key
 
 
-async def bootstrap_demo(admin: AdminService) -> str | None:
-    """Create the demo account and a key for it if the account is missing; returns the key."""
-    if await admin.store.account(DEMO_ACCOUNT) is not None:
+class DemoRule(Enum):
+    """Whether the start makes the ``demo`` account (funded, with an unrestricted key)."""
+
+    OFF = "off"
+    FRESH = "fresh"
+    """The embedded first start: only into a ledger that has no account yet."""
+    ASKED = "asked"
+    """``--demo`` or ``[server] demo = true``: whenever the account is missing."""
+
+
+def demo_rule(*, asked: bool, built_in_config: bool, single_node: bool) -> DemoRule:
+    """The demo account is a convenience of trying bourse out (no config file, SQLite),
+    never a production default: a ledger served from a config file or shared on
+    PostgreSQL gets it only when asked."""
+    if asked:
+        return DemoRule.ASKED
+    if built_in_config and single_node:
+        return DemoRule.FRESH
+    return DemoRule.OFF
+
+
+async def bootstrap_demo(admin: AdminService, rule: DemoRule) -> str | None:
+    """Create the demo account and a key for it as ``rule`` says, if the account is
+    missing; returns the key (None: nothing made)."""
+    if rule is DemoRule.OFF or await admin.store.account(DEMO_ACCOUNT) is not None:
+        return None
+    # a ledger with accounts is no first start: the operator made those without a demo
+    if rule is DemoRule.FRESH and await admin.store.accounts_page(limit=1, after=None):
         return None
     try:
         await admin.create_account(DEMO_ACCOUNT, DEMO_CREDIT_USD)
-    except GatewayError:
+    except GatewayError:  # another replica made it first
         return None
     created = await admin.create_key(DEMO_ACCOUNT, None, None, None, None)
     key: str = created["key"]

@@ -12,7 +12,7 @@ from tests.support.gateway import ADMIN_KEY
 def test_operator_sees_every_account(world: World) -> None:
     with world.browser(ADMIN_KEY) as c:
         accounts = {a["id"] for a in c.get("/dashboard/api/accounts").json()["data"]}
-        assert {"alice", "bob", "test", "demo"} <= accounts
+        assert {"alice", "bob", "test"} <= accounts
         held = {
             h["account_id"]
             for h in c.get("/dashboard/api/holds", params={"state": "reconciling"}).json()["data"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import time
-from importlib import resources
 from pathlib import Path
 
 import httpx
@@ -24,8 +23,8 @@ def _ready_with_key(url: str, log: Path) -> bool:
 
 
 def test_the_model_load_logs_nothing_at_warning_and_the_demo_key_stands_out(tmp_path: Path) -> None:
-    shipped = resources.files("bourse").joinpath("default.toml").read_text()
-    with serve_process(tmp_path, "serve", shipped, tmp_path / "data", "bk_admin_startup") as (url, _proc):
+    # no --config: the built-in one, whose first start makes the demo account
+    with serve_process(tmp_path, "serve", None, tmp_path / "data", "bk_admin_startup") as (url, _proc):
         log = sorted(tmp_path.glob("serve-*.log"))[-1]  # the attempt that started
         deadline = time.monotonic() + 120
         while not _ready_with_key(url, log):
