@@ -2,7 +2,11 @@
 live in their own modules), and :func:`main`, which turns an expected failure (a file
 that cannot be read, a server that cannot be reached, an answer or a file that is not
 JSON, :class:`~bourse.cli_errors.CliError`) into one line on stderr and exit status 2,
-never a traceback (the line: :mod:`bourse.cli_errors`)."""
+never a traceback (the line: :mod:`bourse.cli_errors`).
+
+``serve`` sets up logging as soon as it has read its config, and writes its own lines
+through it (:func:`~bourse.observability.logs.say`): with ``log_format = "json"`` every
+line on stderr is an object, the first one included."""
 
 from __future__ import annotations
 
@@ -44,14 +48,38 @@ def settle_heap() -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from bourse.settings import ConfigError, load_config
+    from bourse.observability.logs import configure_logging, say
+    from bourse.observability.tracing import missing_extra
+    from bourse.settings import ConfigError, declared_log_format, load_config
 
     try:
         config = load_config(args.config)
     except ConfigError as exc:
+        configure_logging("info", declared_log_format(args.config))
         for line in exc.lines():
-            print(f"bourse: {line}", file=sys.stderr)
+            say(line, logging.ERROR)
         return EXIT_FAILURE
+    server = config.server
+    configure_logging(server.log_level, server.log_format)
+    # httpx (webhook delivery) logs every request it sends at INFO; bourse reports
+    # failures itself (the upstream client of the openai engine is aiohttp)
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    # the config's other problem, known before anything is written to the data folder
+    missing = missing_extra() if server.tracing else None
+    if missing is not None:
+        say(ConfigError(config.source, [missing]).lines()[0], logging.ERROR)
+        return EXIT_FAILURE
+    try:
+        return _serve_config(args, config)
+    except Exception as exc:  # main's one line, in the log's format
+        say(failure_line(exc), logging.ERROR)
+        return EXIT_FAILURE
+
+
+def _serve_config(args: argparse.Namespace, config: Config) -> int:
+    from bourse.observability.logs import say
+
     host = args.host or config.server.host
     port = config.server.port if args.port is None else args.port
     if args.workers != 1:
@@ -60,7 +88,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         sock = listen(host, port)
     except OSError as exc:
-        print(f"bourse: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        say(f"cannot listen on {host}:{port}: {exc.strerror or exc}", logging.ERROR)
         return EXIT_FAILURE
     with sock:
         return _serve_on(args, config, sock)
@@ -70,6 +98,7 @@ def _serve_workers(args: argparse.Namespace, config: Config, host: str, port: in
     """``--workers N``: N replicas of one cluster on one port (bourse.workers)."""
     from contextlib import ExitStack
 
+    from bourse.observability.logs import say
     from bourse.settings import read_environment
     from bourse.workers import cluster_problem, listen_workers
 
@@ -77,12 +106,12 @@ def _serve_workers(args: argparse.Namespace, config: Config, host: str, port: in
     database = args.database or env.database or config.storage.database
     problem = cluster_problem(args.workers, env.redis_url or config.cluster.redis_url, database)
     if problem is not None:
-        print(f"bourse: {problem}", file=sys.stderr)
+        say(problem, logging.ERROR)
         return EXIT_FAILURE
     try:
         socks = listen_workers(host, port, args.workers)
     except OSError as exc:
-        print(f"bourse: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        say(f"cannot listen on {host}:{port}: {exc.strerror or exc}", logging.ERROR)
         return EXIT_FAILURE
     with ExitStack() as stack:
         for sock in socks:
@@ -100,6 +129,7 @@ def listen(host: str, port: int) -> socket.socket:
 def _serve_on(
     args: argparse.Namespace, config: Config, sock: socket.socket, workers: Sequence[socket.socket] = ()
 ) -> int:
+    from bourse.observability.logs import say
     from bourse.storage.folder_lock import FolderInUse, folder_lock
     from bourse.storage.private import private_folder
 
@@ -112,8 +142,8 @@ def _serve_on(
                 return _fork_workers(args, config, workers, data_dir)
             return _serve_locked(args, config, sock, data_dir)
     except FolderInUse as exc:
-        print(f"bourse: {exc}", file=sys.stderr)
-        return 2
+        say(str(exc), logging.ERROR)
+        return EXIT_FAILURE
 
 
 def _fork_workers(
@@ -121,9 +151,10 @@ def _fork_workers(
 ) -> int:
     """The folder's first-start writes once (not raced by the workers), then the workers."""
     from bourse.container import instance_id
+    from bourse.observability.logs import say
     from bourse.services.accounts import admin_key_hash
     from bourse.settings import read_environment
-    from bourse.storage.private import SecretBox, announce_keys
+    from bourse.storage.private import SecretBox, key_notices
     from bourse.workers import run_workers
 
     env = read_environment()
@@ -131,10 +162,11 @@ def _fork_workers(
     try:
         SecretBox.for_folder(data_dir, env.secret_key)
     except ValueError as exc:  # not a Fernet key
-        print(f"bourse: {exc}", file=sys.stderr)
+        say(str(exc), logging.ERROR)
         return EXIT_FAILURE
     _, generated = admin_key_hash(data_dir, env.admin_key)
-    announce_keys(data_dir, generated, None)
+    for line in key_notices(data_dir, generated, None, terminal=sys.stderr.isatty()):
+        say(line)
     return run_workers(socks, lambda sock, number: _serve_locked(args, config, sock, data_dir, number))
 
 
@@ -143,27 +175,22 @@ def _serve_locked(
 ) -> int:
     from bourse.container import build, sealing_problem, unreachable_services
     from bourse.http.server import GatewayServer
-    from bourse.observability.logs import configure_logging
+    from bourse.observability.logs import say
     from bourse.services.accounts import demo_rule
     from bourse.settings import read_environment
 
     server = config.server
-    configure_logging(server.log_level, server.log_format)
-    # httpx (webhook delivery) logs every request it sends at INFO; bourse reports
-    # failures itself (the upstream client of the openai engine is aiohttp)
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     _allow_open_files(server.max_connections + 1024)
     env = read_environment()
     problems = unreachable_services(config, env, args.database)
     if problems:
         for problem in problems:
-            print(f"bourse: {problem}", file=sys.stderr)
+            say(problem, logging.ERROR)
         return EXIT_FAILURE
     try:
         container = build(config, data_dir=data_dir, env=env, database=args.database, worker=worker)
     except ValueError as exc:
-        print(f"bourse: {exc}", file=sys.stderr)
+        say(str(exc), logging.ERROR)
         return EXIT_FAILURE
     container.data_dir = data_dir
     container.adopt_secret_key = args.adopt_secret_key
@@ -174,15 +201,12 @@ def _serve_locked(
     )
     refused = sealing_problem(container)
     if refused is not None:
-        print(f"bourse: {refused}", file=sys.stderr)
+        say(refused, logging.ERROR)
         return EXIT_FAILURE
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(
-        f"bourse: serving {', '.join(config.products)} on http://{shown}:{port}/v1",
-        file=sys.stderr,
-        flush=True,
-    )
+    url = f"http://{shown}:{port}/v1"
+    say(f"serving {', '.join(config.products)} on {url}", url=url, products=list(config.products))
     app = container.app()
     settle_heap()
     # SIGTERM and SIGINT drain the gateway before the server stops (then exit 0)

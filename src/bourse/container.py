@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,6 +28,7 @@ from bourse.domain.book import Deployment, ProductBook
 from bourse.domain.breaker import CircuitBreaker
 from bourse.http.app import create_app
 from bourse.observability import build_observer
+from bourse.observability.logs import say
 from bourse.ports.book import BookPort
 from bourse.ports.engine import Engine, Probed
 from bourse.ports.limits import RateLimiter
@@ -48,7 +50,7 @@ from bourse.services.sessions import Sessions
 from bourse.services.tape import MarketTape
 from bourse.settings import Config, DeploymentConfig, Environment, deployment_name
 from bourse.storage.audit import SqlAuditLog
-from bourse.storage.private import SecretBox, announce_keys
+from bourse.storage.private import SecretBox, key_notices
 from bourse.storage.sql import SqlStore
 
 log = logging.getLogger("bourse")
@@ -188,7 +190,10 @@ class Container:
         self.housekeeping.start()
         self.responses.start()
         if self.announce:
-            announce_keys(self.data_dir, self.generated_admin_key, self.demo_key)
+            for line in key_notices(
+                self.data_dir, self.generated_admin_key, self.demo_key, terminal=sys.stderr.isatty()
+            ):
+                say(line)
         log.info("bourse serving %d products from %s", len(self.completions.markets), self.config.source)
 
     async def _adopt_sealing_key(self) -> None:

@@ -506,6 +506,19 @@ def load_config(path: str | Path | None, env: Mapping[str, str] | None = None) -
     return parse_config(data, source, env)
 
 
+def declared_log_format(path: str | Path | None) -> Literal["text", "json"]:
+    """The ``[server] log_format`` the file at ``path`` asks for, read without checking
+    the rest (the lines saying why the file cannot be used come in that format);
+    ``text`` when the file does not say it or cannot be read."""
+    try:
+        data = tomllib.loads(Path(path).read_text()) if path is not None else {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return "text"
+    server = data.get("server")
+    fmt = server.get("log_format") if isinstance(server, dict) else None
+    return "json" if isinstance(fmt, str) and fmt.casefold() == "json" else "text"
+
+
 @immutable
 class Environment:
     """What bourse reads from the process environment."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -112,9 +113,8 @@ def _child(
     except KeyboardInterrupt:
         return 130
     except BaseException:
-        import traceback
-
-        traceback.print_exc()
+        # through the log's handler: with log_format = "json" the traceback is one object
+        logging.getLogger("bourse").exception("worker %d failed", number)
         return 3
 
 

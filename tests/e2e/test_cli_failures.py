@@ -137,3 +137,43 @@ def test_serve_data_dir_that_cannot_be_made(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     p = _bourse("serve", "--data-dir", str(tmp_path / "file" / "data"), "--port", str(free_port()))
     _one_line_exit_2(p, "bourse", str(tmp_path / "file"))
+
+
+WITHOUT_OTEL = """
+import runpy, sys
+
+
+class WithoutOtel:
+    '''A meta-path finder before all others: ``opentelemetry`` is not installed here.'''
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "opentelemetry" or name.startswith("opentelemetry."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, WithoutOtel())
+sys.argv[0] = "bourse"
+runpy.run_module("bourse", run_name="__main__")
+"""
+"""``python -c WITHOUT_OTEL serve …``: ``bourse`` run as ``python -m bourse`` would be,
+in an interpreter where the ``otel`` extra's packages cannot be imported (the suite's
+venv has them installed; this hides the third-party package only, not bourse's code)."""
+
+
+def test_serve_with_tracing_but_without_the_otel_extra_is_a_config_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "traced.toml"
+    cfg.write_text('[server]\ntracing = true\n[products.p]\n[[products.p.deployments]]\nengine = "sim"\n')
+    data = tmp_path / "d"
+    p = subprocess.run(
+        [sys.executable, "-c", WITHOUT_OTEL, "serve", "--config", str(cfg), "--data-dir", str(data),
+         "--port", str(free_port())],
+        capture_output=True, text=True, timeout=60, env=clean_env(), stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    line = _one_line_exit_2(
+        p, "bourse", f"config error in {cfg}: server.tracing", "pip install 'bourse[otel]'"
+    )
+    assert "opentelemetry" in line, line  # what is missing
+    written = sorted(p.name for p in data.iterdir()) if data.exists() else []
+    assert not {"instance_id", "lock"} & set(written), written
+    assert not data.exists(), written  # nothing at all: the folder is made after the config is checked

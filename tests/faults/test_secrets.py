@@ -9,7 +9,6 @@ admin key) before it failed to bind.
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import socket
@@ -27,7 +26,7 @@ from cryptography.fernet import Fernet
 
 from bourse.ports.stores import WebhookSecretUnreadable
 from bourse.settings import read_environment
-from bourse.storage.private import SEALED, SecretBox, announce_keys
+from bourse.storage.private import SEALED, SecretBox, key_notices
 from bourse.storage.sqlite import SqliteStore
 from tests.support.processes import clean_env, serve_process
 
@@ -109,13 +108,7 @@ def test_a_start_on_a_taken_port_writes_and_prints_no_key(tmp_path: Path) -> Non
 
 
 def test_keys_are_shown_on_a_terminal_and_not_written(tmp_path: Path) -> None:
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    err = Terminal()
-    announce_keys(tmp_path, "bk_admin_" + "a" * 40, "bk_" + "d" * 43, err)
-    shown = err.getvalue()
+    shown = "\n".join(key_notices(tmp_path, "bk_admin_" + "a" * 40, "bk_" + "d" * 43, terminal=True))
     assert "bk_admin_" + "a" * 40 in shown and "bk_" + "d" * 43 in shown, shown
     assert not (tmp_path / "demo_key").exists()
 

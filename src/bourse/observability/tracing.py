@@ -1,7 +1,8 @@
 """Traces: OpenTelemetry spans exported over OTLP/HTTP, when ``[server] tracing = true``.
 
 OpenTelemetry (the ``otel`` extra) is imported here only, and only when tracing is
-on. The tracer provider is this app's own (never the process-global one); spans
+on; :func:`missing_extra` says, before ``bourse serve`` writes anything, that it is
+not installed. The tracer provider is this app's own (never the process-global one); spans
 leave in batches from the SDK's worker thread, so the event loop never waits on
 the collector. A run is one ``bourse.run`` span (under the client's
 ``traceparent`` when it sent one) with a child for the wait in the book, one for
@@ -21,10 +22,25 @@ FLUSH_S = 3.0
 EXPORT_TIMEOUT_S = 5.0
 """One export's bound (retries included): a collector that is down delays shutdown by this at most."""
 
+INSTALL = "pip install 'bourse[otel]'"
+"""What an operator runs to get the ``otel`` extra."""
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span as OtelSpanType
+
+
+def missing_extra() -> str | None:
+    """Why ``tracing = true`` cannot work in this interpreter (the ``otel`` extra's
+    packages cannot be imported), as a config problem naming the install command; None
+    when they can. Imports what :func:`otlp_tracer` will: tracing is on."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError as exc:
+        return f"server.tracing: true needs the otel extra, which is not installed ({exc}): {INSTALL}"
+    return None
 
 
 class OtelSpan:

@@ -24,10 +24,8 @@ import hmac
 import logging
 import os
 import stat
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
 
 from cryptography.fernet import Fernet, InvalidToken
 
@@ -168,14 +166,13 @@ class SecretBox:
         )
 
 
-def announce_keys(
-    data_dir: Path | None, admin_key: str | None, demo_key: str | None, err: TextIO | None = None
-) -> None:
-    """Show keys generated at this start once: on a terminal, the keys; otherwise the
+def key_notices(
+    data_dir: Path | None, admin_key: str | None, demo_key: str | None, *, terminal: bool
+) -> list[str]:
+    """What to tell the operator of the keys generated at this start, once (the caller
+    writes the lines, in the log's format): on a ``terminal``, the keys; otherwise the
     paths of the 0600 files that hold them (``admin_key`` is written when generated;
-    without a data folder, only that keys were made)."""
-    err = sys.stderr if err is None else err
-    terminal = err.isatty()
+    ``demo_key`` here; without a data folder, only that keys were made)."""
     lines: list[str] = []
     if admin_key:
         where = "kept in the data folder" if data_dir is None else f"kept in {data_dir / 'admin_key'}"
@@ -192,5 +189,4 @@ def announce_keys(
             path = data_dir / "demo_key"
             write_private(path, demo_key + "\n")
             lines.append(f"{what} is in the file {path} (mode 600)")
-    for line in lines:
-        print(f"bourse: {line}", file=err, flush=True)
+    return lines

@@ -1,5 +1,6 @@
-"""The access log (text and JSON, batched, bound to the ``bourse.access`` logger's level)
-and the JSON log format."""
+"""The access log (text and JSON, batched, bound to the ``bourse.access`` logger's level),
+the JSON log format, and the process's handler: the command's own lines (``say``),
+Python's warnings and a dying thread's traceback in the log's format."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 import io
 import logging
 import sys
+import threading
+import warnings
 from collections.abc import Iterator
 
 import orjson
@@ -20,7 +23,7 @@ from bourse.observability.access_log import (
     run_text,
     run_text_parts,
 )
-from bourse.observability.logs import JsonFormatter
+from bourse.observability.logs import JsonFormatter, configure_logging, say
 from bourse.observability.observer import Observability
 from bourse.ports.observer import Caller, RunReport
 
@@ -193,3 +196,53 @@ def test_the_json_format_puts_fields_and_tracebacks_in_one_object() -> None:
     doc = orjson.loads(line)
     assert doc["msg"] == "breaker open" and doc["level"] == "WARNING" and doc["deployment"] == "p/0"
     assert "ValueError: boom" in doc["exc"]
+
+
+@pytest.fixture
+def own_root() -> Iterator[None]:
+    """configure_logging changes the process's root logger and hooks: put them back."""
+    root = logging.getLogger()
+    handlers, level, hook = list(root.handlers), root.level, threading.excepthook
+    yield
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    for h in handlers:
+        root.addHandler(h)
+    root.setLevel(level)
+    threading.excepthook = hook
+    logging.captureWarnings(False)
+
+
+@pytest.mark.usefixtures("own_root")
+def test_in_json_the_commands_lines_warnings_and_dying_threads_are_objects() -> None:
+    out = io.StringIO()
+    configure_logging("warning", "json", out)  # say()'s INFO line is not silenced by the level
+    say("serving p on http://h/v1", url="http://h/v1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("old api", DeprecationWarning, stacklevel=1)
+
+    def die() -> None:
+        raise RuntimeError("lost")
+
+    t = threading.Thread(target=die, name="doomed")
+    t.start()
+    t.join()
+    lines = out.getvalue().splitlines()
+    docs = [orjson.loads(line) for line in lines]  # each line one object, or this raises
+    said, warned, died = docs
+    assert said["msg"] == "serving p on http://h/v1" and said["url"] == "http://h/v1", said
+    assert said["level"] == "INFO" and said["logger"] == "bourse"
+    assert warned["logger"] == "py.warnings" and "old api" in warned["msg"], warned
+    assert died["msg"] == "thread doomed died: RuntimeError" and "RuntimeError: lost" in died["exc"], died
+
+
+@pytest.mark.usefixtures("own_root")
+def test_in_text_the_commands_lines_keep_their_shape() -> None:
+    out = io.StringIO()
+    configure_logging("error", "text", out)
+    say("admin key kept in data/admin_key (mode 600)")
+    logging.getLogger("bourse").error("a record")
+    said, logged = out.getvalue().splitlines()
+    assert said == "bourse: admin key kept in data/admin_key (mode 600)"
+    assert logged.endswith(" ERROR bourse: a record"), logged
