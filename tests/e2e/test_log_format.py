@@ -25,6 +25,7 @@ ADMIN_KEY = "bk_admin_log_format_test"
 CONFIG = """
 [server]
 log_format = "json"
+demo = true  # the demo key's line is one of the first start's lines to check
 
 [products.fast]
 [[products.fast.deployments]]
