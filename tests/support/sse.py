@@ -171,6 +171,17 @@ class SSEStream:
                 self.seen.append(f)
                 self._pending.append(f)
 
+    def read_content(self, n: int) -> None:
+        """Read on until ``n`` content chunks (data frames with ``choices``) have come;
+        the connection stays open (:meth:`frames`)."""
+        got = 0
+        for f in self.frames():
+            if f.data is not None and not f.is_done and f.json.get("choices"):
+                got += 1
+                if got == n:
+                    return
+        raise AssertionError(f"the stream ended after {got} of {n} content chunks")
+
     def result(self) -> SSEResult:
         return SSEResult(self.status, self.headers, list(self.seen), self.raw)
 
