@@ -125,7 +125,7 @@ def gateway_process(
     change and its parent (``git worktree add /tmp/base BASE`` then
     ``BOURSE_BENCH_SRC=/tmp/base/src bash bench/run.sh --only a,b,d --out base.md``)."""
     port = free_port()
-    env = {"BOURSE_ADMIN_KEY": ADMIN_KEY}
+    env = {"BOURSE_ADMIN_KEY": ADMIN_KEY, "BOURSE_DRAIN_GRACE_S": "0"}  # stopped at once between runs
     src = os.environ.get("BOURSE_BENCH_SRC")
     if src:
         env["PYTHONPATH"] = str(Path(src).resolve())

@@ -50,7 +50,13 @@ def settle_heap() -> None:
 def _serve(args: argparse.Namespace) -> int:
     from bourse.observability.logs import configure_logging, say
     from bourse.observability.tracing import missing_extra
-    from bourse.settings import ConfigError, declared_log_format, load_config
+    from bourse.settings import (
+        ConfigError,
+        declared_log_format,
+        drain_grace_of,
+        load_config,
+        read_environment,
+    )
 
     try:
         config = load_config(args.config)
@@ -69,6 +75,11 @@ def _serve(args: argparse.Namespace) -> int:
     missing = missing_extra() if server.tracing else None
     if missing is not None:
         say(ConfigError(config.source, [missing]).lines()[0], logging.ERROR)
+        return EXIT_FAILURE
+    try:  # and the environment's (read again where the drain is made)
+        drain_grace_of(server, read_environment())
+    except ValueError as exc:
+        say(str(exc), logging.ERROR)
         return EXIT_FAILURE
     try:
         return _serve_config(args, config)
@@ -177,11 +188,12 @@ def _serve_locked(
     from bourse.http.server import GatewayServer
     from bourse.observability.logs import say
     from bourse.services.accounts import demo_rule
-    from bourse.settings import read_environment
+    from bourse.settings import drain_grace_of, read_environment
 
     server = config.server
     _allow_open_files(server.max_connections + 1024)
     env = read_environment()
+    grace_s = drain_grace_of(server, env)  # checked before the data folder was touched
     problems = unreachable_services(config, env, args.database)
     if problems:
         for problem in problems:
@@ -210,7 +222,7 @@ def _serve_locked(
     app = container.app()
     settle_heap()
     # SIGTERM and SIGINT drain the gateway before the server stops (then exit 0)
-    uvicorn_server = GatewayServer(server_config(app, server), container.drainer())  # listens on sock
+    uvicorn_server = GatewayServer(server_config(app, server), container.drainer(grace_s))  # listens on sock
     uvicorn_server.run(sockets=[sock])
     return 0 if uvicorn_server.started else 3
 

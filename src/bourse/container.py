@@ -246,11 +246,13 @@ class Container:
     def app(self) -> ASGIApp:
         return create_app(self, cors_origins=self.config.server.cors_origins)
 
-    def drainer(self) -> Drain:
-        """What a stop signal runs before the server stops (``[server] drain_timeout_s``)."""
+    def drainer(self, grace_s: float = 0.0) -> Drain:
+        """What a stop signal runs before the server stops (``[server] drain_timeout_s``;
+        ``grace_s``: the least time the listener stays open, ``/readyz`` saying 503)."""
         return Drain(
-            self.completions, self.jobs, self.config.server.drain_timeout_s, self.housekeeping.sweep_once
-        )
+            self.completions, self.jobs, self.config.server.drain_timeout_s, self.housekeeping.sweep_once,
+            grace_s=grace_s,
+        )  # fmt: skip
 
 
 def unreachable_services(config: Config, env: Environment, database: str | None = None) -> list[str]:

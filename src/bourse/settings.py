@@ -272,6 +272,11 @@ class ServerConfig(_Strict):
     drain_timeout_s: float = Field(default=30.0, ge=0, le=86_400)
     """On SIGTERM or SIGINT, how long generations already running may go on before they
     are ended with an error frame (orders still waiting end at once); then the process exits."""
+    drain_grace_s: float = Field(default=5.0, ge=0, le=3600)
+    """On SIGTERM or SIGINT, how long at least the listener stays open with ``/readyz``
+    answering 503 (busy or idle), so that a load balancer polling it sees the gateway
+    leave before its connections are refused. ``BOURSE_DRAIN_GRACE_S`` overrides it; a
+    second signal cuts it short."""
     demo: bool = False
     """Make the ``demo`` account ($5.00 of credit, an unrestricted key) at start if it is
     missing, as ``bourse serve --demo`` does. Off: only the embedded first start (no
@@ -530,6 +535,23 @@ class Environment:
     redis_url: str | None = None
     secret_key: str | None = None
     """``BOURSE_SECRET_KEY``: the Fernet key sealing webhook secrets (default: the data folder's)."""
+    drain_grace_s: str | None = None
+    """``BOURSE_DRAIN_GRACE_S``: ``[server] drain_grace_s`` for this process (a service
+    manager's stop timeout), as written: :func:`drain_grace_of` reads it."""
+
+
+def drain_grace_of(server: ServerConfig, env: Environment) -> float:
+    """The drain's grace: ``BOURSE_DRAIN_GRACE_S`` if set, else ``[server] drain_grace_s``.
+    ValueError (naming the variable) if the variable is not seconds from 0 to 3600."""
+    if env.drain_grace_s is None:
+        return server.drain_grace_s
+    try:
+        seconds = float(env.drain_grace_s)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 3600:  # NaN too
+        raise ValueError(f"BOURSE_DRAIN_GRACE_S: expected seconds from 0 to 3600, got {env.drain_grace_s!r}")
+    return seconds
 
 
 def read_environment(env: Mapping[str, str] | None = None) -> Environment:
@@ -541,4 +563,5 @@ def read_environment(env: Mapping[str, str] | None = None) -> Environment:
         api_key=env.get("BOURSE_API_KEY") or None,
         redis_url=env.get("BOURSE_REDIS_URL") or None,
         secret_key=env.get("BOURSE_SECRET_KEY") or None,
+        drain_grace_s=env.get("BOURSE_DRAIN_GRACE_S") or None,
     )

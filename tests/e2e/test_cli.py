@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.support.bodies import USER
-from tests.support.processes import free_port
+from tests.support.processes import clean_env, free_port
 
 START_TIMEOUT_S = 20.0
 
@@ -55,6 +55,7 @@ def _process(
             stdout=out,
             stderr=err,
             stdin=subprocess.DEVNULL,
+            env=clean_env(),  # no BOURSE_ variable of the suite's; an idle stop at once
         )
         url = f"http://127.0.0.1:{port}"
         try:

@@ -35,7 +35,12 @@ def free_port() -> int:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without bourse's variables, and ``extra``. A gateway child stops
+    at once when it is idle (``BOURSE_DRAIN_GRACE_S=0``, not the 5 s a load balancer is
+    given): the suite stops hundreds; a test of the grace sets it (an empty value: the
+    config's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOURSE_")}
+    env["BOURSE_DRAIN_GRACE_S"] = "0"
     env.update(extra)
     return env
 

@@ -20,6 +20,10 @@ accepts connections:
    refused while it was unavailable is written, and this gateway's holds that no run
    holds are closed, so it exits with no hold open. If the store still refuses, what
    is left is logged; the next start reconciles it.
+6. Until ``grace_s`` (``[server] drain_grace_s``) has passed since the signal, busy or
+   idle, it waits: the listener stays open and ``/readyz`` answers 503, so that a load
+   balancer polling it takes the gateway out before its connections are refused. A
+   second signal cuts this short too.
 
 When it returns the server shuts down; nothing it started is left running.
 """
@@ -48,13 +52,21 @@ class Drain:
     """Drains a gateway: called once; :meth:`hurry` ends the wait for running generations."""
 
     def __init__(
-        self, completions: CompletionService, jobs: JobService, timeout_s: float, sweep: Sweep | None = None
+        self,
+        completions: CompletionService,
+        jobs: JobService,
+        timeout_s: float,
+        sweep: Sweep | None = None,
+        *,
+        grace_s: float = 0.0,
     ) -> None:
         self.completions = completions
         self.jobs = jobs
         self.timeout_s = timeout_s
         self.sweep = sweep
         """Run once the runs have ended and settled (step 5)."""
+        self.grace_s = grace_s
+        """The least time from the signal to the return (step 6)."""
         self._hurry = False
 
     def hurry(self) -> None:
@@ -66,6 +78,7 @@ class Drain:
         if c.draining:
             return
         c.draining = True
+        began = asyncio.get_running_loop().time()
         await self.jobs.stop()
         waiting = [run for run in c.live if run.phase <= Phase.QUEUED]
         for run in waiting:
@@ -90,6 +103,10 @@ class Drain:
             if not await self._until(self._idle, GRACE_S, hurry=False):
                 log.error("drain: %d runs did not end within %g s of the deadline", len(c.live), GRACE_S)
         await self._sweep()
+        left = began + self.grace_s - asyncio.get_running_loop().time()
+        if left > 0:  # step 6: the listener stays open while load balancers see the 503
+            log.info("drain: /readyz answers 503 for %.2f s more before the listener closes", left)
+            await self._until(lambda: False, left, hurry=True)
 
     async def _sweep(self) -> None:
         """Step 5: the sweep, once the runs' settlements are done (or kept for it)."""

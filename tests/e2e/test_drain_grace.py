@@ -1,0 +1,85 @@
+"""``[server] drain_grace_s`` (SPEC 11's drain, issue 37): after SIGTERM an idle gateway
+keeps its listener open, ``/readyz`` answering 503, for the grace, so that a load
+balancer polling it sees it leave before its connections are refused; then it exits 0.
+``BOURSE_DRAIN_GRACE_S`` overrides the setting; a value that is not seconds is refused
+at start, naming the variable."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.support.processes import clean_env, free_port, serve_process
+
+CONFIG = """
+[server]
+log_level = "warning"
+drain_grace_s = {grace}
+
+[products.chat]
+[[products.chat.deployments]]
+engine = "sim"
+slots = 2
+"""
+
+
+def _readyz_after_sigterm(url: str, proc: subprocess.Popen[bytes]) -> list[tuple[float, int | None]]:
+    """SIGTERM, then ``/readyz`` every 50 ms until the listener refuses: (seconds since
+    the signal, status; None once refused)."""
+    assert httpx.get(url + "/readyz", timeout=5).status_code == 200
+    seen: list[tuple[float, int | None]] = []
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    while time.monotonic() - t0 < 30:
+        try:
+            status: int | None = httpx.get(url + "/readyz", timeout=2).status_code
+        except httpx.HTTPError:
+            status = None
+        seen.append((time.monotonic() - t0, status))
+        if status is None:
+            break
+        time.sleep(0.05)
+    return seen
+
+
+def test_an_idle_gateway_says_503_for_its_grace_before_it_closes(tmp_path: Path) -> None:
+    config = CONFIG.replace("drain_grace_s = {grace}\n", "")  # the default: 5 s
+    env = {"BOURSE_DRAIN_GRACE_S": ""}  # the config's grace, not the suite's 0
+    with serve_process(tmp_path, "grace", config, tmp_path / "data", "bk_admin_grace", env=env) as (
+        url,
+        proc,
+    ):
+        seen = _readyz_after_sigterm(url, proc)
+        assert proc.wait(timeout=20) == 0
+    unready = [t for t, status in seen if status == 503]
+    assert seen[-1][1] is None and unready, seen
+    assert unready[0] < 0.5, seen  # the drain says so at once
+    assert unready[-1] >= 4.8, seen  # and for the whole grace
+    assert seen[-1][0] < 5 + 3, seen
+
+
+def test_the_environment_overrides_the_grace(tmp_path: Path) -> None:
+    config = CONFIG.format(grace=600)
+    env = {"BOURSE_DRAIN_GRACE_S": "0.3"}
+    with serve_process(tmp_path, "env", config, tmp_path / "data", "bk_admin_grace", env=env) as (url, proc):
+        seen = _readyz_after_sigterm(url, proc)
+        assert proc.wait(timeout=20) == 0
+    assert seen[-1][1] is None and seen[-1][0] < 3, seen
+
+
+def test_a_grace_that_is_not_seconds_is_refused_at_start(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(CONFIG.format(grace=1))
+    r = subprocess.run(
+        [sys.executable, "-m", "bourse", "serve", "--config", str(cfg), "--data-dir", str(tmp_path / "d"),
+         "--port", str(free_port())],
+        env=clean_env(BOURSE_DRAIN_GRACE_S="soon"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode != 0
+    assert "BOURSE_DRAIN_GRACE_S: expected seconds from 0 to 3600, got 'soon'" in r.stderr, r.stderr
+    assert not (tmp_path / "d" / "lock").exists()
