@@ -103,7 +103,9 @@ def test_the_highest_bidder_that_arrived_last_is_admitted_next(lcp_gateway: Gate
     base = {"model": "lcp", "prompt": PROMPT}
     done: dict[str, float] = {}
     threads = [
-        threading.Thread(target=_post, args=(gw, {**base, "max_tokens": 24, "max_price": 1.0}, done, "a"))
+        # long enough to outlast the four arrivals (0.6 s) on an idle machine too: with
+        # 24 tokens A ended first in one fresh-clone run, and B, alone in the book, went next
+        threading.Thread(target=_post, args=(gw, {**base, "max_tokens": 96, "max_price": 1.0}, done, "a"))
     ]
     threads[0].start()
     deadline = time.monotonic() + 30
@@ -116,7 +118,7 @@ def test_the_highest_bidder_that_arrived_last_is_admitted_next(lcp_gateway: Gate
         threads.append(t)
         time.sleep(0.15)  # arrivals in this order
     doc = _market(gw, "lcp")
-    assert doc["waiting"] == 4 or "a" in done, doc  # all four wait behind A, in the book
+    assert doc["waiting"] == 4 and "a" not in done, (doc, done)  # all four wait behind A, in the book
     for t in threads:
         t.join(timeout=120)
     assert set(done) == {"a", "b", "c", "d", "e"}, done

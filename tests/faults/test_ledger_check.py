@@ -69,6 +69,7 @@ def books(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _fill(gw: Gateway) -> None:
+    gw.new_account("bystander", 1.0)  # a second account, for the damage that moves a credit
     key = gw.new_key(gw.account, spend_cap_usd=5)
     body = {"model": "chat", "messages": [{"role": "user", "content": "rivers"}], "max_tokens": 8}
     auth = {"authorization": f"Bearer {key}"}
