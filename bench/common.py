@@ -117,8 +117,10 @@ def gateway_process(
     database: str | None = None,
     log: Path | None = None,
     extra_args: Sequence[str] = (),
+    data_dir: Path | None = None,
 ) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
-    """Like :func:`gateway`, also yielding the process (for its pid).
+    """Like :func:`gateway`, also yielding the process (for its pid). ``data_dir``: the
+    gateway's data folder (its SQLite file, for a tool that reads it), else a temporary one.
 
     ``BOURSE_BENCH_SRC`` (a checkout's ``src`` folder) serves bourse from that tree
     instead of the installed one: the same harness measures two commits, e.g. a
@@ -129,8 +131,9 @@ def gateway_process(
     src = os.environ.get("BOURSE_BENCH_SRC")
     if src:
         env["PYTHONPATH"] = str(Path(src).resolve())
-    with tempfile.TemporaryDirectory(prefix="bourse-bench-") as d:
-        cfg = Path(d) / "bench.toml"
+    with tempfile.TemporaryDirectory(prefix="bourse-bench-") as tmp:
+        d = str(data_dir or tmp)
+        cfg = Path(tmp) / "bench.toml"
         cfg.write_text(config)
         args = [
             sys.executable,

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import os
 import sqlite3
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from bench.common import ADMIN_KEY, free_port, funded_key, process
+from bench.common import gateway_process
 
 CONFIG = """
 [server]
@@ -119,31 +118,12 @@ def measure(kind: str, dsn: str | None, args: argparse.Namespace) -> None:
             f"[storage]\nretention_s = {args.retention_s}\nretention_interval_s = {args.retention_s / 5}\n"
         )
     with tempfile.TemporaryDirectory(prefix="bourse-dbsize-") as d:
-        cfg = Path(d) / "dbsize.toml"
-        cfg.write_text(CONFIG.format(storage=storage))
-        port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "bourse",
-            "serve",
-            "--config",
-            str(cfg),
-            "--port",
-            str(port),
-            "--data-dir",
-            d,
-        ]
-        if dsn:
-            cmd += ["--database", dsn]
 
         def sizes() -> dict[str, int]:
             return _pg_sizes(dsn) if dsn else _sqlite_sizes(Path(d) / "bourse.db")
 
-        with process(cmd, f"http://127.0.0.1:{port}/healthz", env={"BOURSE_ADMIN_KEY": ADMIN_KEY}):
-            base = f"http://127.0.0.1:{port}"
-            key = funded_key(base)
-            asyncio.run(_load(base + "/v1", key, args.warm, args.concurrency))
+        with gateway_process(CONFIG.format(storage=storage), database=dsn, data_dir=Path(d)) as (v1, key, _):
+            asyncio.run(_load(v1, key, args.warm, args.concurrency))
             before = sizes()
             t0 = time.monotonic()
             if args.retention_s:  # spread over several retention periods (measured after the last)
@@ -153,9 +133,9 @@ def measure(kind: str, dsn: str | None, args: argparse.Namespace) -> None:
                         time.sleep(args.retention_s)
                         if dsn:  # what autovacuum does over a longer run: the pruned rows' space reusable
                             _pg_sizes(dsn)
-                    asyncio.run(_load(base + "/v1", key, args.n // rounds, args.concurrency))
+                    asyncio.run(_load(v1, key, args.n // rounds, args.concurrency))
             else:
-                asyncio.run(_load(base + "/v1", key, args.n, args.concurrency))
+                asyncio.run(_load(v1, key, args.n, args.concurrency))
             dt = time.monotonic() - t0
             after = sizes()
             on_disk = _pg_database(dsn) if dsn else _sqlite_file(Path(d) / "bourse.db")
