@@ -131,8 +131,10 @@ model = "{SERVED_MODEL}"
         with running_gateway(config) as gw:
             base = {"model": "ls", "prompt": "Once upon a time", "ignore_eos": True}
             done: dict[str, float] = {}
+            # A must outlast the four arrivals (0.6 s): with 32 tokens the C++ server
+            # finished it first in a fresh-clone CI run, and B, alone in the book, went next
             first = threading.Thread(
-                target=_post, args=(gw, {**base, "max_tokens": 32, "max_price": 1.0}, done, "a")
+                target=_post, args=(gw, {**base, "max_tokens": 768, "max_price": 1.0}, done, "a")
             )
             first.start()
             deadline = time.monotonic() + 60
@@ -147,6 +149,8 @@ model = "{SERVED_MODEL}"
                 t.start()
                 threads.append(t)
                 time.sleep(0.15)  # arrivals in this order
+            waiting = httpx.get(f"{gw.v1}/market/ls", timeout=30).json()["waiting"]
+            assert waiting == 4 and "a" not in done, (waiting, done)  # all four wait behind A
             for t in threads:
                 t.join(timeout=300)
             assert set(done) == {"a", "b", "c", "d", "e"}, done
