@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -191,6 +193,8 @@ def _serve_locked(
     from bourse.settings import drain_grace_of, read_environment
 
     server = config.server
+    if threading.current_thread() is threading.main_thread():  # until the server handles it
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _allow_open_files(server.max_connections + 1024)
     env = read_environment()
     grace_s = drain_grace_of(server, env)  # checked before the data folder was touched
@@ -205,6 +209,7 @@ def _serve_locked(
         say(str(exc), logging.ERROR)
         return EXIT_FAILURE
     container.data_dir = data_dir
+    container.config_path = args.config
     container.adopt_secret_key = args.adopt_secret_key
     container.demo = demo_rule(
         asked=args.demo or server.demo,
@@ -222,7 +227,8 @@ def _serve_locked(
     app = container.app()
     settle_heap()
     # SIGTERM and SIGINT drain the gateway before the server stops (then exit 0)
-    uvicorn_server = GatewayServer(server_config(app, server), container.drainer(grace_s))  # listens on sock
+    # and SIGHUP reads the config file again (bourse.live_terms)
+    uvicorn_server = GatewayServer(server_config(app, server), container.drainer(grace_s), container.reload)
     uvicorn_server.run(sockets=[sock])
     return 0 if uvicorn_server.started else 3
 

@@ -159,6 +159,8 @@ class Container:
     secrets from now on, whichever sealed them before."""
     demo: DemoRule = field(default=DemoRule.OFF, kw_only=True)
     """Whether the start makes the ``demo`` account (set by ``bourse serve``: :func:`demo_rule`)."""
+    config_path: str | None = field(default=None, kw_only=True)
+    """The config file ``bourse serve`` read (None: the built-in defaults): SIGHUP reads it again."""
 
     @property
     def max_body_bytes(self) -> int:
@@ -242,6 +244,13 @@ class Container:
         await self.auth.aclose()
         await self.store.close()
         self.observer.close()
+
+    async def reload(self) -> None:
+        """SIGHUP: the config file's live terms applied (:mod:`bourse.live_terms`)."""
+        from bourse import live_terms
+
+        markets, audit = self.completions.markets, self.admin.audit
+        self.config = await live_terms.reload(self.config, self.config_path, markets, self.prober, audit)
 
     def app(self) -> ASGIApp:
         return create_app(self, cors_origins=self.config.server.cors_origins)

@@ -82,8 +82,8 @@ def listen_workers(host: str, port: int, workers: int) -> list[socket.socket]:
 
 
 def run_workers(socks: Sequence[socket.socket], serve: Callable[[socket.socket, int], int]) -> int:
-    """Fork one worker per socket running ``serve(sock, number)``; forward SIGTERM and
-    SIGINT to them; wait for all. The exit status: 0, or the first failure's."""
+    """Fork one worker per socket running ``serve(sock, number)``; forward SIGTERM,
+    SIGINT and SIGHUP (a reload) to them; wait for all. The exit status: 0, or the first failure's."""
     pids: dict[int, int] = {}
     for number, sock in enumerate(socks):
         pid = os.fork()
@@ -108,6 +108,7 @@ def _child(
     _die_with_parent()
     for sig in WORKER_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until its server reloads on it
     try:
         return serve(sock, number)
     except KeyboardInterrupt:
@@ -135,7 +136,13 @@ def _supervise(pids: dict[int, int]) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
+    def reload(sig: int, _frame: FrameType | None = None) -> None:
+        for pid in live:  # each worker reads the config file again (bourse.live_terms)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
     previous = {sig: signal.signal(sig, tell) for sig in WORKER_SIGNALS}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, reload)
     status = 0
     try:
         while live:

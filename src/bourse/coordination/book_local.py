@@ -94,6 +94,8 @@ class LocalBook:
         self.book.report_failure(deployment, self.now(), order)
 
     def deployment_changed(self, deployment: str) -> None:
+        self.book.retuned()  # its floor may have changed
+        self.min_floor = self.book.min_floor
         self._dispatch()  # back, or given more slots: orders waiting may go now
 
     def _dispatch(self) -> None:

@@ -351,7 +351,8 @@ class RedisBook:
             self.hub.spawn(self._call("COOL", deployment, 0))
 
     def deployment_changed(self, deployment: str) -> None:
-        self._head = self._make_head()  # its slots may have changed
+        self._head = self._make_head()  # its slots or floor may have changed
+        self.min_floor = min(d.floor for d in self.deployments)
         d = self._by_name[deployment]
         if not d.availability.ok:
             self._held_out.add(deployment)

@@ -67,10 +67,20 @@ class Deployment:
     busy: int = 0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     availability: Availability = field(default_factory=Availability)
+    excess: int = 0
+    """Slots in use above ``slots`` since they were lowered under load (:meth:`resize`):
+    given back one by one, never given out again (the book's check: busy <= slots + excess)."""
 
     @property
     def free(self) -> int:
-        return self.slots - self.busy
+        return max(0, self.slots - self.busy)
+
+    def resize(self, slots: int) -> None:
+        """``slots`` from now on; the generations running above them go on (``excess``)."""
+        if slots < 1:
+            raise ValueError(f"deployment {self.name}: slots must be at least 1, not {slots}")
+        self.slots = slots
+        self.excess = max(0, self.busy - slots)
 
     def can_take(self, now: float) -> bool:
         """Available (probes pass) and its breaker closed, or cooled down for its one trial."""
@@ -146,6 +156,10 @@ class ProductBook:
         self._seq = 0
         self.min_floor = min(d.floor for d in self.deployments)
 
+    def retuned(self) -> None:
+        """A deployment's floor or slots changed: the lowest floor read again."""
+        self.min_floor = min(d.floor for d in self.deployments)
+
     # -- orders ---------------------------------------------------------------
 
     def next_seq(self) -> int:
@@ -197,6 +211,8 @@ class ProductBook:
         if d.busy <= 0:
             raise AssertionError(f"release of an idle slot on {name}")
         d.busy -= 1
+        if d.excess:
+            d.excess -= 1
         d.breaker.trial_running = False
 
     def report_failure(self, name: str, now: float, order: Order | None = None) -> None:
@@ -270,6 +286,7 @@ class ProductBook:
     def check(self) -> None:
         """Assert the book's invariants (used by tests and debug builds)."""
         for d in self.deployments:
-            assert 0 <= d.busy <= d.slots, (d.name, d.busy, d.slots)
+            assert 0 <= d.busy <= d.slots + d.excess, (d.name, d.busy, d.slots, d.excess)
+            assert d.excess == 0 or d.busy > d.slots, (d.name, d.busy, d.slots, d.excess)
         ranks = [o.rank() for o in self._orders]
         assert ranks == sorted(ranks)

@@ -67,14 +67,14 @@ def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, A
     busy = sum(d.busy for d in v.deployments)
     total = sum(d.slots for d in v.deployments)
     now = time.time()
-    rate, wait_at = _waits(v, total - busy, now)
+    rate, wait_at = _waits(v, max(0, total - busy), now)
     out: dict[str, Any] = {
         "object": "bourse.market",
         "product": name,
         "level": v.level,
         "floor": m.min_floor,
         "default_bid": m.default_bid,
-        "slots": {"busy": busy, "free": total - busy, "total": total},
+        "slots": {"busy": busy, "free": max(0, total - busy), "total": total},
         "waiting": v.waiting,
         "parked": v.parked,
         "best_bid": v.best_bid,

@@ -8,6 +8,8 @@ the drain (:class:`~bourse.services.drain.Drain`) while the server keeps accepti
 (new requests get 503 ``draining``); when the drain is done the server shuts down as
 uvicorn does (every connection is idle by then) and ``serve`` returns, so the process
 exits 0. A second signal ends the drain's wait for running generations at once.
+SIGHUP runs the gateway's reload (:mod:`bourse.live_terms`: the config file's floors,
+slots and default bids applied live), one at a time; it never stops the server.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import uvicorn
 log = logging.getLogger("bourse")
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+RELOAD = signal.SIGHUP
+"""Read the config file again and apply its live terms (floors, slots, default bids)."""
 
 
 class Drainer(Protocol):
@@ -36,10 +40,15 @@ class Drainer(Protocol):
 class GatewayServer(uvicorn.Server):
     """A uvicorn server that drains the gateway before it stops."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drainer) -> None:
+    def __init__(
+        self, config: uvicorn.Config, drain: Drainer, reload: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         super().__init__(config)
         self._drain = drain
         self._draining: asyncio.Task[None] | None = None
+        self._reload = reload
+        self._reloading: asyncio.Task[None] | None = None
+        self._reload_again = False
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -51,11 +60,32 @@ class GatewayServer(uvicorn.Server):
         loop = asyncio.get_running_loop()
         for sig in SIGNALS:
             loop.add_signal_handler(sig, self.on_signal, sig)
+        loop.add_signal_handler(RELOAD, self.on_reload)
         try:
             yield
         finally:
-            for sig in SIGNALS:
+            for sig in (*SIGNALS, RELOAD):
                 loop.remove_signal_handler(sig)
+
+    def on_reload(self) -> None:
+        """SIGHUP: one reload at a time; one more after it if another came meanwhile."""
+        if self._reload is None or self._draining is not None:
+            log.warning("SIGHUP: ignored (%s)", "draining" if self._draining else "nothing to reload")
+            return
+        if self._reloading is not None and not self._reloading.done():
+            self._reload_again = True
+            return
+        self._reloading = asyncio.get_running_loop().create_task(self._reload_loop(self._reload))
+
+    async def _reload_loop(self, reload: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            self._reload_again = False
+            try:
+                await reload()
+            except Exception:
+                log.exception("SIGHUP: the reload failed; the terms in force are unchanged where it stopped")
+            if not self._reload_again:
+                return
 
     def on_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name

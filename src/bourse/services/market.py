@@ -158,6 +158,30 @@ class Market:
     def report_success(self, deployment: str) -> None:
         self.book.report_success(deployment)
 
+    # -- live terms (bourse.live_terms) --------------------------------------------
+
+    def set_default_bid(self, bid: float | None) -> None:
+        """The bid of an order that names none (None: the lowest available floor)."""
+        self._default_bid = bid
+
+    def set_floor(self, deployment: str, floor: float) -> None:
+        """``deployment``'s floor from now on: orders admitted after it clear against it."""
+        self._deployment(deployment).floor = floor
+        self.book.deployment_changed(deployment)
+
+    def set_slots(self, deployment: str, slots: int) -> None:
+        """``deployment``'s slots from now on: fewer admit nothing new until the slots in
+        use fall under them (nothing running is cut); more admit waiting orders at once."""
+        d = self._deployment(deployment)
+        d.resize(slots)
+        self.book.deployment_changed(deployment)
+
+    def _deployment(self, name: str) -> Deployment:
+        for d in self._deployments:
+            if d.name == name:
+                return d
+        raise KeyError(f"{self.product} has no deployment {name!r}")
+
     def report_failure(self, deployment: str, order: Order | None = None) -> None:
         """A failure on ``deployment``; of ``order``: counted once per request and deployment."""
         self.book.report_failure(deployment, order)

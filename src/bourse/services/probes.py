@@ -53,6 +53,8 @@ class ProbeTarget:
     """The engine capacity a configured ``slots`` was last capped to (warned once each)."""
     shrunk: int = 0
     """Slots taken off because the engine was seen queueing requests itself."""
+    engine_slots: int | None = None
+    """The engine's own capacity, as its last passing probe said (None: it did not say)."""
 
 
 class Prober:
@@ -107,9 +109,20 @@ class Prober:
             if market is not None:
                 market.engine_context(d.name, probe.context_length)
 
+    def configure(self, product: str, deployment: str, slots: int | None) -> bool:
+        """An operator's new ``slots`` for a probed deployment (None: the engine's own),
+        held to its engine's capacity as at start; False if no probe owns it."""
+        for target in self._targets:
+            if target.product == product and target.deployment.name == deployment:
+                target.configured_slots, target.capped = slots, None
+                self._resize(target, Probe(None, target.engine.flavor, target.engine_slots))
+                return True
+        return False
+
     def _resize(self, target: ProbeTarget, probe: Probe) -> None:
         d = target.deployment
         configured, engine = target.configured_slots, probe.slots
+        target.engine_slots = engine
         if engine is None:
             slots = DEFAULT_SLOTS if configured is None else configured
         elif configured is None or configured <= engine:
@@ -129,7 +142,7 @@ class Prober:
             if slots < base:
                 source = f"of {base}: its engine queues requests itself"
             log.info("deployment %s of %s: %d slots (%s)", d.name, target.product, slots, source)
-            d.slots = slots
+            d.resize(slots)
             self._tell_book(target.product, d.name)
 
     @staticmethod
