@@ -83,3 +83,36 @@ def test_a_grace_that_is_not_seconds_is_refused_at_start(tmp_path: Path) -> None
     assert r.returncode != 0
     assert "BOURSE_DRAIN_GRACE_S: expected seconds from 0 to 3600, got 'soon'" in r.stderr, r.stderr
     assert not (tmp_path / "d" / "lock").exists()
+
+
+def test_a_busy_gateway_keeps_its_grace_after_its_last_stream_ends(tmp_path: Path) -> None:
+    """Busy at the signal: the running stream ends well inside the grace (2 s of 4); the
+    listener still stays open, ``/readyz`` 503, until the grace has passed."""
+    config = CONFIG.format(grace=4) + "tokens_per_s = 20\n"  # 40 tokens: 2 s
+    admin = {"authorization": "Bearer bk_admin_grace"}
+    env = {"BOURSE_DRAIN_GRACE_S": ""}  # the config's grace, not the suite's 0
+    with serve_process(tmp_path, "busy", config, tmp_path / "data", "bk_admin_grace", env=env) as (url, proc):
+        assert httpx.post(url + "/admin/accounts", json={"id": "g", "credit_usd": 1.0}, headers=admin,
+                          timeout=30).status_code == 201  # fmt: skip
+        key = httpx.post(url + "/admin/keys", json={"account": "g"}, headers=admin, timeout=30).json()["key"]
+        body = {
+            "model": "chat",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 40,
+            "stream": True,
+        }
+        with (
+            httpx.Client(timeout=30) as client,
+            client.stream(
+                "POST", url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+            ) as resp,
+        ):
+            lines = resp.iter_lines()
+            assert resp.status_code == 200 and any(line.startswith("data: ") for line in lines)
+            seen = _readyz_after_sigterm(url, proc)
+            rest = list(lines)
+        assert proc.wait(timeout=20) == 0
+    rest = [line for line in rest if line]
+    assert rest[-1] == "data: [DONE]" and not [r for r in rest if '"error"' in r], rest[-5:]
+    unready = [t for t, status in seen if status == 503]
+    assert seen[-1][1] is None and unready and unready[-1] >= 3.8, seen
