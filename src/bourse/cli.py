@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from bourse.settings import Config, ServerConfig
+    from bourse.workers import WorkerLink
 
 GC_YOUNG_THRESHOLD = 50_000
 """Net allocations of tracked objects between two young collections (CPython's
@@ -168,7 +169,7 @@ def _fork_workers(
     from bourse.services.accounts import admin_key_hash
     from bourse.settings import read_environment
     from bourse.storage.private import SecretBox, key_notices
-    from bourse.workers import run_workers
+    from bourse.workers import WorkerChannels, run_workers
 
     env = read_environment()
     instance_id(data_dir)
@@ -180,11 +181,22 @@ def _fork_workers(
     _, generated = admin_key_hash(data_dir, env.admin_key)
     for line in key_notices(data_dir, generated, None, terminal=sys.stderr.isatty()):
         say(line)
-    return run_workers(socks, lambda sock, number: _serve_locked(args, config, sock, data_dir, number))
+    channels = WorkerChannels(len(socks))  # /metrics: each worker asks the others for their series
+    try:
+        return run_workers(
+            socks, lambda sock, n: _serve_locked(args, config, sock, data_dir, n, channels.link(n))
+        )
+    finally:
+        channels.close()
 
 
 def _serve_locked(
-    args: argparse.Namespace, config: Config, sock: socket.socket, data_dir: Path, worker: int = 0
+    args: argparse.Namespace,
+    config: Config,
+    sock: socket.socket,
+    data_dir: Path,
+    worker: int = 0,
+    link: WorkerLink | None = None,
 ) -> int:
     from bourse.container import build, sealing_problem, unreachable_services
     from bourse.http.server import GatewayServer
@@ -204,7 +216,9 @@ def _serve_locked(
             say(problem, logging.ERROR)
         return EXIT_FAILURE
     try:
-        container = build(config, data_dir=data_dir, env=env, database=args.database, worker=worker)
+        container = build(
+            config, data_dir=data_dir, env=env, database=args.database, worker=worker, link=link
+        )
     except ValueError as exc:
         say(str(exc), logging.ERROR)
         return EXIT_FAILURE

@@ -27,7 +27,7 @@ from bourse.domain.availability import Availability
 from bourse.domain.book import Deployment, ProductBook
 from bourse.domain.breaker import CircuitBreaker
 from bourse.http.app import create_app
-from bourse.observability import build_observer
+from bourse.observability import WorkerPeers, build_observer
 from bourse.observability.logs import say
 from bourse.ports.book import BookPort
 from bourse.ports.engine import Engine, Probed
@@ -52,6 +52,7 @@ from bourse.settings import Config, DeploymentConfig, Environment, deployment_na
 from bourse.storage.audit import SqlAuditLog
 from bourse.storage.private import SecretBox, key_notices
 from bourse.storage.sql import SqlStore
+from bourse.workers import WorkerLink
 
 log = logging.getLogger("bourse")
 
@@ -157,6 +158,8 @@ class Container:
     adopt_secret_key: bool = field(default=False, kw_only=True)
     """``serve --adopt-secret-key``: this gateway's key seals the database's webhook
     secrets from now on, whichever sealed them before."""
+    worker_peers: WorkerPeers | None = field(default=None, kw_only=True)
+    """Under ``serve --workers``: where this worker answers the others' scrapes."""
     demo: DemoRule = field(default=DemoRule.OFF, kw_only=True)
     """Whether the start makes the ``demo`` account (set by ``bourse serve``: :func:`demo_rule`)."""
     config_path: str | None = field(default=None, kw_only=True)
@@ -175,6 +178,8 @@ class Container:
         return self.config.storage.idempotency_ttl_s
 
     async def start(self) -> None:
+        if self.worker_peers is not None:  # first: a peer scraped meanwhile waits for no engine
+            await self.worker_peers.start()
         for engine in self.engines.values():
             await engine.start()
         await self.store.open()
@@ -243,6 +248,8 @@ class Container:
             await engine.aclose()
         await self.auth.aclose()
         await self.store.close()
+        if self.worker_peers is not None:
+            await self.worker_peers.stop()
         self.observer.close()
 
     async def reload(self) -> None:
@@ -359,6 +366,7 @@ def build(
     env: Environment | None = None,
     database: str | None = None,
     worker: int = 0,
+    link: WorkerLink | None = None,
 ) -> Container:
     env = env or Environment()
     data = Path(data_dir)
@@ -394,7 +402,9 @@ def build(
     markets: dict[str, Market] = {}
     kind = "postgresql" if database and database.startswith(("postgresql://", "postgres://")) else "sqlite"
     # the observer reads the markets' books when scraped: the dict is filled below
-    observer = build_observer(config.server, books=markets, store=store, instance=owner, database=kind)
+    observer = build_observer(
+        config.server, books=markets, store=store, instance=owner, database=kind, link=link
+    )
     engines: dict[str, Engine] = {}
     models: dict[str, str] = {}
     prober = Prober()
@@ -499,4 +509,5 @@ def build(
         config, service, auth, admin, store, billing, jobs,
         housekeeping=housekeeping, engines=engines, generated_admin_key=generated, hub=hub,
         reports=reports, dashboard=dashboard, observer=observer, responses=responses, prober=prober,
+        worker_peers=observer.metrics.peers if observer.metrics is not None else None,
     )  # fmt: skip

@@ -10,6 +10,11 @@ per socket. Each worker is a replica of the cluster with an instance id of its o
 and they share the folder's lock. Without ``[cluster]`` there would be N books, each
 believing it owns the slots: N > 1 is refused with one line.
 
+Before forking, the gateway also makes each worker a Unix socket of its own (in a
+private temporary folder, removed when the workers have ended): a worker scraped on
+``/metrics`` asks the others for their series there (:class:`WorkerChannels`,
+:mod:`bourse.observability.worker_metrics`).
+
 SIGTERM or SIGINT to the gateway drains every worker, then it exits 0. A worker that
 ends on its own ends the others too (the gateway's supervisor restarts the whole).
 """
@@ -20,9 +25,12 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import FrameType
 
 WORKER_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -79,6 +87,47 @@ def listen_workers(host: str, port: int, workers: int) -> list[socket.socket]:
             s.close()
         raise
     return socks
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLink:
+    """Worker ``number``'s channel to the others: the socket it answers on, and theirs."""
+
+    number: int
+    listener: socket.socket
+    peers: dict[int, str]
+    """The other workers' numbers and socket paths."""
+
+
+class WorkerChannels:
+    """One listening Unix socket per worker, in a folder of the gateway's own (0700)."""
+
+    def __init__(self, workers: int) -> None:
+        self.folder = tempfile.mkdtemp(prefix="bourse-workers-")
+        self.paths = [os.path.join(self.folder, f"{n}.sock") for n in range(workers)]
+        self.listeners: list[socket.socket] = []
+        try:
+            for path in self.paths:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.listeners.append(sock)
+                sock.bind(path)
+                sock.listen(64)
+        except BaseException:
+            self.close()
+            raise
+
+    def link(self, number: int) -> WorkerLink:
+        """Worker ``number``'s link (called in that worker: the others' sockets are closed)."""
+        for n, sock in enumerate(self.listeners):
+            if n != number:
+                sock.close()
+        peers = {n: path for n, path in enumerate(self.paths) if n != number}
+        return WorkerLink(number, self.listeners[number], peers)
+
+    def close(self) -> None:
+        for sock in self.listeners:
+            sock.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def run_workers(socks: Sequence[socket.socket], serve: Callable[[socket.socket, int], int]) -> int:

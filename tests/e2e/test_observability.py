@@ -413,14 +413,13 @@ def test_a_response_is_logged_and_recorded_under_its_route_attached_or_in_the_ba
 def test_the_live_gauges_are_scraped(gateway: Served) -> None:
     got = scrape(gateway.url)
     for product in ("fast", "slow", "relayed"):
-        assert ("bourse_book_waiting_orders", (("product", product),)) in got
-        assert got[("bourse_deployment_slots", (("deployment", f"{product}/0"), ("product", product)))] >= 1
-        assert (
-            got[("bourse_deployment_breaker_state", (("deployment", f"{product}/0"), ("product", product)))]
-            == 0
-        )
-    assert ("bourse_holds", (("state", "reconciling"),)) in got
-    assert ("bourse_jobs", (("state", "queued"),)) in got
+        cluster = (("product", product), ("scope", "cluster"))  # the book's: the same on every replica
+        assert ("bourse_book_waiting_orders", cluster) in got
+        dep = (("deployment", f"{product}/0"), ("product", product), ("scope", "cluster"))
+        assert got[("bourse_deployment_slots", dep)] >= 1
+        assert got[("bourse_deployment_breaker_state", dep)] == 0
+    assert ("bourse_holds", (("scope", "cluster"), ("state", "reconciling"))) in got
+    assert ("bourse_jobs", (("scope", "cluster"), ("state", "queued"))) in got
     assert any(k[0] == "process_resident_memory_bytes" for k in got)
 
 
@@ -464,7 +463,8 @@ probe_interval_s = 0  # not probed: its request meets the dead upstream
             ]
             == 1
         )
-        assert got[("bourse_deployment_breaker_state", (("deployment", "dead/0"), ("product", "dead")))] == 1
+        dead = (("deployment", "dead/0"), ("product", "dead"), ("scope", "cluster"))
+        assert got[("bourse_deployment_breaker_state", dead)] == 1
 
 
 # -- traces -----------------------------------------------------------------------------------

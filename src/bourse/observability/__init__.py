@@ -2,6 +2,8 @@
 
 - :mod:`~bourse.observability.metrics`: counters and histograms, the live-state
   gauges read at scrape time, the Prometheus exposition (``GET /metrics``);
+- :mod:`~bourse.observability.worker_metrics`: under ``serve --workers``, every
+  worker's series in each scrape;
 - :mod:`~bourse.observability.access_log`: one line per finished request;
 - :mod:`~bourse.observability.logs`: the log format (``text`` or ``json``);
 - :mod:`~bourse.observability.tracing`: OpenTelemetry spans over OTLP (optional);
@@ -15,12 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from prometheus_client.metrics_core import Metric
+
 from bourse.observability.access_log import AccessLog
 from bourse.observability.metrics import BookSource, GaugeStore, Instruments, LiveState, Metrics
 from bourse.observability.observer import Observability
+from bourse.observability.worker_metrics import WorkerPeers
 from bourse.settings import ServerConfig
+from bourse.workers import WorkerLink
 
-__all__ = ["Observability", "build_observer"]
+__all__ = ["Observability", "WorkerPeers", "build_observer"]
 
 
 def build_observer(
@@ -30,13 +36,22 @@ def build_observer(
     store: GaugeStore | None,
     instance: str,
     database: str,
+    link: WorkerLink | None = None,
 ) -> Observability:
-    """The observer ``[server]`` asks for: metrics, access log and traces each on or off."""
+    """The observer ``[server]`` asks for: metrics, access log and traces each on or off;
+    ``link``: this worker's channel to the others under ``serve --workers``."""
     obs = Observability(database=database)
     if server.metrics:
         live = LiveState(books, store, obs.backend_error)
-        obs.metrics = Metrics(Instruments(), live)
-        obs.instruments = obs.metrics.instruments
+        metrics = obs.metrics = Metrics(Instruments(), live, worker=None if link is None else link.number)
+        obs.instruments = metrics.instruments
+        if link is not None:
+
+            def own() -> list[Metric]:  # as a scrape of its own: the finished runs counted first
+                obs.drain()
+                return metrics.own()
+
+            metrics.peers = WorkerPeers(link.listener, link.peers, own, obs.backend_error)
     if server.access_log:
         obs.access = AccessLog(json=server.log_format == "json")
     if server.tracing:

@@ -12,7 +12,14 @@ the exposition (``choose_encoder``: the text format, or OpenMetrics when asked).
 Gauges of live state (book depth, level, cleared price, slots, breakers, holds,
 jobs) are read at scrape time by :class:`LiveState` from the markets and the store:
 nothing on the hot path keeps them up to date. With the Redis book they are the
-shared book's (the view is read from Redis); holds and jobs are the ledger's.
+shared book's (the view is read from Redis); holds and jobs are the ledger's. Those
+are the same on every replica, so they carry ``scope="cluster"`` (docs/operating.md:
+aggregate them with ``max``, the replica's own series with ``sum``); a deployment's
+``available`` is this replica's probes' verdict and carries no scope.
+
+Under ``serve --workers N`` a worker's own series carry ``worker="n"`` and a scrape
+holds every worker's (:mod:`~bourse.observability.worker_metrics`); the live state
+once.
 
 Every label value is bounded: products, deployments and route templates come from
 the config and the route table, outcomes, kinds and results are fixed words, and
@@ -37,6 +44,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from bourse.observability.worker_metrics import ErrorHook, WorkerPeers, labelled, merged
 from bourse.ports.book import BookView
 
 log = logging.getLogger("bourse.metrics")
@@ -50,6 +58,8 @@ WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 30
 LEDGER_BUCKETS = (0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 SCRAPE_TIMEOUT_S = 5.0
 BREAKER_STATES = {"closed": 0, "open": 1, "half_open": 2}
+CLUSTER = ("scope", "cluster")
+"""The label of a series that is the cluster's, the same on every replica."""
 
 
 class Counts:
@@ -215,9 +225,6 @@ class Snapshot:
     jobs: Mapping[str, int] | None = None
 
 
-ErrorHook = Callable[[str, str, BaseException], None]
-
-
 class LiveState:
     """The gauges read from the markets and the store at scrape time."""
 
@@ -259,23 +266,23 @@ class LiveState:
         yield from book_families(snap.views)
         if snap.holds is not None:
             count = GaugeMetricFamily(
-                "bourse_holds", "Open and reconciling holds (the ledger's).", labels=["state"]
+                "bourse_holds", "Open and reconciling holds (the ledger's).", labels=["state", "scope"]
             )
             micros = GaugeMetricFamily(
                 "bourse_holds_micro_usd",
                 "Money in open and reconciling holds, in micro-USD.",
-                labels=["state"],
+                labels=["state", "scope"],
             )
             for state in ("open", "reconciling"):
                 n, m = snap.holds.get(state, (0, 0))
-                count.add_metric([state], n)
-                micros.add_metric([state], m)
+                count.add_metric([state, CLUSTER[1]], n)
+                micros.add_metric([state, CLUSTER[1]], m)
             yield count
             yield micros
         if snap.jobs is not None:
-            jobs = GaugeMetricFamily("bourse_jobs", "Jobs by state (the store's).", labels=["state"])
+            jobs = GaugeMetricFamily("bourse_jobs", "Jobs by state (the store's).", labels=["state", "scope"])
             for state in ("queued", "running", "succeeded", "failed", "canceled", "expired"):
-                jobs.add_metric([state], snap.jobs.get(state, 0))
+                jobs.add_metric([state, CLUSTER[1]], snap.jobs.get(state, 0))
             yield jobs
 
 
@@ -290,7 +297,7 @@ def breaker_state(breaker: str, healthy: bool, available: bool = True) -> int:
 
 
 def book_families(views: Mapping[str, BookView]) -> Iterator[Metric]:
-    p, pd = ["product"], ["product", "deployment"]
+    p, pd = ["product", "scope"], ["product", "deployment", "scope"]
     waiting = GaugeMetricFamily("bourse_book_waiting_orders", "Orders waiting in the book.", labels=p)
     level = GaugeMetricFamily(
         "bourse_book_level_usd_per_million_tokens", "The price a new order must bid to be next.", labels=p
@@ -313,21 +320,22 @@ def book_families(views: Mapping[str, BookView]) -> Iterator[Metric]:
     )
     available = GaugeMetricFamily(
         "bourse_deployment_available",
-        "1 while the deployment's probes pass, 0 while it is unavailable.",
-        labels=pd,
+        "1 while this replica's probes of the deployment pass, 0 while it is unavailable.",
+        labels=["product", "deployment"],
     )
+    c = CLUSTER[1]
     for product, v in views.items():
-        waiting.add_metric([product], v.waiting)
-        level.add_metric([product], v.level)
+        waiting.add_metric([product, c], v.waiting)
+        level.add_metric([product, c], v.level)
         if v.best_bid is not None:
-            best.add_metric([product], v.best_bid)
+            best.add_metric([product, c], v.best_bid)
         if v.recent:
-            cleared.add_metric([product], v.recent[0].price)
-        admitted.add_metric([product], v.admitted_total)
+            cleared.add_metric([product, c], v.recent[0].price)
+        admitted.add_metric([product, c], v.admitted_total)
         for d in v.deployments:
-            slots.add_metric([product, d.name], d.slots)
-            busy.add_metric([product, d.name], d.busy)
-            breaker.add_metric([product, d.name], breaker_state(d.breaker, d.healthy, d.available))
+            slots.add_metric([product, d.name, c], d.slots)
+            busy.add_metric([product, d.name, c], d.busy)
+            breaker.add_metric([product, d.name, c], breaker_state(d.breaker, d.healthy, d.available))
             available.add_metric([product, d.name], 1 if d.available else 0)
     yield from (waiting, level, best, cleared, admitted, slots, busy, breaker, available)
 
@@ -336,25 +344,50 @@ def book_families(views: Mapping[str, BookView]) -> Iterator[Metric]:
 
 
 class Metrics:
-    """This app's registry: the instruments, the live state and the process collector."""
+    """This app's registry: the instruments, the live state and the process collector;
+    under ``serve --workers`` (``worker``: this one's number) its peers' series too."""
 
-    def __init__(self, instruments: Instruments, live: LiveState, *, process: bool = True) -> None:
+    def __init__(
+        self, instruments: Instruments, live: LiveState, *, process: bool = True, worker: int | None = None
+    ) -> None:
         self.instruments = instruments
         self.live = live
+        self.process = ProcessCollector(registry=None) if process else None
+        self.worker = worker
+        self.peers: WorkerPeers | None = None
+        """The other workers (set with ``worker``)."""
+        self._theirs: list[list[Metric]] = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
-        if process:
-            ProcessCollector(registry=self.registry)
         self._lock = asyncio.Lock()
 
+    def own(self) -> list[Metric]:
+        """This process's series: counters, histograms, the process collector's
+        (labelled ``worker`` under ``serve --workers``)."""
+        fams: list[Metric] = [inst.family() for inst in self.instruments.all()]
+        if self.process is not None:
+            fams.extend(self.process.collect())
+        if self.worker is not None:
+            fams = list(labelled(fams, "worker", str(self.worker)))
+        return fams
+
     def collect(self) -> Iterable[Metric]:
-        for inst in self.instruments.all():
-            yield inst.family()
+        if self.worker is None:
+            yield from self.own()
+        else:
+            yield from merged([self.own(), *self._theirs])
         yield from self.live.families()
 
     async def scrape(self, accept: str | None) -> tuple[bytes, str]:
-        """Read the live state, then the exposition in the format ``accept`` asks for."""
+        """Read the live state (and the other workers' series), then the exposition in
+        the format ``accept`` asks for."""
         encoder, content_type = choose_encoder(accept or "")
         async with self._lock:  # one scrape at a time reads and writes the snapshot
-            await self.live.refresh()
-            return encoder(self.registry), content_type
+            if self.peers is not None:
+                self._theirs, _ = await asyncio.gather(self.peers.gather(), self.live.refresh())
+            else:
+                await self.live.refresh()
+            try:
+                return encoder(self.registry), content_type
+            finally:
+                self._theirs = []

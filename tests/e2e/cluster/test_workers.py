@@ -2,7 +2,8 @@
 
 With ``[cluster]`` (Redis and PostgreSQL) the workers are replicas of one cluster:
 one product of one slot never runs two generations at once, though both workers
-serve requests. Without it, ``--workers 2`` is refused with one line and exit 2,
+serve requests; ``/metrics``, whichever worker answers it, carries every worker's
+series (labelled ``worker``) and the cluster's once. Without it, ``--workers 2`` is refused with one line and exit 2,
 having written nothing.
 """
 
@@ -11,12 +12,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.cluster.test_two_replicas import _cleanup_redis, sim_upstream
 from tests.support.bodies import USER
@@ -90,6 +93,83 @@ def test_two_workers_serve_one_book_of_one_slot(
                 owners = {row[0] for row in conn.execute("SELECT DISTINCT owner FROM holds")}
             assert len(owners) == 2, owners  # both workers served, each a replica of its own id
             assert proc.poll() is None
+    finally:
+        _cleanup_redis(redis_service_url, prefix)
+
+
+def _scrape(url: str) -> tuple[dict[str, float], set[str], Counter[str]]:
+    """One scrape on a connection of its own (the kernel picks the worker that answers):
+    the completed requests of ``one`` by worker (the docs' ``sum by`` adds them up),
+    the workers whose process series it holds, and how many series of ``one`` each
+    family has."""
+    r = httpx.get(url + "/metrics", timeout=30)
+    r.raise_for_status()
+    completed: dict[str, float] = {}
+    processes: set[str] = set()
+    series: Counter[str] = Counter()
+    names = []
+    for fam in text_string_to_metric_families(r.text):
+        names.append(fam.name)
+        for s in fam.samples:
+            if s.name == "process_start_time_seconds":
+                processes.add(s.labels.get("worker", "none"))
+            if s.labels.get("product") != "one":
+                continue
+            series[s.name] += 1
+            if s.name == "bourse_requests_total" and s.labels.get("outcome") == "completed":
+                completed[s.labels.get("worker", "none")] = s.value
+    assert len(names) == len(set(names)), "a family written twice"
+    return completed, processes, series
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_every_scrape_of_two_workers_counts_every_request_once(
+    tmp_path: Path, postgres_dsn: str, redis_service_url: str
+) -> None:
+    """Rounds of requests (each on a connection of its own, so both workers serve), each
+    followed by scrapes on connections of their own: every scrape, whichever worker
+    answers it, counts exactly the requests sent so far, so the total never goes down
+    (on main, 1 -> 5 -> 1 over eight scrapes); both workers' series are there, and the
+    cluster's gauges once."""
+    prefix = "w" + os.urandom(6).hex()
+    data = tmp_path / "data"
+    data.mkdir()
+    temp = tmp_path / "temp"  # where the gateway makes the workers' sockets
+    temp.mkdir()
+    try:
+        with (
+            sim_upstream(tmp_path) as upstream,
+            serve_process(
+                tmp_path, "workers", _config(upstream, redis_service_url, prefix), data, ADMIN_KEY,
+                postgres_dsn, extra_args=["--workers", "2"], env={"TMPDIR": str(temp)},
+            ) as (url, _proc),
+        ):  # fmt: skip
+            admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+            httpx.post(url + "/admin/accounts", json={"id": "acme", "credit_usd": 100.0}, headers=admin,
+                       timeout=30).raise_for_status()  # fmt: skip
+            r = httpx.post(url + "/admin/keys", json={"account": "acme"}, headers=admin, timeout=30)
+            r.raise_for_status()
+            key = r.json()["key"]
+            sent = 0
+            seen: list[float] = []
+            for _ in range(3):
+                with ThreadPoolExecutor(4) as pool:
+                    codes = list(pool.map(lambda i: _complete(url, key, i), range(4)))
+                assert codes == [200] * 4
+                sent += 4
+                for _ in range(6):
+                    completed, processes, series = _scrape(url)
+                    seen.append(sum(completed.values()))
+                    assert seen[-1] == sent, (seen, completed)
+                    assert processes == {"0", "1"}
+                    for name in ("bourse_deployment_slots", "bourse_book_admissions_total"):
+                        assert series[name] == 1, (name, series[name])
+            assert set(completed) == {"0", "1"}, completed  # the premise: both workers served
+            [folder] = temp.iterdir()
+            assert folder.stat().st_mode & 0o777 == 0o700
+            assert sorted(p.name for p in folder.iterdir()) == ["0.sock", "1.sock"]
+        assert list(temp.iterdir()) == []  # the sockets' folder went with the gateway
     finally:
         _cleanup_redis(redis_service_url, prefix)
 

@@ -175,7 +175,7 @@ def test_a_prompt_over_max_model_len_is_the_clients_400_and_opens_no_breaker(
     refused = vllm.output().count('"POST /v1/chat/completions HTTP/1.1" 400') - refused_before
     assert refused == 4, vllm.output()[-3000:]
     series = _gateway_metrics(gw)
-    labels = (("deployment", DEPLOYMENT), ("product", PRODUCT))
+    labels = (("deployment", DEPLOYMENT), ("product", PRODUCT), ("scope", "cluster"))
     assert series[("bourse_deployment_breaker_state", labels)] == 0
     # counted as the engine's refusals of requests, not as failures of the deployment
     failures = {

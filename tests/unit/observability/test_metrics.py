@@ -64,6 +64,9 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
+CLUSTER = ("scope", "cluster")
+
+
 async def _scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     body, content_type = await metrics.scrape(None)
     assert content_type.startswith("text/plain")
@@ -113,32 +116,35 @@ async def test_every_family_is_exposed_even_before_anything_was_counted() -> Non
 async def test_live_state_is_read_from_the_books_and_the_store_when_scraped() -> None:
     m = _metrics({"p": _Book(_view())})
     got = await _scrape(m)
-    p = (("product", "p"),)
+    p = (("product", "p"), CLUSTER)  # the shared book's: the same on every replica
     assert got[("bourse_book_waiting_orders", p)] == 4
     assert got[("bourse_book_level_usd_per_million_tokens", p)] == 0.5
     assert got[("bourse_book_best_bid_usd_per_million_tokens", p)] == 0.5
     assert got[("bourse_book_cleared_price_usd_per_million_tokens", p)] == 0.3  # the newest clear
     assert got[("bourse_book_admissions_total", p)] == 17
-    dep = (("deployment", "p/0"), ("product", "p"))
+    dep = (("deployment", "p/0"), ("product", "p"), CLUSTER)
     assert got[("bourse_deployment_slots", dep)] == 2
     assert got[("bourse_deployment_slots_busy", dep)] == 2
     states = [
-        got[("bourse_deployment_breaker_state", (("deployment", d), ("product", "p")))]
+        got[("bourse_deployment_breaker_state", (("deployment", d), ("product", "p"), CLUSTER))]
         for d in ("p/0", "p/1", "p/2")
     ]
     assert states == [0, 1, 2]  # closed, open (cooling), half-open (cooled down)
-    assert got[("bourse_holds", (("state", "open"),))] == 3
-    assert got[("bourse_holds_micro_usd", (("state", "reconciling"),))] == 50
-    assert got[("bourse_jobs", (("state", "queued"),))] == 2
-    assert got[("bourse_jobs", (("state", "running"),))] == 0
+    assert (
+        got[("bourse_deployment_available", (("deployment", "p/0"), ("product", "p")))] == 1
+    )  # this replica's
+    assert got[("bourse_holds", (CLUSTER, ("state", "open")))] == 3  # the ledger's
+    assert got[("bourse_holds_micro_usd", (CLUSTER, ("state", "reconciling")))] == 50
+    assert got[("bourse_jobs", (CLUSTER, ("state", "queued")))] == 2
+    assert got[("bourse_jobs", (CLUSTER, ("state", "running")))] == 0
 
 
 async def test_an_unreachable_book_leaves_its_gauges_out_and_counts_an_error() -> None:
     errors: list[str] = []
     m = _metrics({"up": _Book(_view()), "down": _Book(None)}, errors)
     got = await _scrape(m)
-    assert ("bourse_book_waiting_orders", (("product", "up"),)) in got
-    assert ("bourse_book_waiting_orders", (("product", "down"),)) not in got
+    assert ("bourse_book_waiting_orders", (("product", "up"), CLUSTER)) in got
+    assert not any(dict(labels).get("product") == "down" for _, labels in got)
     assert errors == ["redis:book_view"]
 
 
