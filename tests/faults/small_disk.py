@@ -1,7 +1,9 @@
 """A small filesystem of a test's own (a tmpfs it mounts), and filling it up.
 
 Mounting needs root (CI runs as root); elsewhere the tests that need it skip, saying
-so. As root a mount that fails is a failure, not a skip: the fault is not tested.
+so, except under ``BOURSE_REQUIRE_SERVICES=1`` (CI), where not being root is a failure
+like any other missing service. As root a mount that fails is a failure, not a skip: the
+fault is not tested.
 """
 
 from __future__ import annotations
@@ -15,15 +17,25 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.databases import MISSING_SERVICE_MARK, services_required
+
 NOT_ROOT = "mounting a small tmpfs needs root (CI runs the fault suite as root)"
+
+
+def require_root() -> None:
+    """Skip unless root, or fail under ``BOURSE_REQUIRE_SERVICES=1``."""
+    if os.geteuid() == 0:
+        return
+    if services_required():
+        pytest.fail(f"{NOT_ROOT}; BOURSE_REQUIRE_SERVICES=1 makes this a failure", pytrace=False)
+    pytest.skip(f"{NOT_ROOT}; {MISSING_SERVICE_MARK}")
 
 
 @contextmanager
 def small_disk(folder: Path, size_mb: int) -> Iterator[Path]:
     """A tmpfs of ``size_mb`` MiB mounted on ``folder`` for the block; unmounted after
     (lazily, if a process that outlived the test still has a file open on it)."""
-    if os.geteuid() != 0:
-        pytest.skip(NOT_ROOT)
+    require_root()
     folder.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(folder)],

@@ -10,7 +10,8 @@ The settlements of the runs under way failed too, and their holds stayed open on
 live gateway, balances reduced with nothing running, until its next start.
 
 Now, while the disk is full, a client gets 503 ``no_capacity`` with ``retry-after``
-(or, a stream that already has its 200, an in-band error frame), never a 500. Once the
+(or, a stream that already has its 200, an in-band error frame), never a 500, and gets
+it within ``[storage] unavailable_timeout_s`` (plus a small margin). Once the
 filler is removed, the live gateway closes every hold its runs left open within a
 bounded time (each as its run ended: settled or released, so the balances come back,
 none left to an operator), the unfinished jobs end, the books balance; and a SIGTERM
@@ -20,6 +21,7 @@ drain that comes before the periodic sweep closes them itself before the process
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import time
@@ -30,7 +32,9 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
+from bourse.settings import StorageConfig
 from tests.faults.ledger import Books
 from tests.faults.served import ADMIN_KEY, Served
 from tests.faults.small_disk import fill, free_bytes, small_disk
@@ -51,6 +55,10 @@ RECOVER_S = 20.0
 """Within this after the filler is removed, no hold is open and every job has ended."""
 EXIT_S = 30.0
 USER = [{"role": "user", "content": "Tell me about rivers."}]
+UNAVAILABLE_TIMEOUT_S: float = StorageConfig.model_fields["unavailable_timeout_s"].default
+"""``[storage] unavailable_timeout_s``, the default (the config here leaves it)."""
+MARGIN_S = 1.5
+"""What a refusal may take past the timeout (the event loop, the client, a slow CI)."""
 
 
 def _config(extra: str = "") -> str:
@@ -71,9 +79,12 @@ class Clients:
     forbidden: list[str] = field(default_factory=list)
     jobs: list[tuple[str, str]] = field(default_factory=list)
     """(job id, the key that submitted it)"""
+    refusals_s: list[float] = field(default_factory=list)
+    """How long each refusal took to arrive, from the request: its 503 or its error frame."""
 
-    def refused(self, what: str, r: httpx.Response, body: bytes) -> str:
+    def refused(self, what: str, r: httpx.Response, body: bytes, t0: float) -> str:
         """A non-2xx answer: only 503 ``no_capacity`` with ``retry-after`` is allowed."""
+        self.refusals_s.append(time.monotonic() - t0)
         code = None
         try:
             code = orjson.loads(body)["error"]["code"]
@@ -85,31 +96,35 @@ class Clients:
 
     async def stream(self, client: httpx.AsyncClient, key: str, sim: dict[str, Any]) -> str:
         body = {"model": "pd", "messages": USER, "stream": True, "sim": sim}
+        t0 = time.monotonic()
         async with client.stream("POST", "/v1/chat/completions", json=body, headers=_auth(key)) as r:
             if r.status_code != 200:
-                return self.refused("stream", r, await r.aread())
+                return self.refused("stream", r, await r.aread(), t0)
             outcome = "stream:done"
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 if "Traceback" in line or '"internal_error"' in line:
                     self.forbidden.append(f"stream frame: {line[:300]}")
-                if '"error"' in line:
+                if '"error"' in line and outcome == "stream:done":
                     outcome = "stream:error_frame"
+                    self.refusals_s.append(time.monotonic() - t0)
             return outcome
 
     async def unary(self, client: httpx.AsyncClient, key: str, sim: dict[str, Any]) -> str:
         body = {"model": "pd", "messages": USER, "sim": sim}
+        t0 = time.monotonic()
         r = await client.post("/v1/chat/completions", json=body, headers=_auth(key))
         if r.status_code != 200:
-            return self.refused("unary", r, r.content)
+            return self.refused("unary", r, r.content, t0)
         return "unary:200"
 
     async def job(self, client: httpx.AsyncClient, key: str, sim: dict[str, Any]) -> str:
         body = {"endpoint": "/v1/chat/completions", "body": {"model": "pd", "messages": USER, "sim": sim}}
+        t0 = time.monotonic()
         r = await client.post("/v1/jobs", json=body, headers=_auth(key))
         if r.status_code != 202:
-            return self.refused("job", r, r.content)
+            return self.refused("job", r, r.content, t0)
         self.jobs.append((orjson.loads(r.content)["id"], key))
         return "job:202"
 
@@ -192,6 +207,9 @@ async def _fill_under_runs(gw: Served, keys: list[str], disk: Path) -> tuple[Cli
 def _check_full(seen: Clients, books: Books) -> None:
     assert seen.forbidden == [], (seen.forbidden[:5], seen.seen)
     assert sum(n for k, n in seen.seen.items() if ":503:" in k) > 0, seen.seen  # the disk was full
+    # every refusal within the timeout: no client waits on a store that cannot write
+    slowest = max(seen.refusals_s)
+    assert slowest <= UNAVAILABLE_TIMEOUT_S + MARGIN_S, (slowest, sorted(seen.refusals_s)[-5:])
     assert seen.seen["long:stream"] == LONG_STREAMS, seen.seen
     # the premise: the runs under way ended, their settlements and their jobs' states
     # could not be written
@@ -247,7 +265,8 @@ def test_a_full_disk_gives_no_500_and_the_live_gateway_closes_every_hold_once_sp
         after = gw.books()
         assert not after.ids("open"), after.ids("open")
         after.assert_balanced(at_rest=False)
-        print(f"recovered in {recovered_s:.1f} s; clients saw {dict(seen.seen)}")
+        print(f"recovered in {recovered_s:.1f} s; clients saw {dict(seen.seen)}; "
+              f"slowest refusal {max(seen.refusals_s):.2f} s of {len(seen.refusals_s)}")  # fmt: skip
 
 
 def test_a_drain_after_a_full_disk_closes_every_hold_before_the_gateway_exits(tmp_path: Path) -> None:
@@ -266,3 +285,27 @@ def test_a_drain_after_a_full_disk_closes_every_hold_before_the_gateway_exits(tm
             assert not after.ids("open"), f"{len(after.ids('open'))} holds open after the drain"
             after.assert_balanced(at_rest=False)
             assert not after.ids("reconciling"), len(after.ids("reconciling"))
+
+
+def _without_root(folder: Path) -> BaseException:
+    """What mounting the small disk does for a test that is not root: its skip or failure."""
+    try:
+        with small_disk(folder, 1):
+            pass
+    except (pytest.fail.Exception, pytest.skip.Exception) as outcome:
+        return outcome
+    raise AssertionError("mounted a tmpfs without root")
+
+
+def test_without_root_the_disk_tests_fail_in_ci_and_skip_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("BOURSE_REQUIRE_SERVICES", "1")
+    outcome = _without_root(tmp_path)
+    assert isinstance(outcome, pytest.fail.Exception), repr(outcome)
+    assert "needs root" in str(outcome) and "BOURSE_REQUIRE_SERVICES=1" in str(outcome), outcome
+    monkeypatch.delenv("BOURSE_REQUIRE_SERVICES")
+    outcome = _without_root(tmp_path)
+    assert isinstance(outcome, pytest.skip.Exception) and "needs root" in str(outcome), repr(outcome)
+    assert not os.path.ismount(tmp_path)

@@ -14,7 +14,8 @@ receipt is, and it stays charged once. (A hold released or reconciled before the
 restart charged nothing, so that job runs again, as before.)
 
 The state the kill leaves is written straight into the store of a stopped gateway,
-then a gateway starts on the same data folder.
+then a gateway starts on the same data folder. The data folder is watched
+(:func:`tests.support.ledgers.watched`): the suite's ledger check runs on it at the end.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 from bourse.container import Container, build
 from bourse.ports.stores import Hold, Job, UsageRecord
 from bourse.settings import Environment, parse_config
+from tests.support.ledgers import watched
 from tests.support.waiting import await_until
 
 pytestmark = pytest.mark.anyio
@@ -92,6 +94,11 @@ async def _restarted(data_dir: Path, job: Job) -> tuple[Container, Job]:
 
 
 async def test_a_job_charged_before_the_kill_is_not_charged_again(tmp_path: Path) -> None:
+    with watched(tmp_path, None):
+        await _charged_once(tmp_path)
+
+
+async def _charged_once(tmp_path: Path) -> None:
     job = await _left_by_a_kill(tmp_path, charged=True)
     second, done = await _restarted(tmp_path, job)
     try:
@@ -111,6 +118,11 @@ async def test_a_job_charged_before_the_kill_is_not_charged_again(tmp_path: Path
 
 
 async def test_a_job_whose_hold_was_released_runs_again_and_is_charged_once(tmp_path: Path) -> None:
+    with watched(tmp_path, None):
+        await _run_again(tmp_path)
+
+
+async def _run_again(tmp_path: Path) -> None:
     job = await _left_by_a_kill(tmp_path, charged=False)
     second, done = await _restarted(tmp_path, job)
     try:

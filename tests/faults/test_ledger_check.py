@@ -1,7 +1,12 @@
 """The ledger check the fault suite runs after every test (:func:`tests.faults.ledger.check_ledger`)
 finds each of its ten invariants broken: a served gateway's real books (a charged
 chat completion, a capped key's spend, a finished job), copied, then damaged one way at
-a time in the copy. The untouched copy passes."""
+a time in the copy. The untouched copy passes.
+
+And the suite runs it on every database a fault test uses, however the test made it:
+a gateway in process (:func:`tests.support.asgi.in_process_gateway`) and a store opened
+by the test itself in :func:`tests.support.ledgers.watched`, each damaged before it
+stops, fail the test as they stop."""
 
 from __future__ import annotations
 
@@ -12,11 +17,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
+from bourse.storage.sqlite import SqliteStore
 from tests.faults.ledger import check_ledger
+from tests.support.asgi import in_process_gateway
 from tests.support.gateway import Gateway, running_gateway
+from tests.support.ledgers import WATCH, watched
 
 CONFIG = """
 [server]
@@ -116,3 +125,36 @@ def test_each_invariant_is_checked(books: Path, tmp_path: Path, said: str) -> No
     with pytest.raises(AssertionError) as broken:
         check_ledger(tmp_path, None, settle_s=0.2)
     assert re.search("[\"']" + re.escape(said), str(broken.value)), broken.value
+
+
+def _damage(data_dir: Path, said: str) -> None:
+    with sqlite3.connect(data_dir / "bourse.db", timeout=30) as db:
+        db.execute("PRAGMA ignore_check_constraints = ON")
+        assert db.execute(DAMAGE[said]).rowcount >= 1, said
+
+
+def test_an_in_process_gateway_is_checked_as_it_stops(tmp_path: Path) -> None:
+    async def damaged() -> None:
+        async with in_process_gateway(CONFIG, tmp_path) as gw:
+            assert any(ledger.data_dir == tmp_path for ledger in WATCH.live), WATCH.live
+            assert (await gw.get("/v1/account")).status_code == 200
+            _damage(tmp_path, "10: account")
+
+    with pytest.raises(AssertionError) as broken:
+        anyio.run(damaged)
+    assert re.search("[\"']10: account", str(broken.value)), broken.value
+
+
+def test_a_store_a_test_opens_itself_is_checked_when_its_block_ends(tmp_path: Path) -> None:
+    async def books() -> None:
+        store = SqliteStore(tmp_path / "bourse.db")
+        await store.open()
+        try:
+            await store.create_account("acct", 1_000, time.time())
+        finally:
+            await store.close()
+
+    with pytest.raises(AssertionError) as broken, watched(tmp_path, None):
+        anyio.run(books)
+        _damage(tmp_path, "2: account")
+    assert re.search("[\"']2: account", str(broken.value)), broken.value

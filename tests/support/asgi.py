@@ -33,6 +33,7 @@ from bourse.container import Container, build
 from bourse.settings import Environment, parse_config
 from tests.support.bodies import streamed
 from tests.support.gateway import ADMIN_KEY
+from tests.support.ledgers import watched
 from tests.support.sse import SSEResult, read_result
 
 BASE_URL = "http://bourse.test"
@@ -266,14 +267,16 @@ class InProcessGateway:
 async def in_process_gateway(
     config_toml: str, data_dir: Path, *, credit_usd: float = 1000.0
 ) -> AsyncIterator[InProcessGateway]:
-    """The gateway of ``config_toml`` in process, its SQLite ledger in ``data_dir``."""
+    """The gateway of ``config_toml`` in process, its SQLite ledger in ``data_dir``
+    (watched: a suite's ledger check runs on it once the gateway has stopped)."""
     cfg = parse_config(tomllib.loads(config_toml), "<test config>", env={})
     container = build(cfg, data_dir=data_dir, env=Environment(admin_key=ADMIN_KEY))
     container.announce = False
     app = container.app()
-    async with lifespan(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
-            gw = InProcessGateway(container, app, client, api_key="")
-            gw.api_key = await gw.new_account(gw.account, credit_usd)
-            yield gw
+    with watched(data_dir, None):
+        async with lifespan(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+                gw = InProcessGateway(container, app, client, api_key="")
+                gw.api_key = await gw.new_account(gw.account, credit_usd)
+                yield gw

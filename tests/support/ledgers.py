@@ -2,7 +2,9 @@
 tests have open, so that a suite can check its invariants on each one.
 
 Whatever starts a gateway (:func:`tests.support.gateway.running_gateway`,
-:func:`tests.support.processes.serve_process`) wraps its life in :func:`watched`.
+:func:`tests.support.processes.serve_process`, :func:`tests.support.asgi.in_process_gateway`)
+wraps its life in :func:`watched`; a test that opens a store or builds a container
+itself wraps their use in it too.
 A suite that wants the check (tests/faults/conftest.py) installs it with
 :meth:`Watch.checking`: it then runs when each watched gateway stops (its database
 still there, the gateway drained or dead) and, through the suite's fixture, after
