@@ -37,6 +37,7 @@ from bourse.ports.reports import ReportStore
 from bourse.services.accounts import AdminService, DemoRule, admin_key_hash, bootstrap_demo
 from bourse.services.auth import Authenticator
 from bourse.services.billing import Billing
+from bourse.services.clock import DatabaseClock
 from bourse.services.completion import CompletionService, Limits
 from bourse.services.dashboard import Dashboard
 from bourse.services.drain import Drain
@@ -176,6 +177,10 @@ class Container:
     @property
     def idempotency_ttl_s(self) -> float:
         return self.config.storage.idempotency_ttl_s
+
+    @property
+    def clock(self) -> DatabaseClock:
+        return self.billing.clock
 
     async def start(self) -> None:
         if self.worker_peers is not None:  # first: a peer scraped meanwhile waits for no engine
@@ -455,8 +460,11 @@ def build(
     prober.bind(markets)
     store.secret_box = SecretBox.for_folder(data, env.secret_key)
     admin_hash, generated = admin_key_hash(data, env.admin_key)
-    auth = Authenticator(store, admin_hash)
-    billing = Billing(store, owner=owner, lease_s=max(15.0, config.cluster.lease_s * 5), observer=observer)
+    clock = DatabaseClock()  # its offset measured by the billing's heartbeat
+    auth = Authenticator(store, admin_hash, clock=clock.now)
+    billing = Billing(
+        store, owner=owner, lease_s=max(15.0, config.cluster.lease_s * 5), observer=observer, clock=clock
+    )
     limits = Limits(config.server.book_timeout_s, config.server.book_timeout_max_s)
     limiter: RateLimiter = MemoryRateLimiter()
     if hub is not None:
@@ -492,17 +500,20 @@ def build(
         store,
         interval_s=st.idempotency_purge_interval_s,
         sweeps=(billing.sweeper.sweep, jobs.sweep),
+        clock=clock.now,
         sweep_interval_s=st.hold_sweep_interval_s,
         retention_s=st.retention_s,
         retention_interval_s=st.retention_interval_s,
     )
     r = config.responses
-    responses = ResponseService(store, jobs, ResponseLimits(r.retention_s, r.sweep_interval_s))
+    responses = ResponseService(
+        store, jobs, ResponseLimits(r.retention_s, r.sweep_interval_s), clock=clock.now
+    )
     from bourse.storage.reports import SqlReports
 
     reports = SqlReports(store)
     dashboard = Dashboard(
-        sessions=Sessions(store, admin_hash), reports=reports, admin=admin, jobs=jobs,
+        sessions=Sessions(store, admin_hash, clock=clock.now), reports=reports, admin=admin, jobs=jobs,
         tape=MarketTape(markets), feed=RequestFeed(service, store),
     )  # fmt: skip
     return Container(

@@ -23,6 +23,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from datetime import datetime
 from pathlib import Path
@@ -165,3 +166,68 @@ def test_a_replica_with_a_skewed_clock_runs_no_job_twice(skew_setup: dict[str, A
         taken = [ln for ln in lines if "lease lapsed" in ln or "reconciling" in ln]
         assert not dropped, f"settlements dropped: {dropped[:3]}"
         assert not taken, f"a live replica's work was taken over: {taken[:3]}"
+
+
+IDEM_TTL_S = 60
+"""``[storage] idempotency_ttl_s``, its least: a clock 120 s off is past it."""
+IDEM_TOKENS = 40
+"""The idempotent request runs ~4 s (10 tokens a second)."""
+
+
+def _idem_config(redis_url: str, prefix: str) -> str:
+    return _config(redis_url, prefix) + f"\n[storage]\nidempotency_ttl_s = {IDEM_TTL_S}\n"
+
+
+@pytest.mark.parametrize("skew", ["+120s", "-120s"], ids=["ahead", "behind"])
+def test_an_idempotency_key_in_flight_is_not_run_again_by_a_skewed_replica(
+    skew_setup: dict[str, Any], skew: str
+) -> None:
+    """A request with an ``Idempotency-Key`` runs on one replica; the same key and body
+    come to the other while it runs. The claim is the key's lease: before the fix each
+    replica wrote its expiry (``now + idempotency_ttl_s``) and judged it on its own
+    clock, so a replica 120 s ahead saw the other's live claim expired (and one 120 s
+    behind wrote a claim the other saw expired), deleted it and ran the request a second
+    time: two holds, two charges. Now both are on the database's clock: the second is a
+    409 while the first runs, and its replay once it ended, one hold charged."""
+    tmp, dsn = skew_setup["tmp"], skew_setup["dsn"]
+    config = _idem_config(skew_setup["redis"], "t" + os.urandom(6).hex())
+    faked = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": skew}
+    with ExitStack() as stack:
+        urls = []
+        for i, env in enumerate([CLUSTER_ENV, {**CLUSTER_ENV, **faked}]):
+            data = tmp / f"data{i}"
+            data.mkdir()
+            url, _ = stack.enter_context(
+                serve_process(tmp, f"idem{i}", config, data, ADMIN_KEY, dsn, env=env)
+            )
+            urls.append(url)
+        r = httpx.post(urls[0] + "/admin/accounts", headers=ADMIN, json={"id": "idem", "credit_usd": 100.0})
+        assert r.status_code == 201, r.text
+        r = httpx.post(urls[0] + "/admin/keys", headers=ADMIN, json={"account": "idem"})
+        assert r.status_code == 201, r.text
+        user = {
+            "authorization": f"Bearer {r.json()['key']}",
+            "idempotency-key": "once-" + os.urandom(4).hex(),
+        }
+        # the claim is made by the replica whose clock is behind the other's
+        first, second = (urls[0], urls[1]) if skew.startswith("+") else (urls[1], urls[0])
+        body = {"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": IDEM_TOKENS,
+                "sim": {"output_tokens": IDEM_TOKENS, "tokens_per_s": TOKENS_PER_S}}  # fmt: skip
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(
+                httpx.post, first + "/v1/chat/completions", headers=user, json=body, timeout=60
+            )
+            time.sleep(1.0)  # the claim is made, the run under way
+            again = httpx.post(second + "/v1/chat/completions", headers=user, json=body, timeout=60)
+            done = running.result()
+        assert done.status_code == 200, done.text
+        assert again.status_code == 409, f"the key was run again: {again.status_code} {again.text[:300]}"
+        assert again.json()["error"]["code"] == "idempotency_conflict", again.text
+        replay = httpx.post(second + "/v1/chat/completions", headers=user, json=body, timeout=60)
+        assert replay.status_code == 200 and replay.headers.get("idempotent-replayed") == "true", replay.text
+        assert replay.json()["id"] == done.json()["id"], (replay.text, done.text)
+        with psycopg.connect(dsn) as conn:
+            holds = conn.execute(
+                "SELECT state, charged_micros FROM holds WHERE account_id = 'idem'"
+            ).fetchall()
+        assert [state for state, _ in holds] == ["settled"], holds

@@ -24,6 +24,49 @@ from bourse.wire.sse import SSEParser
 from bourse.wire.stops import StopStrings
 
 _DONE = b"[DONE]"
+MAX_TOKEN_COUNT = 2**53 - 1
+"""The largest token count an upstream's usage may give (JSON's safe integers): a count
+past it, or a negative one, is a malformed usage block, never a charge or an answer
+the gateway could not write (orjson writes no integer past 64 bits)."""
+
+
+_TEXTS = ("content", "refusal", "reasoning_content", "reasoning")
+"""A delta's (a message's) text fields: the gateway joins their fragments."""
+
+
+def _is(value: object, kind: type) -> bool:
+    return value is None or (isinstance(value, kind) and not isinstance(value, bool))
+
+
+def check_choices(choices: object) -> None:
+    """TypeError unless every field of ``choices`` that the gateway reads and folds into
+    its own answer (a choice's ``finish_reason`` and ``text``, a delta's texts, its tool
+    calls' ``index``, ``id``, ``type``, ``name`` and ``arguments``) has the type the API
+    gives it (or is null). Checked as the upstream's answer arrives, before anything of
+    it is relayed or counted: an answer the gateway could not fold (and would charge
+    for, then fail to write) is the upstream's malformed answer instead."""
+    if choices is None:
+        return
+    if not isinstance(choices, list):
+        raise TypeError
+    for choice in choices:
+        if not isinstance(choice, dict) or not _is(choice.get("finish_reason"), str):
+            raise TypeError
+        delta = choice.get("delta")
+        if not _is(choice.get("text"), str) or not _is(delta, dict):
+            raise TypeError
+        if delta is None:
+            continue
+        if not all(_is(delta.get(k), str) for k in _TEXTS) or not _is(delta.get("tool_calls"), list):
+            raise TypeError
+        for call in delta.get("tool_calls") or ():
+            if not isinstance(call, dict) or not _is(call.get("index"), int):
+                raise TypeError
+            fn = call.get("function")
+            if not (_is(call.get("id"), str) and _is(call.get("type"), str) and _is(fn, dict)):
+                raise TypeError
+            if fn is not None and not (_is(fn.get("name"), str) and _is(fn.get("arguments"), str)):
+                raise TypeError
 
 
 def _carries_tokens(choices: list[Any]) -> int:
@@ -122,6 +165,7 @@ class StreamParse:
                 return None
             if not self.finished:
                 self.finished = any(c.get("finish_reason") for c in choices)
+            check_choices(choices)
             tokens = _carries_tokens(choices)
         except (orjson.JSONDecodeError, TypeError, AttributeError):
             self.failure = EngineFailure(
@@ -234,6 +278,8 @@ class ResponsesParse(StreamParse):
                 self.failure = _too_deep(not self.output_began)
                 return None
             chunk = up.chunk(event)
+            if chunk is not None:
+                check_choices(chunk["choices"])
         except (orjson.JSONDecodeError, TypeError, AttributeError):
             self.failure = EngineFailure("upstream sent a malformed event", transient=not self.output_began)
             return None
@@ -265,6 +311,8 @@ def parse_answer(
             raise failure_of(doc, False)
         usage = doc.pop("usage", None)
         tokens = _answer_chunk(doc, chat) if doc.get("choices") else None
+        if tokens is not None:
+            check_choices(doc["choices"])
     except (orjson.JSONDecodeError, TypeError, AttributeError, KeyError):
         raise EngineFailure("upstream sent a malformed answer", transient=True, kind="malformed") from None
     usage_event = _usage_event(usage) if isinstance(usage, dict) else None
@@ -306,7 +354,9 @@ def _usage_event(usage: dict[str, Any]) -> UsageEvent:
     try:
         prompt = int(usage.get("prompt_tokens") or 0)
         completion = int(usage.get("completion_tokens") or 0)
-    except (TypeError, ValueError):
+        if not (0 <= prompt <= MAX_TOKEN_COUNT and 0 <= completion <= MAX_TOKEN_COUNT):
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
         raise EngineFailure(
             "upstream sent a malformed usage block", transient=False, kind="malformed"
         ) from None

@@ -15,6 +15,7 @@ from bourse.ports.reports import ReportStore
 from bourse.ports.stores import IdempotencyStore, UsageStore
 from bourse.services.accounts import AdminService
 from bourse.services.auth import Authenticator
+from bourse.services.clock import DatabaseClock
 from bourse.services.completion import CompletionService
 from bourse.services.dashboard import Dashboard
 from bourse.services.jobs import JobService
@@ -51,6 +52,12 @@ class Services(Protocol):
     def max_json_depth(self) -> int: ...
     @property
     def idempotency_ttl_s(self) -> float: ...
+    @property
+    def clock(self) -> DatabaseClock:
+        """The database's clock: every time another replica judges (an idempotency key's
+        expiry, a stored response's, a key's) is taken on it."""
+        ...
+
     @property
     def observer(self) -> Observer: ...
 

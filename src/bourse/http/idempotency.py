@@ -8,7 +8,6 @@ account, which may be limited to other products, never replays its answers.
 from __future__ import annotations
 
 import hashlib
-import time
 
 from starlette.responses import Response
 
@@ -38,7 +37,9 @@ async def begin(services: Services, account: str, key: str | None, scope: str, r
     if key is None:
         return None
     digest = hashlib.sha256(scope.encode() + b"\0" + raw).hexdigest()
-    begun = await services.store.idem_begin(account, key, digest, time.time(), services.idempotency_ttl_s)
+    begun = await services.store.idem_begin(
+        account, key, digest, services.clock.now(), services.idempotency_ttl_s
+    )
     if begun.state == "conflict":
         raise GatewayError(
             409,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Collection, Mapping
 from dataclasses import asdict
 from enum import Enum
@@ -110,13 +109,18 @@ class AdminService:
         """The configured products: a key may be limited to these only."""
         self.audit = audit
 
+    def now(self) -> float:
+        """Now on the database's clock (the authenticator's): a key's expiry and grace are
+        judged by every replica."""
+        return self.auth.clock()
+
     async def create_account(self, account_id: str, credit_usd: float, actor: str = SYSTEM) -> dict[str, Any]:
         if not account_id or len(account_id) > 128:
             raise invalid_request("id: expected 1 to 128 characters", param="id")
         if credit_usd < 0:
             raise invalid_request("credit_usd: must not be negative", param="credit_usd")
         micros = usd_to_micros(credit_usd)
-        now = time.time()
+        now = self.now()
         entry = audit_entry(actor, "account.create", account_id, {"credit_micros": micros}, now)
         try:
             acc = await self.store.create_account(account_id, micros, now, audit=entry)
@@ -131,7 +135,7 @@ class AdminService:
         from now on, including the held ones, which this releases). The audit entry
         names the change, never the secret."""
         secret = new_webhook_secret()
-        now = time.time()
+        now = self.now()
         entry = audit_entry(actor, "account.webhook_secret", account_id, {}, now)
         try:
             released = await self.store.set_webhook_secret(account_id, secret, now, audit=entry)
@@ -148,7 +152,7 @@ class AdminService:
         first of ``BOURSE_SECRET_KEY``), which the database names from now on: the step
         of a key rotation after every replica was given ``NEW,OLD``. Secrets it cannot
         open are listed; their accounts need a new secret."""
-        now = time.time()
+        now = self.now()
         report = await self.store.reseal_webhook_secrets(
             now, audit=audit_entry(actor, "webhook_secrets.reseal", "webhook_secrets", {}, now)
         )
@@ -163,7 +167,7 @@ class AdminService:
         micros = usd_to_micros(amount_usd)
         if micros <= 0:
             raise invalid_request("amount_usd: must be positive", param="amount_usd")
-        now = time.time()
+        now = self.now()
         entry = audit_entry(actor, "account.credit", account_id, {"amount_micros": micros}, now)
         try:
             acc = await self.store.credit(account_id, micros, now, "admin credit", audit=entry)
@@ -196,7 +200,7 @@ class AdminService:
     ) -> dict[str, Any]:
         """A new key (its secret shown once, in ``key``). 400 for a product that is not
         configured, an expiry in the past or a cap below one micro-USD; 404 for no account."""
-        now = time.time()
+        now = self.now()
         self._check_products(products)
         if expires_at is not None and expires_at <= now:
             raise invalid_request("expires_at: must be in the future", param="expires_at")
@@ -242,12 +246,12 @@ class AdminService:
             )
 
     async def keys(self, account_id: str | None, limit: int, after: str | None) -> list[dict[str, Any]]:
-        now = time.time()
+        now = self.now()
         return [key_view(k, now) for k in await self.store.keys_page(account_id, limit=limit, after=after)]
 
     async def revoke_key(self, key_id: str, actor: str = SYSTEM, reason: str | None = None) -> dict[str, Any]:
         """Revoke for good: refused at once on this replica, within the cache TTL on the others."""
-        now = time.time()
+        now = self.now()
         entry = audit_entry(actor, "key.revoke", key_id, {} if reason is None else {"reason": reason}, now)
         try:
             key = await self.store.revoke_key(key_id, now, audit=entry)
@@ -260,7 +264,7 @@ class AdminService:
         """A new secret (shown once, in ``key``); the old one works ``grace_s`` more seconds."""
         if not 0 <= grace_s <= MAX_GRACE_S:
             raise invalid_request(f"grace_s: expected 0 to {MAX_GRACE_S} seconds", param="grace_s")
-        now = time.time()
+        now = self.now()
         until = now + grace_s
         secret, digest = self.auth.issue_secret()
         entry = audit_entry(actor, "key.rotate", key_id, {"grace_s": grace_s, "old_valid_until": until}, now)
@@ -304,7 +308,7 @@ class AdminService:
                 f"amount_micros: expected 0 to {hold.amount_micros} (the hold), got {amount_micros}",
                 param="amount_micros",
             )
-        now = time.time()
+        now = self.now()
         usage = reconciled_usage(hold, existing, "settled", amount_micros, now)
         entry = audit_entry(actor, "hold.settle", hold_id, _hold_detail(hold, amount_micros), now)
         try:
@@ -318,7 +322,7 @@ class AdminService:
         if hold is None:
             raise GatewayError(404, "not_found", f"No hold '{hold_id}'.")
         existing = await self.store.usage(hold.account_id, hold.request_id)
-        now = time.time()
+        now = self.now()
         usage = reconciled_usage(hold, existing, "released", 0, now)
         entry = audit_entry(actor, "hold.release", hold_id, _hold_detail(hold, 0), now)
         try:

@@ -103,7 +103,8 @@ class Authenticator:
         self._admin_hash = admin_key_hash
         self._ttl = cache_ttl_s
         self._max = cache_max
-        self._clock = clock
+        self.clock = clock
+        """The time a key's expiry and grace are judged on (the database's: replicas share keys)."""
         self._cache: dict[str, tuple[float, Principal | None]] = {}
         self._touch_every = touch_interval_s
         self._touch_due: dict[str, float] = {}
@@ -124,7 +125,7 @@ class Authenticator:
             raise unauthorized("Invalid API key.")
         key = principal.key
         if key.revoked_at is not None or key.expires_at is not None or key.grace_until is not None:
-            why = refusal(key, self._clock())
+            why = refusal(key, self.clock())
             if why is not None:
                 raise unauthorized(why)
         if mono >= self._touch_due.get(key.id, 0.0):
@@ -157,7 +158,7 @@ class Authenticator:
         if len(self._touch_due) >= self._max:
             self._touch_due.clear()
         self._touch_due[key_id] = mono + self._touch_every
-        self._used[key_id] = self._clock()
+        self._used[key_id] = self.clock()
         if self._toucher is None or self._toucher.done():
             self._toucher = asyncio.create_task(self._write_uses(), name="bourse-key-last-used")
 

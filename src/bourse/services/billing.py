@@ -189,12 +189,13 @@ class Billing:
         owner: str | None = None,
         lease_s: float = 15.0,
         observer: Observer = NULL_OBSERVER,
+        clock: DatabaseClock | None = None,
     ) -> None:
         self.store = store
         self.owner = owner or "gw_" + os.urandom(8).hex()
         self.lease_s = lease_s
         self.observer = observer
-        self.clock = DatabaseClock()
+        self.clock = clock or DatabaseClock()
         """The database's clock (its offset measured by each heartbeat): the time of
         every ledger and job record that another replica compares."""
         self._heartbeat: asyncio.Task[None] | None = None

@@ -1,7 +1,11 @@
 """The shared database's clock, as read from this process.
 
 Replicas compare times that other replicas wrote: a job's ``expires_at`` against the
-sweeper's now, a hold's spend-cap day. Each replica's own ``time.time()`` may be
+sweeper's now, a hold's spend-cap day, an idempotency key's claim (a replica whose
+clock ran ahead would take another's live claim for expired, and run its request
+twice), a stored response's expiry, an API key's expiry and grace, a dashboard
+session's. One instance per gateway, shared by every service that writes or judges
+such a time. Each replica's own ``time.time()`` may be
 minutes off (no NTP, a VM resumed, a container on a skewed host), so these times are
 taken on the database's clock instead: :meth:`DatabaseClock.now` is the local clock
 plus the offset measured at each ledger heartbeat (the heartbeat returns the

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -113,8 +113,16 @@ class EventLog:
 class ResponseService:
     """Stored responses, ``previous_response_id`` and background responses."""
 
-    def __init__(self, store: ResponseStore, jobs: JobService, limits: ResponseLimits | None = None) -> None:
+    def __init__(
+        self,
+        store: ResponseStore,
+        jobs: JobService,
+        limits: ResponseLimits | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
+        self.clock = clock
+        """The database's clock: a stored response's expiry is judged by every replica."""
         self.jobs = jobs
         self.limits = limits or ResponseLimits()
         self.logs: dict[str, EventLog] = {}
@@ -160,7 +168,7 @@ class ResponseService:
             return None
         response_id, index = where
         if response_id not in records:
-            records[response_id] = await self.store.response(response_id, account_id, time.time())
+            records[response_id] = await self.store.response(response_id, account_id, self.clock())
         rec = records[response_id]
         output = [] if rec is None else rec.body.get("output") or []
         if index >= len(output) or output[index].get("id") != item_id:
@@ -175,7 +183,7 @@ class ResponseService:
         response: Mapping[str, Any],
     ) -> None:
         """Keep a finished response (its input ``items`` after the ``history`` it continued)."""
-        now = time.time()
+        now = self.clock()
         context = [*history, *items, *response["output"]]
         await self.store.put_response(
             ResponseRecord(
@@ -206,7 +214,7 @@ class ResponseService:
     ) -> dict[str, Any]:
         """Start a background response as a detached job; the response, ``queued``. With
         ``stream``, its events are kept (:attr:`logs`) from ``response.created`` on."""
-        now = time.time()
+        now = self.clock()
         response = response_object(request_id, req, req.model, int(now), "queued")
         events = EventLog(ResponseBuilder(response, events=True)) if req.stream else None
         if events is not None:
@@ -269,7 +277,7 @@ class ResponseService:
         status = _JOB_STATUS.get(job["status"])
         if status is not None:
             return replace(rec, status=status, body={**rec.body, "status": status})
-        current = await self.store.response(rec.id, rec.account_id, time.time())
+        current = await self.store.response(rec.id, rec.account_id, self.clock())
         if current is not None and current.status in FINAL_STATUSES:
             return current  # kept meanwhile (a watcher and a read)
         body = self._final(rec, job)
@@ -305,7 +313,7 @@ class ResponseService:
     # -- reads -----------------------------------------------------------------------
 
     async def _record(self, response_id: str, account_id: str, param: str | None = None) -> ResponseRecord:
-        rec = await self.store.response(response_id, account_id, time.time())
+        rec = await self.store.response(response_id, account_id, self.clock())
         if rec is None:
             raise not_found(response_id, param)
         return await self._settle(rec)
@@ -356,7 +364,7 @@ class ResponseService:
     # -- the sweeper -----------------------------------------------------------------
 
     async def purge_once(self, batch: int = 1000) -> int:
-        now, total = time.time(), 0
+        now, total = self.clock(), 0
         while True:
             n = await self.store.purge_responses(now, batch)
             total += n

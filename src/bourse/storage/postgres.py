@@ -16,18 +16,35 @@ that remains after those retries (or a pool with no connection to give) is
 :class:`~bourse.ports.stores.StoreUnavailable`, on every path (one transaction, a
 batch of one account's ledger writes), within ``[storage] unavailable_timeout_s`` of
 the call: the HTTP layer answers it 503 ``no_capacity`` with ``retry-after``.
+
+A connection that takes no answer (a frozen server, a partition, a lock wait) is
+bounded the same way: at the call's deadline the event loop gives the call up
+(:class:`StoreUnavailable`) and shuts down the socket of the connection it was using
+(:class:`_Call`), which wakes its worker thread with an error, and the pool discards
+that connection. Whether a write given up that way was committed is unknown, as with a
+connection lost during COMMIT: the ledger's callers keep what they could not write for
+the hold sweeper, whose writes meet the ledger's guards (a hold closes once). As
+defence in depth the server itself ends a statement past ``unavailable_timeout_s``
+(``statement_timeout``) and a transaction left idle (``idle_in_transaction_session_timeout``,
+so a partitioned replica's row locks do not outlive it), and TCP keepalives with
+``tcp_user_timeout`` find a dead peer of an idle pooled connection. Only the migrations
+at start-up run unbounded (a large table's may take long; replicas wait for each other's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -47,7 +64,7 @@ from bourse.storage.ledger import (
     hold_row_args,
     refusal,
 )
-from bourse.storage.sql import SqlStore
+from bourse.storage.sql import SqlStore, migrate_in
 from bourse.storage.usage import USAGE_COLUMNS, USAGE_INSERT, USAGE_ON_CONFLICT, usage_values
 
 T = TypeVar("T")
@@ -60,12 +77,106 @@ MIN_WAIT_S = 0.001
 """The shortest wait for a pooled connection (see ``_tx``)."""
 RECONNECT_ATTEMPTS = 3
 """Attempts of a transaction whose connection the server dropped (the first included)."""
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3, "keepalives_count": 3}
+"""TCP keepalives: an idle pooled connection whose peer is gone is found within ~20 s."""
+TCP_USER_TIMEOUT_MS = 15_000
+"""A connection whose sent data stays unacknowledged this long is closed by the kernel
+(a partition): the pool's idle connections and background connection attempts; a call
+is given up sooner, at its deadline."""
+IDLE_IN_TRANSACTION_FACTOR = 2
+"""The server ends a transaction left idle this many ``unavailable_timeout_s`` (its
+replica gave it up, or cannot reach the server), releasing its locks."""
 
 
 class ConnectionLost(psycopg.OperationalError):
     """The transaction's connection broke (the server went away), so it is run again on
     another one: a break before COMMIT rolled it back; in the rare break during COMMIT
     the repeat meets the ledger's own guards (a hold id exists, a hold is no longer open)."""
+
+
+class _GivenUp(psycopg.OperationalError):
+    """The call was given up at its deadline (see :class:`_Call`)."""
+
+
+class _Call:
+    """One store call's claim on the connection its worker thread is using, shared with the
+    event loop, which gives the call up at its deadline: then that connection's socket is
+    shut down (never closed here: its worker still owns the descriptor), so the worker's
+    wait for the server ends at once with an error and the pool discards the connection;
+    a worker that takes a connection after that hands it back unused."""
+
+    __slots__ = ("_conn", "_lock", "given_up")
+
+    def __init__(self) -> None:
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+        self.given_up = False
+
+    def take(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            if self.given_up:
+                raise _GivenUp("the call was given up")
+            self._conn = conn
+
+    def drop(self) -> None:
+        with self._lock:
+            self._conn = None
+
+    def give_up(self) -> None:
+        with self._lock:
+            self.given_up = True
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                _shut_down(conn)
+
+
+def _shut_down(conn: psycopg.Connection[Any]) -> None:
+    """Shut ``conn``'s socket down for both directions (through a duplicate of its
+    descriptor, so the connection's own stays valid until its owner closes it)."""
+    try:
+        fd = conn.pgconn.socket
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except (OSError, psycopg.Error):
+        pass  # closed already
+
+
+class _Pool(ConnectionPool[psycopg.Connection[Any]]):
+    """The connection pool, whose check of its idle connections (after a lost one) is given
+    up with the call that asked for it: a frozen server would hold that check for ever."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._checking = threading.local()
+
+    def check_for(self, call: _Call) -> None:
+        self._checking.call = call
+        try:
+            self.check()
+        finally:
+            self._checking.call = None
+
+    def check_connection(self, conn: psycopg.Connection[Any]) -> None:  # type: ignore[override]
+        call: _Call | None = getattr(self._checking, "call", None)
+        if call is None:
+            ConnectionPool.check_connection(conn)
+            return
+        call.take(conn)  # _GivenUp: the pool discards this idle one (the server is not answering)
+        try:
+            ConnectionPool.check_connection(conn)
+        finally:
+            call.drop()
+
+
+def server_options(dsn: str, unavailable_timeout_s: float) -> str:
+    """The ``options`` of every connection: the server's own bounds (see the module's
+    docstring), before any the DSN gives (which win)."""
+    ms = max(1, int(unavailable_timeout_s * 1000))
+    ours = (
+        f"-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms * IDLE_IN_TRANSACTION_FACTOR}"
+    )
+    theirs = conninfo_to_dict(dsn).get("options")
+    return f"{ours} {theirs}" if theirs else ours
 
 
 class _PgExecutor:
@@ -122,15 +233,22 @@ class PostgresStore(SqlStore):
         is :class:`StoreUnavailable` (``[storage] unavailable_timeout_s``)."""
         self._size = max(1, max_size)
         self._threads: ThreadPoolExecutor | None = None
-        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._pool: _Pool | None = None
         self._cache: dict[str, str] = {}
 
     async def open(self) -> None:
-        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+        pool = _Pool(
             self.dsn,
             min_size=1,
             max_size=self._size,
-            kwargs={"autocommit": True, "row_factory": dict_row, "connect_timeout": int(CONNECT_TIMEOUT_S)},
+            kwargs={
+                "autocommit": True,
+                "row_factory": dict_row,
+                "connect_timeout": int(CONNECT_TIMEOUT_S),
+                "options": server_options(self.dsn, self.unavailable_timeout_s),
+                "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+                **KEEPALIVES,
+            },
             timeout=self.unavailable_timeout_s,
             # psycopg_pool doubles the wait between reconnection attempts, without a cap,
             # until this much time has passed; then it gives the attempt up and the next
@@ -158,9 +276,12 @@ class PostgresStore(SqlStore):
         if pool is not None:
             pool.close()
 
-    def _tx(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool, deadline: float) -> T:
+    def _tx(
+        self, fn: Callable[..., T], args: tuple[Any, ...], write: bool, deadline: float, call: _Call
+    ) -> T:
         """One transaction on a worker thread: ``fn(executor, *args)`` on a pooled
-        connection, waiting for one no later than ``deadline`` (monotonic)."""
+        connection, waiting for one no later than ``deadline`` (monotonic), the
+        connection claimed by ``call`` while in use."""
         pool = self._pool
         if pool is None:
             raise RuntimeError("the PostgreSQL store is not open")
@@ -169,47 +290,63 @@ class PostgresStore(SqlStore):
         # idle connection in hand, so a call past its deadline still takes one that is free
         conn = pool.getconn(max(MIN_WAIT_S, deadline - time.monotonic()))
         try:
+            call.take(conn)
             ex = _PgExecutor(conn, self._cache)
             if not write:
                 return fn(ex, *args)
             with conn.transaction():
                 return fn(ex, *args)
         except psycopg.OperationalError as exc:
-            if not conn.broken:
+            if not conn.broken or call.given_up:
                 raise
             lost = exc
         finally:
+            call.drop()  # before it goes back: a give-up never shuts a pooled one down
             pool.putconn(conn)  # a broken one is discarded and replaced
-        pool.check()  # its idle siblings may be dead too (the server restarted)
+        pool.check_for(call)  # its idle siblings may be dead too (the server restarted)
         raise ConnectionLost(str(lost)) from lost
 
-    async def _call(self, fn: Callable[..., T], args: tuple[Any, ...], write: bool) -> T:
+    async def _call(
+        self, fn: Callable[..., T], args: tuple[Any, ...], write: bool, bounded: bool = True
+    ) -> T:
         """Every transaction's way to the database: run on a worker, again (twice at most)
-        after a lost connection, and within ``unavailable_timeout_s`` of the call; a
-        connection failure that outlasts that (the server is gone or refuses connections,
-        the pool has none to give) is :class:`StoreUnavailable`."""
+        after a lost connection, and given up ``unavailable_timeout_s`` after the call
+        (unless not ``bounded``: the migrations); a connection failure that outlasts that
+        (the server is gone, refuses connections or does not answer, the pool has none to
+        give) is :class:`StoreUnavailable`."""
         threads = self._threads
         if threads is None:
             raise RuntimeError("the PostgreSQL store is not open")
         loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + self.unavailable_timeout_s
+        timeout_s = self.unavailable_timeout_s if bounded else CONNECT_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
+        call = _Call()
         try:
-            try:
-                return await loop.run_in_executor(threads, self._tx, fn, args, write, deadline)
-            except ConnectionLost:
-                pass  # the retries below, off the fast path (no retry state per transaction)
-            async for attempt in retrying(
-                attempts=RECONNECT_ATTEMPTS - 1,
-                base_s=0.05,
-                max_s=1.0,
-                retry_on=ConnectionLost,
-                what="a PostgreSQL transaction after a lost connection",
-            ):
-                with attempt:
-                    return await loop.run_in_executor(threads, self._tx, fn, args, write, deadline)
+            async with asyncio.timeout(timeout_s if bounded else None):
+                try:
+                    return await loop.run_in_executor(threads, self._tx, fn, args, write, deadline, call)
+                except ConnectionLost:
+                    pass  # the retries below, off the fast path (no retry state per transaction)
+                async for attempt in retrying(
+                    attempts=RECONNECT_ATTEMPTS - 1,
+                    base_s=0.05,
+                    max_s=1.0,
+                    retry_on=ConnectionLost,
+                    what="a PostgreSQL transaction after a lost connection",
+                ):
+                    with attempt:
+                        return await loop.run_in_executor(threads, self._tx, fn, args, write, deadline, call)
+        except TimeoutError:
+            call.give_up()
+            raise StoreUnavailable(f"PostgreSQL: no answer within {timeout_s:g} s") from None
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"PostgreSQL: {exc}") from exc
         raise AssertionError("unreachable: retrying re-raises the last failure")
+
+    async def migrate(self) -> int:
+        """Apply pending migrations, unbounded (a large table's may take long; replicas
+        starting together wait for the one that migrates)."""
+        return await self._call(migrate_in, (self.migration_lock_sql, time.time(), _UNBOUNDED), True, False)
 
     def _run(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         return self._call(fn, args, True)
@@ -226,7 +363,11 @@ class PostgresStore(SqlStore):
             return await self._write_each(items)
 
 
-def _open_pool(pool: ConnectionPool[psycopg.Connection[Any]], dsn: str) -> None:
+_UNBOUNDED = ("SET LOCAL statement_timeout = 0",)
+"""What a migration's transaction runs first: the server's statement bound lifted."""
+
+
+def _open_pool(pool: _Pool, dsn: str) -> None:
     """Open ``pool`` and wait for its first connections. One plain connection first, so
     a database that refuses us fails at once with the server's own reason (the pool
     would keep trying until its timeout)."""

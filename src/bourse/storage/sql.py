@@ -53,9 +53,11 @@ from bourse.storage.sealing import Sealer
 T = TypeVar("T")
 
 
-def _migrate(db: Executor, lock_sql: str | None, now: float) -> int:
+def migrate_in(db: Executor, lock_sql: str | None, now: float, setup: tuple[str, ...] = ()) -> int:
     """Apply every pending migration in one transaction (under ``lock_sql`` if given,
-    so replicas starting together migrate once)."""
+    so replicas starting together migrate once), after the ``setup`` statements."""
+    for statement in setup:
+        db.execute(statement)
     if lock_sql:
         db.fetch(lock_sql)
     db.execute(
@@ -126,7 +128,7 @@ class SqlStore:
 
     async def migrate(self) -> int:
         """Apply pending migrations; returns the schema version."""
-        return await self._run(_migrate, self.migration_lock_sql, time.time())
+        return await self._run(migrate_in, self.migration_lock_sql, time.time())
 
     # -- ledger -----------------------------------------------------------------------
 
