@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.engines.test_failures_real import error_of
 from tests.support import real_engines
-from tests.engines.test_failures_real import breaker_openings, error_of
-from tests.support.gateway import Gateway, running_gateway
+from tests.support.gateway import Gateway, breaker_openings, running_gateway
 from tests.support.real_engines import SERVED_MODEL
 from tests.support.sse import collect_sse
 

@@ -10,7 +10,16 @@ import uuid
 import orjson
 import pytest
 from aiohttp import web
-from tests.unit.engines.test_openai_http import CHAT, SECRET, Handler, Seen, _answer, _collect, _fake, _request
+from tests.unit.engines.test_openai_http import (
+    CHAT,
+    SECRET,
+    Handler,
+    Seen,
+    _answer,
+    _collect,
+    _fake,
+    _request,
+)
 
 from bourse.domain.availability import Availability
 from bourse.ports.engine import EngineFailure
@@ -64,7 +73,7 @@ async def test_every_refusal_carries_the_engines_status_and_a_bounded_scrubbed_b
         with pytest.raises(EngineFailure) as info:
             await _collect(engine, _request(CHAT))
     said = info.value.upstream
-    assert said.startswith("HTTP 422, body b'{\"error\": \"***") and said.endswith("xx'..."), said
+    assert said.startswith('HTTP 422, body b\'{"error": "***') and said.endswith("xx'..."), said
     assert SECRET not in said and len(said) < 400, said
 
 
