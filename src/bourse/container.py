@@ -44,7 +44,7 @@ from bourse.services.drain import Drain
 from bourse.services.housekeeping import Housekeeping
 from bourse.services.jobs import JobLimits, JobService
 from bourse.services.market import Market
-from bourse.services.probes import Prober, ProbeTarget
+from bourse.services.probes import START_RETRY_S, Prober, ProbeTarget
 from bourse.services.request_feed import RequestFeed
 from bourse.services.responses import ResponseLimits, ResponseService
 from bourse.services.sessions import Sessions
@@ -419,7 +419,8 @@ def build(
         for i, dconf in enumerate(pconf.deployments):
             name = deployment_name(pname, i, dconf)
             availability = Availability(
-                hold_s=max(5.0, 3 * dconf.probe_interval_s), on_change=partial(prober.changed, pname, name)
+                hold_s=max(5.0, 3 * (dconf.probe_interval_s or START_RETRY_S)),
+                on_change=partial(prober.changed, pname, name),
             )
             engine, model = build_engine(pname, dconf, name, pconf.context_length, availability)
             engines[name] = market_engines[name] = engine

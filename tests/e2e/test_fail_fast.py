@@ -15,8 +15,6 @@ the cool-down (then tried again, and waited again), and nothing was logged.
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.dead_upstream import DyingUpstream
 from tests.support.processes import serve_process
 
 ADMIN_KEY = "bk_admin_fail_fast_test"
@@ -33,47 +32,18 @@ NO_WAIT_S = 0.5
 """The 503 is meant to come within 50 ms; the bound allows for a loaded machine."""
 
 
-class SlammingUpstream:
-    """A TCP port that accepts each connection and closes it at once; counts them."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
-def slamming() -> Iterator[SlammingUpstream]:
-    up = SlammingUpstream()
-    try:
+def slamming() -> Iterator[DyingUpstream]:
+    """Passes the start probe, then closes each request's connection at once."""
+    with DyingUpstream("m") as up:
         yield up
-    finally:
-        up.close()
 
 
 @pytest.fixture
-def unanswered() -> Iterator[int]:
-    """A port whose connects get no answer: its accept queue (one place) is full, so the
-    kernel drops further SYNs."""
-    with socket.socket() as srv:
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(0)
-        with socket.create_connection(srv.getsockname()) as _filler:
-            yield srv.getsockname()[1]
+def unanswered() -> Iterator[DyingUpstream]:
+    """Passes the start probe; silenced once the gateway serves."""
+    with DyingUpstream("m") as up:
+        yield up
 
 
 def _config(slam_port: int, silent_port: int) -> str:
@@ -89,7 +59,7 @@ base_url = "http://127.0.0.1:{slam_port}/v1"
 model = "m"
 breaker_threshold = 1
 cooldown_s = {COOLDOWN_S}
-probe_interval_s = 0  # not probed: the breaker is what is tested (a probe would rule it out first)
+probe_interval_s = 0  # probed at start only (it passes): the breaker is what is tested
 
 [products.silent]
 max_requeues = 0
@@ -119,12 +89,11 @@ def _log(tmp: Path, name: str) -> str:
 
 
 def test_open_breakers_answer_503_at_once_without_touching_the_upstream(
-    tmp_path: Path, slamming: SlammingUpstream, unanswered: int
+    tmp_path: Path, slamming: DyingUpstream, unanswered: DyingUpstream
 ) -> None:
-    with serve_process(tmp_path, "ff", _config(slamming.port, unanswered), tmp_path / "data", ADMIN_KEY) as (
-        url,
-        _proc,
-    ):
+    config = _config(slamming.port, unanswered.port)
+    with serve_process(tmp_path, "ff", config, tmp_path / "data", ADMIN_KEY) as (url, _proc):
+        unanswered.silence()
         auth = _key(url)
         body = {"model": "dead", "messages": USER, "max_tokens": 4}
         # the first request finds the upstream slamming its connection: the breaker opens

@@ -22,12 +22,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import Message, Receive, Scope, Send
 
 from bourse.engines.sim import SimSettings
 from bourse.engines.sim_server import create_sim_app
-from tests.support.gateway import Gateway, running_gateway
+from tests.support.gateway import Gateway, breaker_openings, running_gateway
 from tests.support.servers import serve_app_in_thread
 from tests.support.sse import collect_sse
 
@@ -107,16 +106,6 @@ class Upstream:
             }
         )
         await send({"type": "http.response.body", "body": self.body})
-
-
-def breaker_openings(gw: Gateway) -> float:
-    text = httpx.get(gw.url + "/metrics", timeout=30).text
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "bourse_breaker_transitions_total" and s.labels.get("state") == "open":
-                total += s.value
-    return total
 
 
 def usage_records(gw: Gateway, key: str) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from bourse.engines.sim import SimSettings
 from bourse.engines.sim_server import create_sim_app
+from tests.support.dead_upstream import DyingUpstream
 from tests.support.gateway import running_gateway
 from tests.support.processes import serve_process
 from tests.support.servers import serve_app_in_thread
@@ -424,20 +425,22 @@ def test_the_live_gauges_are_scraped(gateway: Served) -> None:
 
 
 def test_a_dead_upstream_is_logged_with_its_deployment(tmp_path: Path) -> None:
-    config = """
+    dying = DyingUpstream("x")
+    config = f"""
 [server]
 log_format = "json"
 [products.dead]
 max_requeues = 0
 [[products.dead.deployments]]
 engine = "openai"
-base_url = "http://127.0.0.1:9/v1"
+base_url = "{dying.base_url}"
 model = "x"
 breaker_threshold = 1
 cooldown_s = 60
-probe_interval_s = 0  # not probed: its request meets the dead upstream
+probe_interval_s = 0  # probed at start only (it passes); then its request meets it dead
 """
-    with serve_process(tmp_path, "dead", config, tmp_path / "data", ADMIN_KEY) as (url, proc):
+    with dying, serve_process(tmp_path, "dead", config, tmp_path / "data", ADMIN_KEY) as (url, proc):
+        dying.refuse()
         gw = Served(url, max(tmp_path.glob("dead-*.log")), proc, "", Recorder(None))
         gw.key = gw.account("dead", 10.0)
         r = httpx.post(url + "/v1/chat/completions", json=body("dead"), headers=gw.headers, timeout=30)

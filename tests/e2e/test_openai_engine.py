@@ -5,7 +5,6 @@ handled as a transient failure."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +15,7 @@ from starlette.types import Message, Receive, Scope, Send
 from bourse.engines.sim import SimSettings
 from bourse.engines.sim_server import create_sim_app
 from tests.support.bodies import USER
+from tests.support.dead_upstream import DyingUpstream
 from tests.support.env import INTERNAL_MODEL, UPSTREAM_MODEL
 from tests.support.gateway import Gateway, running_gateway
 from tests.support.servers import serve_app_in_thread
@@ -56,19 +56,10 @@ class Recorder:
 
 
 @pytest.fixture(scope="module")
-def dead_port() -> Iterator[int]:
-    """A port that refuses connections: bound (so nobody else gets it) but not listening."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        yield port
-
-
-@pytest.fixture(scope="module")
-def setup(dead_port: int) -> Iterator[tuple[Gateway, Recorder]]:
+def setup() -> Iterator[tuple[Gateway, Recorder]]:
     rec = Recorder(create_sim_app(SimSettings()))
-    dead = f"http://127.0.0.1:{dead_port}/v1"
-    with serve_app_in_thread(rec) as up:
+    with DyingUpstream(INTERNAL_MODEL) as dying, serve_app_in_thread(rec) as up:
+        dead = dying.base_url
         config = f"""
 [products.remote]
 sim_overrides = true
@@ -107,7 +98,7 @@ model = "{INTERNAL_MODEL}"
 floor = 0.01
 connect_timeout_s = 2
 breaker_threshold = 1000
-probe_interval_s = 0  # not probed: its requests meet the dead upstream (a probe would rule it out)
+probe_interval_s = 0  # probed at start only (it passes); then its requests meet it dead
 [[products.fallback.deployments]]
 engine = "openai"
 name = "fallback-alive"
@@ -116,6 +107,7 @@ model = "{INTERNAL_MODEL}"
 floor = 0.02
 """
         with running_gateway(config, env={"UPSTREAM_KEY": "sk-upstream-secret"}) as gw:
+            dying.refuse()
             yield gw, rec
 
 

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.gateway import Gateway, running_gateway
+from tests.support.gateway import Gateway, breaker_openings, running_gateway
 from tests.support.real_engines import RealEngine, llama_cpp_python_server
 from tests.support.sse import SSEResult, collect_sse, open_sse
 
@@ -38,16 +37,6 @@ slots = {slots}
 breaker_threshold = 3
 cooldown_s = 60
 """
-
-
-def breaker_openings(gw: Gateway) -> float:
-    text = httpx.get(gw.url + "/metrics", timeout=30).text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "bourse_breaker_transitions_total" and s.labels.get("state") == "open"
-    )
 
 
 def served_to_another_client(gw: Gateway) -> httpx.Response:

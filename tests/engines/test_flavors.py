@@ -126,9 +126,12 @@ def test_the_highest_bidder_that_arrived_last_is_admitted_next(lcp_gateway: Gate
     assert order[:2] == ["a", "e"], order  # the highest bid goes next, though it came last
 
 
-@pytest.fixture(scope="module")
-def wrong_gateway(llama_cpp_python: RealEngine) -> Iterator[Gateway]:
+@pytest.fixture(scope="module", params=["default", "0"], ids=["probed", "start-probe-only"])
+def wrong_gateway(llama_cpp_python: RealEngine, request: pytest.FixtureRequest) -> Iterator[Gateway]:
+    """Probed every 10 s (the default), or ``probe_interval_s = 0``: the start probe's
+    verdict holds too (it did not: the deployments set up wrong took orders)."""
     e = llama_cpp_python
+    interval = "" if request.param == "default" else f"probe_interval_s = {request.param}\n"
     config = f"""
 [products.nov1]
 [[products.nov1.deployments]]
@@ -136,21 +139,21 @@ engine = "openai"
 name = "nov1-main"
 base_url = "{e.root}"
 model = "{e.model}"
-
+{interval}
 [products.unknown]
 [[products.unknown.deployments]]
 engine = "openai"
 name = "unknown-main"
 base_url = "{e.base_url}"
 model = "no-such-model"
-
+{interval}
 [products.fine]
 [[products.fine.deployments]]
 engine = "openai"
 name = "fine-main"
 base_url = "{e.base_url}"
 model = "{e.model}"
-"""
+{interval}"""
     with running_gateway(_deployment(config)) as gw:
         yield gw
 

@@ -21,9 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.engines.test_failures_real import error_of
 from tests.support import real_engines
-from tests.support.gateway import Gateway, running_gateway
+from tests.support.gateway import Gateway, breaker_openings, running_gateway
 from tests.support.real_engines import SERVED_MODEL
+from tests.support.sse import collect_sse
 
 
 @contextmanager
@@ -156,3 +158,55 @@ model = "{SERVED_MODEL}"
             assert set(done) == {"a", "b", "c", "d", "e"}, done
             order = sorted(done, key=done.__getitem__)
             assert order[:2] == ["a", "e"], order
+
+
+def test_a_prompt_over_a_slots_context_is_the_clients_400_logged_and_opens_no_breaker(
+    server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A prompt that passes bourse's byte pre-check against the slot's context it reads
+    from the probe (3,200 bytes / 8 = 400 tokens, under 2,048 / 2 = 1,024) but is ~1,600
+    tokens, which llama-server refuses: ``400 exceed_context_size_error``, streamed or not. The client gets 400 / an in-band ``context_length_exceeded``, the breaker
+    (threshold 1) never opens, and the refusal is a WARNING with the engine's status and
+    body."""
+    config = f"""
+[products.ls]
+[[products.ls.deployments]]
+engine = "openai"
+name = "ls-main"
+base_url = "{server}/v1"
+model = "{SERVED_MODEL}"
+breaker_threshold = 1
+cooldown_s = 60
+"""
+    prompt = "a " * 1600
+    with caplog.at_level(logging.INFO, "bourse.events"), running_gateway(config) as gw:
+        assert _market(gw)["available"]
+        body = {"model": "ls", "messages": [{"role": "user", "content": prompt}]}
+        r = httpx.post(f"{gw.v1}/chat/completions", headers=gw.headers, json=body, timeout=120)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        assert r.headers["x-should-retry"] == "false"
+        assert "exceeds the available context size" in r.json()["error"]["message"], r.text
+        streamed = collect_sse(gw, {**body, "stream": True})
+        if streamed.status == 200:
+            assert error_of(streamed)["code"] == "context_length_exceeded", streamed.chunks
+            assert not any(c.get("choices") for c in streamed.chunks)
+        else:
+            assert streamed.status == 400, streamed
+        assert breaker_openings(gw) == 0
+        assert _market(gw)["available"]
+        ok = httpx.post(
+            f"{gw.v1}/completions", headers=gw.headers, timeout=120,
+            json={"model": "ls", "prompt": "Once upon a time", "max_tokens": 4},
+        )  # fmt: skip
+        assert ok.status_code == 200, ok.text
+        assert breaker_openings(gw) == 0
+    refusals = [
+        r for r in caplog.records
+        if r.name == "bourse.events" and "upstream failure on deployment ls-main (refused)" in r.getMessage()
+    ]  # fmt: skip
+    assert len(refusals) == 2, [r.getMessage() for r in caplog.records]
+    for record in refusals:
+        line = record.getMessage()
+        assert record.levelno == logging.WARNING, line
+        assert "the engine answered HTTP 400, body b'" in line and "exceed_context_size_error" in line, line
+        assert len(line) < 1000, line  # the body bounded

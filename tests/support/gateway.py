@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 from bourse.container import Container, build
 from bourse.settings import Environment, parse_config
@@ -90,6 +91,19 @@ class Gateway:
         r.raise_for_status()
         out: dict[str, Any] = r.json()
         return out
+
+
+def breaker_openings(gateway: Gateway | str) -> float:
+    """How many times a breaker of the gateway (or the one at this base URL) opened, as
+    its ``/metrics`` says (``bourse_breaker_transitions_total{state="open"}``)."""
+    url = gateway if isinstance(gateway, str) else gateway.url
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "bourse_breaker_transitions_total" and s.labels.get("state") == "open"
+    )
 
 
 @contextmanager

@@ -10,7 +10,6 @@ error marked on the deployment's availability. The API key never appears in a me
 
 from __future__ import annotations
 
-import logging
 import time
 
 import aiohttp
@@ -18,8 +17,6 @@ import orjson
 
 from bourse.domain.availability import Availability
 from bourse.ports.engine import EngineFailure
-
-log = logging.getLogger("bourse.engines")
 
 _MESSAGE_MAX = 300
 _TRANSIENT_CLIENT_STATUSES = frozenset({401, 403, 404, 408, 429})
@@ -154,21 +151,23 @@ class UpstreamFailures:
             return EngineFailure(
                 self.scrub(f"upstream answered HTTP {status}{detail}"), transient=True, kind="status"
             )
-        refusal = _refusal_code(message, code, error_type)
-        if refusal != "context_length_exceeded" and error_type != "invalid_request_error":
-            # not plainly the request's fault (an empty body, a header it refuses): the operator's
-            log.warning(
-                "deployment %s: the upstream refused a request: HTTP %d, body %s",
-                self.name, status, self.scrub(repr(content[:_BODY_LOGGED])),
-            )  # fmt: skip
         return EngineFailure(
             self.scrub(message or f"upstream refused the request (HTTP {status})"),
             transient=False,
             status=400,
-            code=refusal,
+            code=_refusal_code(message, code, error_type),
             error_type="invalid_request_error",
             kind="refused",
+            upstream=self.answered(f"HTTP {status}", content),
         )
+
+    def answered(self, status: str, content: bytes) -> str:
+        """What the engine answered, for the operator's WARNING line (the run's): its
+        status and at most :data:`_BODY_LOGGED` bytes of its body, the API key masked."""
+        if self._api_key:  # masked before the cut, which could keep a part of it
+            content = content.replace(self._api_key.encode(), b"***")
+        text = repr(content[:_BODY_LOGGED]) + ("..." if len(content) > _BODY_LOGGED else "")
+        return f"{status}, body {text}"
 
     def config_failure(self, status: int, message: str) -> EngineFailure:
         """A 404 from the generation route (a wrong ``base_url``, a model the upstream does
@@ -200,6 +199,7 @@ class UpstreamFailures:
                 code=_refusal_code(message, code, error_type),
                 error_type="invalid_request_error",
                 kind="refused",
+                upstream=self.answered("an in-band error", orjson.dumps(error, default=str)),
             )
         return EngineFailure(f"upstream error: {message}", transient=not output_began, kind="stream")
 

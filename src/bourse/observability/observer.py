@@ -226,15 +226,18 @@ class Observability:
             self.instruments.requeues.inc((product, deployment))
 
     def upstream_failed(
-        self, product: str, deployment: str, kind: str, message: str, request_id: str
+        self, product: str, deployment: str, kind: str, message: str, request_id: str, upstream: str = ""
     ) -> None:
         if self.instruments is not None:
             self.instruments.upstream_failures.inc((product, deployment, kind))
         fields = {"product": product, "deployment": deployment, "kind": kind, "request_id": request_id}
-        # an engine refusing the request itself (a prompt over its context) is the client's doing
-        level = logging.INFO if kind == "refused" else logging.WARNING
-        log.log(level, "upstream failure on deployment %s (%s): %s; request %s", deployment, kind, message,
-                request_id, extra={"fields": fields})  # fmt: skip
+        # a refusal too (a prompt over its context: the client's doing, but the engine's word
+        # is the operator's to see, with its status and body)
+        said = f"; the engine answered {upstream}" if upstream else ""
+        if upstream:
+            fields["upstream"] = upstream
+        _warn("upstream failure on deployment %s (%s): %s; request %s%s", deployment, kind, message,
+              request_id, said, **fields)  # fmt: skip
 
     def breaker_changed(self, product: str, deployment: str, state: str) -> None:
         if self.instruments is not None:

@@ -87,7 +87,9 @@ class EngineFailure(Exception):
     ``stream``, ``empty`` (a stream closed before any output and ``[DONE]``: the run
     makes it a refusal when the prompt is over the engine's context), ``interrupted``
     (``[DONE]`` after output without a ``finish_reason``), ``malformed``, ``stall``
-    (the run's stall clock), else ``other``).
+    (the run's stall clock), else ``other``). ``upstream``: what the engine itself
+    answered, for the operator's log line (its HTTP status and a bounded body, the API
+    key scrubbed), where the failure is an answer of the engine's.
     """
 
     def __init__(
@@ -99,9 +101,11 @@ class EngineFailure(Exception):
         code: str = "upstream_error",
         error_type: str = "upstream_error",
         kind: str = "other",
+        upstream: str = "",
     ) -> None:
         super().__init__(message)
         self.kind = kind
+        self.upstream = upstream
         self.message = message
         self.transient = transient
         self.status = status

@@ -149,8 +149,11 @@ class Observer(Protocol):
     def requeued(self, product: str, deployment: str) -> None: ...
 
     def upstream_failed(
-        self, product: str, deployment: str, kind: str, message: str, request_id: str
-    ) -> None: ...
+        self, product: str, deployment: str, kind: str, message: str, request_id: str, upstream: str = ""
+    ) -> None:
+        """An attempt failed; ``upstream``: the engine's own answer (status and bounded
+        body) when it refused or failed the request itself."""
+        ...
 
     def breaker_changed(self, product: str, deployment: str, state: str) -> None:
         """``state``: ``open`` (cooling down) or ``closed`` (a trial succeeded)."""
@@ -211,7 +214,7 @@ class NullObserver:
         return None
 
     def upstream_failed(
-        self, product: str, deployment: str, kind: str, message: str, request_id: str
+        self, product: str, deployment: str, kind: str, message: str, request_id: str, upstream: str = ""
     ) -> None:
         return None
 

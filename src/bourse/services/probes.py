@@ -14,8 +14,9 @@ Owns what a probe's result does to a deployment (the check itself is the engine'
   a probe while it queues none;
 - the flavour found is logged once, at start.
 
-With ``probe_interval_s = 0`` only the start probe runs, for the flavour and the
-capacity: availability is then never marked by probes.
+With ``probe_interval_s = 0`` the start probe runs alone (flavour, capacity and
+availability) unless it fails: then the deployment is unavailable and probed again every
+:data:`START_RETRY_S` until a probe passes, and no more after that.
 
 A probe that would disturb the engine is skipped: llama-cpp-python's server answers
 ``/v1/models`` only between generations and, with its ``interrupt_requests`` on,
@@ -37,6 +38,10 @@ from bourse.ports.engine import Probe, Probed
 from bourse.services.market import Market
 
 log = logging.getLogger("bourse.probes")
+
+START_RETRY_S = 10.0
+"""With ``probe_interval_s = 0``, how often a deployment whose start probe failed is
+probed again, until one passes (the default ``probe_interval_s``)."""
 
 DEFAULT_SLOTS = 4
 """The slots of a deployment whose ``slots`` is unset and whose engine says none."""
@@ -60,7 +65,8 @@ class ProbeTarget:
 class Prober:
     """Every probed deployment of the gateway, and the tasks that probe them."""
 
-    def __init__(self) -> None:
+    def __init__(self, retry_s: float = START_RETRY_S) -> None:
+        self._retry_s = retry_s
         self._targets: list[ProbeTarget] = []
         self._markets: Mapping[str, Market] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -99,10 +105,9 @@ class Prober:
     def apply(self, target: ProbeTarget, probe: Probe) -> None:
         """What one probe found, applied to its deployment."""
         d = target.deployment
-        if target.interval_s > 0:
-            changed = d.availability.set(probe.reason)
-            if probe.reason is not None and not changed:
-                self._tell_book(target.product, d.name)  # renew the hold on the shared book
+        changed = d.availability.set(probe.reason)
+        if probe.reason is not None and not changed:
+            self._tell_book(target.product, d.name)  # renew the hold on the shared book
         if probe.reason is None:
             self._resize(target, probe)
             market = self._markets.get(target.product)
@@ -176,12 +181,14 @@ class Prober:
             state = "available" if probe.reason is None else f"unavailable: {probe.reason}"
             log.info("deployment %s of %s: flavour %s, %d slots, %s",
                      d.name, target.product, probe.flavor, d.slots, state)  # fmt: skip
-            if target.interval_s > 0:
+            if target.interval_s > 0 or probe.reason is not None:
                 self._tasks.append(asyncio.create_task(self._loop(target), name=f"probe {d.name}"))
 
     async def _loop(self, target: ProbeTarget) -> None:
-        while True:
-            await asyncio.sleep(target.interval_s)
+        """Every ``interval_s``; with periodic probes off, every ``retry_s`` until one passes."""
+        periodic = target.interval_s > 0
+        while periodic or not target.deployment.availability.ok:
+            await asyncio.sleep(target.interval_s if periodic else self._retry_s)
             if self._disturbs(target):
                 continue
             self.apply(target, await self._probe(target))

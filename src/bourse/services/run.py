@@ -462,7 +462,7 @@ class Run:
             )
         self._end_attempt(failure.message)
         self.host.observer.upstream_failed(
-            m.product, adm.deployment, failure.kind, failure.message, self.terms.request_id
+            m.product, adm.deployment, failure.kind, failure.message, self.terms.request_id, failure.upstream
         )
         if streaming or not failure.transient:
             if failure.kind == "timeout" and not streaming:

@@ -79,6 +79,7 @@ async def empty_refusal(
         code="context_length_exceeded",
         error_type="invalid_request_error",
         kind="refused",
+        upstream="HTTP 200, an event stream closed before any event (body b'')",
     )
 
 

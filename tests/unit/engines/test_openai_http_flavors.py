@@ -5,13 +5,21 @@ and an engine's refusal logged at WARNING."""
 
 from __future__ import annotations
 
-import logging
 import uuid
 
 import orjson
 import pytest
 from aiohttp import web
-from tests.unit.engines.test_openai_http import CHAT, Handler, Seen, _answer, _collect, _fake, _request
+from tests.unit.engines.test_openai_http import (
+    CHAT,
+    SECRET,
+    Handler,
+    Seen,
+    _answer,
+    _collect,
+    _fake,
+    _request,
+)
 
 from bourse.domain.availability import Availability
 from bourse.ports.engine import EngineFailure
@@ -44,22 +52,29 @@ async def test_llama_cpp_python_gets_a_uuid_request_id_and_others_ours() -> None
 
 
 @pytest.mark.anyio
-async def test_a_refusal_that_is_not_plainly_the_requests_fault_is_logged(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def test_every_refusal_carries_the_engines_status_and_a_bounded_scrubbed_body() -> None:
+    """What the run's WARNING line says of a refusal (the observer's): the engine's status
+    and at most 300 bytes of its body, the API key masked; a context refusal too, though
+    it is the client's doing."""
     async with _fake(_answer(400, b"")) as engine:
-        with caplog.at_level(logging.WARNING, "bourse.engines"), pytest.raises(EngineFailure) as info:
+        with pytest.raises(EngineFailure) as info:
             await _collect(engine, _request(CHAT))
-    assert info.value.status == 400
-    assert any("refused a request: HTTP 400, body b''" in r.getMessage() for r in caplog.records)
-    caplog.clear()
+    assert info.value.status == 400 and info.value.upstream == "HTTP 400, body b''"
     context = orjson.dumps(
         {"error": {"message": "too long", "type": "invalid_request_error", "code": "context_length_exceeded"}}
     )
     async with _fake(_answer(400, context)) as engine:
-        with caplog.at_level(logging.WARNING, "bourse.engines"), pytest.raises(EngineFailure):
+        with pytest.raises(EngineFailure) as info:
             await _collect(engine, _request(CHAT))
-    assert not caplog.records  # the request's own fault: the client's, not the operator's
+    assert info.value.code == "context_length_exceeded"
+    assert info.value.upstream == f"HTTP 400, body {context!r}"
+    long = b'{"error": "' + SECRET.encode() + b" " + b"x" * 1000 + b'"}'
+    async with _fake(_answer(422, long)) as engine:
+        with pytest.raises(EngineFailure) as info:
+            await _collect(engine, _request(CHAT))
+    said = info.value.upstream
+    assert said.startswith('HTTP 422, body b\'{"error": "***') and said.endswith("xx'..."), said
+    assert SECRET not in said and len(said) < 400, said
 
 
 @pytest.mark.anyio

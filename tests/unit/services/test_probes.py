@@ -3,6 +3,7 @@ availability, slots from the engine (capped, with a WARNING), the start probe.""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -64,10 +65,32 @@ def test_a_failed_probe_makes_it_unavailable_and_a_passing_one_brings_it_back(
     assert ("INFO", "deployment d of p is available again") in levels
 
 
-def test_with_probes_off_the_start_probe_does_not_mark_availability() -> None:
-    t = _target(None, interval_s=0)
-    Prober().apply(t, Probe("the upstream is unreachable", "openai"))
-    assert t.deployment.availability.ok
+@pytest.mark.anyio
+async def test_with_periodic_probes_off_a_failed_start_probe_keeps_it_out_until_one_passes() -> None:
+    """``probe_interval_s = 0``: a failed start probe makes the deployment unavailable (it
+    took orders that met a wrong URL or a dead upstream); it is probed again every
+    ``retry_s`` until a probe passes, then no more."""
+    prober = Prober(retry_s=0.01)
+    t = _target(None, interval_s=0, probe=Probe("the upstream is unreachable", "openai"))
+    prober.add(t)
+    await prober.start()
+    try:
+        assert t.deployment.availability.reason == "the upstream is unreachable"
+        engine = t.engine
+        assert isinstance(engine, FakeEngine)
+        await asyncio.sleep(0.05)
+        assert not t.deployment.availability.ok and engine.probes > 1  # probed again, still out
+        engine.next = Probe(None, "openai")
+        for _ in range(100):
+            if t.deployment.availability.ok:
+                break
+            await asyncio.sleep(0.01)
+        assert t.deployment.availability.ok
+        probes = engine.probes
+        await asyncio.sleep(0.05)
+        assert engine.probes == probes  # passed once: no more probes
+    finally:
+        await prober.stop()
 
 
 @pytest.mark.anyio
