@@ -112,11 +112,15 @@ def test_the_highest_bidder_that_arrived_last_is_admitted_next(lcp_gateway: Gate
     while _market(gw, "lcp")["slots"]["busy"] < 1:  # A runs on the engine
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    for name, bid in (("b", 1.0), ("c", 1.0), ("d", 1.0), ("e", 5.0)):
+    for k, (name, bid) in enumerate((("b", 1.0), ("c", 1.0), ("d", 1.0), ("e", 5.0)), start=1):
         t = threading.Thread(target=_post, args=(gw, {**base, "max_tokens": 1, "max_price": bid}, done, name))
         t.start()
         threads.append(t)
-        time.sleep(0.15)  # arrivals in this order
+        # arrivals in this order: each one in the book before the next is sent (a fixed
+        # 0.15 s apart, one was not there yet on a machine loaded 4-5 on 2 cores)
+        while _market(gw, "lcp")["waiting"] < k:
+            assert time.monotonic() < deadline + 30 and "a" not in done, done
+            time.sleep(0.02)
     doc = _market(gw, "lcp")
     assert doc["waiting"] == 4 and "a" not in done, (doc, done)  # all four wait behind A, in the book
     for t in threads:

@@ -144,13 +144,16 @@ model = "{SERVED_MODEL}"
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
             threads = [first]
-            for name, bid in (("b", 1.0), ("c", 1.0), ("d", 1.0), ("e", 5.0)):
+            for k, (name, bid) in enumerate((("b", 1.0), ("c", 1.0), ("d", 1.0), ("e", 5.0)), start=1):
                 t = threading.Thread(
                     target=_post, args=(gw, {**base, "max_tokens": 2, "max_price": bid}, done, name)
                 )
                 t.start()
                 threads.append(t)
-                time.sleep(0.15)  # arrivals in this order
+                # arrivals in this order: each one in the book before the next is sent
+                while httpx.get(f"{gw.v1}/market/ls", timeout=30).json()["waiting"] < k:
+                    assert time.monotonic() < deadline + 30 and "a" not in done, done
+                    time.sleep(0.02)
             waiting = httpx.get(f"{gw.v1}/market/ls", timeout=30).json()["waiting"]
             assert waiting == 4 and "a" not in done, (waiting, done)  # all four wait behind A
             for t in threads:
