@@ -58,7 +58,8 @@ from starlette.types import Message, Receive, Scope, Send
 from bourse.domain.errors import GatewayError
 from bourse.http.relay_state import PRESENCE_MOVES, STAGE_MOVES, Presence, Stage, moved
 from bourse.ports.engine import ChunkEvent
-from bourse.services.completion import Finished, Phase, Queued, Requeued, Run
+from bourse.services.completion import Finished, Queued, Requeued, Run
+from bourse.services.run_state import ADMITTED, QUEUED, STREAMING
 from bourse.wire import sse
 from bourse.wire.chunks import (
     Aggregator,
@@ -78,8 +79,10 @@ _SSE_HEADERS = [
 
 log = logging.getLogger("bourse.relay")
 
-_THERE, _GONE, _CLOSING = Presence.THERE, Presence.GONE, Stage.CLOSING
-"""Read once a chunk: plain module names, not an attribute of the enum each time."""
+_OPEN, _STARTED, _CLOSING = Stage.OPEN, Stage.STARTED, Stage.CLOSING
+_THERE, _GONE = Presence.THERE, Presence.GONE
+"""Plain module names, not a member read off its enum each time (on Python 3.11 that
+goes through the enum metaclass's ``__getattr__``: see :data:`bourse.services.run_state.DONE`)."""
 
 OnDone = Callable[[int, dict[str, str], bytes | None], Awaitable[None]]
 """Called once with the final status, headers and body (None: no answer to keep)."""
@@ -170,8 +173,8 @@ class RunResponse:
         self.policy = policy = terms.ask.market.policy
         self.on_done = on_done
         self.encoder = encoder
-        self.stage = Stage.OPEN
-        self.presence = Presence.THERE
+        self.stage = _OPEN
+        self.presence = _THERE
         self._sending = False  # a frame being written: the quiet interval starts after it
         self._last = 0.0
         self._interval = 0.0
@@ -293,8 +296,8 @@ class RunResponse:
         self.stage = stage
 
     def _leave(self) -> None:
-        moved(PRESENCE_MOVES, self.presence, Presence.GONE)
-        self.presence = Presence.GONE
+        moved(PRESENCE_MOVES, self.presence, _GONE)
+        self.presence = _GONE
 
     async def _listen(self, receive: Receive) -> None:
         while True:
@@ -310,7 +313,7 @@ class RunResponse:
         run = self.run
         self._leave()
         run.client_gone()
-        if run.phase >= Phase.ADMITTED and self.policy.on_disconnect == "drain":
+        if run.phase >= ADMITTED and self.policy.on_disconnect == "drain":
             return False  # keep reading the engine to its end; nothing more is written
         return self.stage is not _CLOSING
 
@@ -333,11 +336,11 @@ class RunResponse:
         run = self.run
         phase = run.phase
         frame: bytes | None
-        if phase is Phase.QUEUED and run.order is not None:
+        if phase is QUEUED and run.order is not None:
             frame = None  # the level and position are asked of the book first
-        elif phase is Phase.ADMITTED:
+        elif phase is ADMITTED:
             frame = self._waiting
-        elif phase is Phase.STREAMING:
+        elif phase is STREAMING:
             frame = sse.KEEP_ALIVE
         else:
             return
@@ -370,7 +373,7 @@ class RunResponse:
         run = self.run
         assert run.order is not None
         p = await self.terms.ask.market.progress(run.order)  # its last known view if unreachable
-        if run.phase is not Phase.QUEUED or self.presence is _GONE or self.stage is _CLOSING:
+        if run.phase is not QUEUED or self.presence is _GONE or self.stage is _CLOSING:
             return None
         text = f"queued level={sse.fmt_price(p.level)} position={max(p.position, 0)}"
         if p.wait_s is not None:
@@ -415,7 +418,7 @@ class RunResponse:
             *_encoded(self.policy.id_headers(self.terms.request_id)),
             *self._money_headers(None),
         ]
-        self._enter(Stage.STARTED)
+        self._enter(_STARTED)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         self._loop = loop
         self._interval = self.policy.quiet_interval_s
