@@ -83,10 +83,8 @@ def _client_probe(scope: Scope) -> Callable[[], bool] | None:
     return probe if callable(probe) else None
 
 
-def keeper(store: ServiceStore, account: str, key: str | None) -> OnDone | None:
-    """What keeps a relayed answer under its Idempotency-Key (None: no key)."""
-    if key is None:
-        return None
+def keeper(store: ServiceStore, account: str, key: str) -> OnDone:
+    """What keeps a relayed answer under its Idempotency-Key."""
 
     async def on_done(status: int, hdrs: dict[str, str], payload: bytes | None) -> None:
         if payload is None:
@@ -125,7 +123,8 @@ class Incoming:
 
     def relay(self, run: Run, encoder: Encoder | None = None) -> RunResponse:
         """The run's response, kept under the Idempotency-Key when it is done."""
-        on_done = keeper(self.services.store, self.principal.account_id, self.head.idempotency_key)
+        key = self.head.idempotency_key
+        on_done = None if key is None else keeper(self.services.store, self.principal.account_id, key)
         return RunResponse(run, on_done=on_done, encoder=encoder)
 
     async def keep(self, response: Response) -> Response:
@@ -171,11 +170,14 @@ class Adapter(ABC, Generic[R]):
 class Pipeline(Generic[R]):
     """The steps every hot route takes, around one :class:`Adapter`."""
 
-    __slots__ = ("adapter", "services")
+    __slots__ = ("adapter", "max_body_bytes", "max_json_depth", "services")
 
     def __init__(self, services: Services, adapter: Adapter[R]) -> None:
         self.services = services
         self.adapter = adapter
+        # the server's limits, read once (the container's properties are a call each)
+        self.max_body_bytes = services.max_body_bytes
+        self.max_json_depth = services.max_json_depth
 
     async def open(self, scope: Scope, receive: Receive, caller: Caller) -> ASGIApp:
         """The :data:`~bourse.http.edge.Opener` of the adapter's route."""
@@ -184,8 +186,8 @@ class Pipeline(Generic[R]):
         principal = await services.auth.user(head.authorization)
         caller.key_id = principal.key.id
         head.idempotency_key = idempotency.scoped(principal, head.idempotency_key)
-        raw = await read_body(receive, head.length, services.max_body_bytes)
-        req = adapter.parse(raw, services.max_json_depth)
+        raw = await read_body(receive, head.length, self.max_body_bytes)
+        req = adapter.parse(raw, self.max_json_depth)
         found = adapter.product(req)
         if found is None:
             return await self._answer(

@@ -58,7 +58,8 @@ from starlette.types import Message, Receive, Scope, Send
 from bourse.domain.errors import GatewayError
 from bourse.http.relay_state import PRESENCE_MOVES, STAGE_MOVES, Presence, Stage, moved
 from bourse.ports.engine import ChunkEvent
-from bourse.services.completion import Finished, Phase, Queued, Requeued, Run
+from bourse.services.completion import Finished, Queued, Requeued, Run
+from bourse.services.run_state import ADMITTED, QUEUED, STREAMING
 from bourse.wire import sse
 from bourse.wire.chunks import (
     Aggregator,
@@ -78,8 +79,10 @@ _SSE_HEADERS = [
 
 log = logging.getLogger("bourse.relay")
 
-_THERE, _GONE, _CLOSING = Presence.THERE, Presence.GONE, Stage.CLOSING
-"""Read once a chunk: plain module names, not an attribute of the enum each time."""
+_OPEN, _STARTED, _CLOSING = Stage.OPEN, Stage.STARTED, Stage.CLOSING
+_THERE, _GONE = Presence.THERE, Presence.GONE
+"""Plain module names, not a member read off its enum each time (on Python 3.11 that
+goes through the enum metaclass's ``__getattr__``: see :data:`bourse.services.run_state.DONE`)."""
 
 OnDone = Callable[[int, dict[str, str], bytes | None], Awaitable[None]]
 """Called once with the final status, headers and body (None: no answer to keep)."""
@@ -155,17 +158,23 @@ class RunResponse:
         "_waiting",
         "encoder",
         "on_done",
+        "policy",
         "presence",
         "run",
         "stage",
+        "terms",
     )
 
     def __init__(self, run: Run, on_done: OnDone | None = None, encoder: Encoder | None = None) -> None:
         self.run = run
+        # the run's terms and its policy, read here once: the relay reads them all
+        # along (a property of the run is a call each time)
+        self.terms = terms = run.terms
+        self.policy = policy = terms.ask.market.policy
         self.on_done = on_done
         self.encoder = encoder
-        self.stage = Stage.OPEN
-        self.presence = Presence.THERE
+        self.stage = _OPEN
+        self.presence = _THERE
         self._sending = False  # a frame being written: the quiet interval starts after it
         self._last = 0.0
         self._interval = 0.0
@@ -174,8 +183,8 @@ class RunResponse:
         self._timer: asyncio.TimerHandle | None = None
         self._ticking: asyncio.Task[None] | None = None
         self._group: asyncio.TaskGroup | None = None
-        self._waiting = sse.comment(run.market.policy.waiting_comment)
-        self._hold_terminal = run.include_usage and run.market.policy.usage_on_last_choice
+        self._waiting = sse.comment(policy.waiting_comment)
+        self._hold_terminal = terms.ask.include_usage and policy.usage_on_last_choice
         self._held: dict[str, Any] | None = None
         """The terminal chunk, held back to carry the usage (policy ``usage_on_last_choice``)."""
 
@@ -195,7 +204,7 @@ class RunResponse:
             if self.on_done is not None:
                 # streamed: the key now points at the receipt; not streamed and no
                 # answer (client gone): forget the key so a retry can run
-                await self._keep(409, self._stream_replay() if self.run.stream else None)
+                await self._keep(409, self._stream_replay() if self.terms.ask.stream else None)
 
     async def _in_group(self, receive: Receive, send: Send) -> None:
         """The relay beside a listener task, in one task group."""
@@ -205,7 +214,7 @@ class RunResponse:
                 self._group = group
                 listener = group.create_task(self._listen(receive))
                 try:
-                    await (self._stream if run.stream else self._unary)(send)
+                    await (self._stream if self.terms.ask.stream else self._unary)(send)
                 finally:
                     self._enter(_CLOSING)
                     listener.cancel()
@@ -234,7 +243,7 @@ class RunResponse:
         watch(lost)
         try:
             try:
-                await (self._stream if run.stream else self._unary)(send)
+                await (self._stream if self.terms.ask.stream else self._unary)(send)
             finally:
                 self._enter(_CLOSING)
                 watch(None)
@@ -254,40 +263,41 @@ class RunResponse:
             else:
                 await self.on_done(status, payload[0], payload[1])
         except Exception:
-            log.exception("could not store the idempotent answer of %s", self.run.request_id)
+            log.exception("could not store the idempotent answer of %s", self.terms.request_id)
         self.on_done = None
 
     def _stream_replay(self) -> tuple[dict[str, str], bytes]:
-        rid = self.run.request_id
+        rid = self.terms.request_id
         err = GatewayError(
             409,
             "idempotency_conflict",
             f"This Idempotency-Key was used for a streamed request ({rid}); a stream cannot be replayed. "
             f"Its receipt is at GET /v1/usage/{rid}.",
         )
-        return {"content-type": "application/json", **self.run.policy.id_headers(rid)}, orjson.dumps(
+        return {"content-type": "application/json", **self.policy.id_headers(rid)}, orjson.dumps(
             {"error": err.envelope()}
         )
 
     def _money_headers(self, fin: Finished | None) -> list[tuple[bytes, bytes]]:
-        run = self.run
-        prefix = run.market.policy.header_prefix
-        out = [(f"{prefix}quote-micros".encode(), str(run.quote.micros).encode())]
+        terms = self.terms
+        prefix = self.policy.header_prefix
+        out = [(f"{prefix}quote-micros".encode(), str(terms.quote.micros).encode())]
         if fin is not None:
             out.append((f"{prefix}cost-micros".encode(), str(fin.cost_micros).encode()))
             out.append((f"{prefix}latency-ms".encode(), str(fin.receipt["latency_ms"]).encode()))
-        out.extend((k.encode(), v.encode()) for k, v in run.grant.headers.items())
+        out.extend((k.encode(), v.encode()) for k, v in terms.grant.headers.items())
         return out
 
     # -- client ---------------------------------------------------------------
 
     def _enter(self, stage: Stage) -> None:
-        moved(STAGE_MOVES, self.stage, stage)
+        if (self.stage, stage) not in STAGE_MOVES:  # the table's check, inline: moved() raises
+            moved(STAGE_MOVES, self.stage, stage)
         self.stage = stage
 
     def _leave(self) -> None:
-        moved(PRESENCE_MOVES, self.presence, Presence.GONE)
-        self.presence = Presence.GONE
+        moved(PRESENCE_MOVES, self.presence, _GONE)
+        self.presence = _GONE
 
     async def _listen(self, receive: Receive) -> None:
         while True:
@@ -303,7 +313,7 @@ class RunResponse:
         run = self.run
         self._leave()
         run.client_gone()
-        if run.phase >= Phase.ADMITTED and run.market.policy.on_disconnect == "drain":
+        if run.phase >= ADMITTED and self.policy.on_disconnect == "drain":
             return False  # keep reading the engine to its end; nothing more is written
         return self.stage is not _CLOSING
 
@@ -326,11 +336,11 @@ class RunResponse:
         run = self.run
         phase = run.phase
         frame: bytes | None
-        if phase is Phase.QUEUED and run.order is not None:
+        if phase is QUEUED and run.order is not None:
             frame = None  # the level and position are asked of the book first
-        elif phase is Phase.ADMITTED:
+        elif phase is ADMITTED:
             frame = self._waiting
-        elif phase is Phase.STREAMING:
+        elif phase is STREAMING:
             frame = sse.KEEP_ALIVE
         else:
             return
@@ -348,7 +358,7 @@ class RunResponse:
                     return
             await self._send(_body(frame))
         except Exception as exc:  # a frame that cannot be written is not the relay's failure
-            log.debug("quiet-interval frame of %s not sent: %s", self.run.request_id, exc)
+            log.debug("quiet-interval frame of %s not sent: %s", self.terms.request_id, exc)
         finally:
             self._sending = False
             self._ticking = None
@@ -362,8 +372,8 @@ class RunResponse:
         if the order was admitted or the client left meanwhile."""
         run = self.run
         assert run.order is not None
-        p = await run.market.progress(run.order)  # its last known view if unreachable
-        if run.phase is not Phase.QUEUED or self.presence is _GONE or self.stage is _CLOSING:
+        p = await self.terms.ask.market.progress(run.order)  # its last known view if unreachable
+        if run.phase is not QUEUED or self.presence is _GONE or self.stage is _CLOSING:
             return None
         text = f"queued level={sse.fmt_price(p.level)} position={max(p.position, 0)}"
         if p.wait_s is not None:
@@ -405,13 +415,13 @@ class RunResponse:
         loop = asyncio.get_running_loop()
         headers = [
             *_SSE_HEADERS,
-            *_encoded(run.policy.id_headers(run.request_id)),
+            *_encoded(self.policy.id_headers(self.terms.request_id)),
             *self._money_headers(None),
         ]
-        self._enter(Stage.STARTED)
+        self._enter(_STARTED)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         self._loop = loop
-        self._interval = run.market.policy.quiet_interval_s
+        self._interval = self.policy.quiet_interval_s
         self._send = send
         self._last = loop.time()
         self._arm()
@@ -470,13 +480,13 @@ class RunResponse:
         another API's encoder; None: as it is (``data: <chunk>``, made in the loop)."""
         if self.encoder is not None:
             return self.encoder.frames
-        shapes = self._hold_terminal or self.run.policy.split_role_and_finish
+        shapes = self._hold_terminal or self.policy.split_role_and_finish
         return self._shaped if shapes else None
 
     def _shaped(self, chunk: dict[str, Any]) -> bytes:
         """The frames of ``chunk`` under the policy: split (role, content, finish), and
         the terminal chunk held back (a chunk held before is written first)."""
-        chunks = split_role_and_finish(chunk) if self.run.policy.split_role_and_finish else [chunk]
+        chunks = split_role_and_finish(chunk) if self.policy.split_role_and_finish else [chunk]
         if self._held is not None:
             chunks.insert(0, self._held)
             self._held = None
@@ -487,10 +497,9 @@ class RunResponse:
     def _tail(self, fin: Finished) -> bytes:
         """The frames after the last chunk: the usage (or the terminal chunk held back
         for it), the error frame, ``[DONE]``, each as the policy says."""
-        run = self.run
-        policy = run.policy
+        terms, policy = self.terms, self.policy
         failed = fin.error is not None
-        with_usage = run.include_usage and (
+        with_usage = terms.ask.include_usage and (
             not failed
             or (policy.usage_before_error and (fin.text_tokens > 0 or policy.usage_chunk == "always"))
         )
@@ -502,10 +511,10 @@ class RunResponse:
         if fin.error is None:
             return out + sse.DONE
         frame = error_frame(
-            run.kind,
-            run.request_id,
-            run.product,
-            run.created,
+            terms.ask.kind,
+            terms.request_id,
+            terms.ask.market.product,
+            self.run.created,
             fin.error,
             shape=policy.error_frame,
             fields=policy.error_fields,
@@ -515,18 +524,18 @@ class RunResponse:
         return out + sse.DONE if policy.done_after_error else out
 
     def _usage_frame(self, fin: Finished) -> bytes:
-        run = self.run
-        policy = run.policy
+        terms, policy, created = self.terms, self.policy, self.run.created
+        ask = terms.ask
         if self._hold_terminal:  # on the terminal chunk
-            chunk = self._held or terminal_chunk(run.kind, run.request_id, run.product, run.created)
+            chunk = self._held or terminal_chunk(ask.kind, terms.request_id, ask.market.product, created)
             chunk["usage"] = fin.usage
             chunk[policy.receipt_name] = fin.receipt
         else:
             chunk = usage_chunk(
-                run.kind,
-                run.request_id,
-                run.product,
-                run.created,
+                ask.kind,
+                terms.request_id,
+                ask.market.product,
+                created,
                 fin.usage,
                 policy.receipt_name,
                 fin.receipt,
@@ -536,8 +545,8 @@ class RunResponse:
     # -- not streamed -------------------------------------------------------------
 
     async def _unary(self, send: Send) -> None:
-        run = self.run
-        agg = Aggregator(run.kind, run.market.policy.reasoning_field)
+        run, terms, policy = self.run, self.terms, self.policy
+        agg = Aggregator(terms.ask.kind, policy.reasoning_field)
         add = agg.add if self.encoder is None else self.encoder.add
         fin: Finished | None = None
         events = run.events()
@@ -553,10 +562,10 @@ class RunResponse:
             return
         self._enter(_CLOSING)  # the client leaving now changes nothing
         encoded = None if self.encoder is None else await self.encoder.document(fin)
-        rid = run.request_id
+        rid = terms.request_id
         headers = [
             (b"content-type", b"application/json"),
-            *_encoded(run.policy.id_headers(rid)),
+            *_encoded(policy.id_headers(rid)),
             *self._money_headers(fin),
         ]
         if fin.error is not None:
@@ -566,8 +575,8 @@ class RunResponse:
             status = err.status
         else:
             if encoded is None:
-                encoded = agg.build(rid, run.product, run.created, fin.usage)
-                encoded[run.market.policy.receipt_name] = fin.receipt
+                encoded = agg.build(rid, terms.ask.market.product, run.created, fin.usage)
+                encoded[policy.receipt_name] = fin.receipt
             body = orjson.dumps(encoded)
             status = 200
         if self.on_done is not None:

@@ -47,7 +47,7 @@ from bourse.services.run_failures import (
 )
 from bourse.services.run_meter import Meter, reasoning_count
 from bourse.services.run_report import closing_of, report_of
-from bourse.services.run_state import Phase, RunState
+from bourse.services.run_state import ADMITTED, DONE, QUEUED, STREAMING, Phase, RunState
 from bourse.services.run_terms import Grant, Terms
 from bourse.services.stall_clock import StallClock
 
@@ -170,7 +170,7 @@ class Run:
 
     @property
     def done(self) -> bool:
-        return self._state.phase is Phase.DONE
+        return self._state.phase is DONE
 
     @property
     def detached(self) -> bool:
@@ -247,7 +247,7 @@ class Run:
         """A drain ends the run now, wherever it waits (an order leaves the book, an
         engine is stopped): it ends with ``error``, settled by its policy, or, a
         detached job's run, raises :class:`HandedBack`. Once; nothing if it has ended."""
-        if self.phase is Phase.DONE or self._stop is not None:
+        if self.phase is DONE or self._stop is not None:
             return
         self._stop = error
         task = self._task
@@ -301,7 +301,7 @@ class Run:
         self._fut = fut = await m.submit(order)
         if not fut.done():  # resting in the book: its client is asked when a slot comes
             self._present_at = -PRESENT_FRESH_S
-        self._state.go(Phase.QUEUED)
+        self._state.go(QUEUED)
 
     # -- the run -------------------------------------------------------------------
 
@@ -316,7 +316,7 @@ class Run:
         rid = self.terms.request_id
         product = ask.market.product
         created = self.created
-        streaming = Phase.STREAMING
+        streaming = STREAMING
         self._task = asyncio.current_task()
         try:
             yield Queued(ask.bid)
@@ -419,7 +419,7 @@ class Run:
             m.release(adm)
             raise ClientGone(order.id)
         self.admission = self.cleared = adm
-        self._state.go(Phase.ADMITTED)
+        self._state.go(ADMITTED)
         if self.meter.admitted(self._clock() - order.arrived_at) and on_admit is not None:
             on_admit(self)
         body = terms.ask.body
@@ -442,7 +442,7 @@ class Run:
         return it, StallClock(None if whole else m.stall_timeout_s)
 
     def _first_output(self) -> None:
-        self._state.go(Phase.STREAMING)
+        self._state.go(STREAMING)
         self.meter.first_output()
         if self.admission is not None:
             self.terms.ask.market.report_success(self.admission.deployment)
@@ -455,7 +455,7 @@ class Run:
         self._engine_iter = None
         m, order, adm = self.terms.ask.market, self.order, self.admission
         assert order is not None and adm is not None
-        streaming = self._state.phase is Phase.STREAMING
+        streaming = self._state.phase is STREAMING
         if failure.kind == "empty" and not streaming:
             failure = await empty_refusal(
                 self.terms.ask, self.terms.prompt, self.terms.request_id, adm.deployment, failure
@@ -475,7 +475,7 @@ class Run:
             self.host.observer.requeued(m.product, adm.deployment)
             self._fut = fut = await m.requeue(order, adm)
             self.admission = None
-            self._state.go(Phase.QUEUED)
+            self._state.go(QUEUED)
             cooling = None if self._detached else m.cooling()
             if cooling is not None:  # every deployment cools down: nothing could run it now
                 m.withdraw(order, fut)
@@ -499,11 +499,11 @@ class Run:
     async def abandon(self) -> None:
         """The consumer stops without the run having finished (client gone, head not
         sent, job canceled): stop the engine, give back the slot, settle. Idempotent."""
-        if self._state.phase is not Phase.DONE:
+        if self._state.phase is not DONE:
             await self._abandon()
 
     async def _abandon(self) -> None:
-        if self._state.phase is Phase.DONE:
+        if self._state.phase is DONE:
             return
         await self._halt()
         self._finish("disconnected" if self.client_left else "canceled", None)
@@ -514,7 +514,7 @@ class Run:
         if it is not None:
             await close_quietly(it)
         if (
-            self._state.phase is Phase.QUEUED
+            self._state.phase is QUEUED
             and self.admission is None
             and self.order is not None
             and self._fut is not None
@@ -527,9 +527,9 @@ class Run:
         assert self._stop is not None
         await self._halt()
         if not self._detached:
-            streaming = self._state.phase is Phase.STREAMING
+            streaming = self._state.phase is STREAMING
             return await self._settled("error", after_output(self._stop, streaming))
-        self._state.go(Phase.DONE)
+        self._state.go(DONE)
         self._unlink()
         if self.admission is not None:
             self.terms.ask.market.release(self.admission)
@@ -541,10 +541,10 @@ class Run:
 
     def _finish(self, outcome: Outcome, error: GatewayError | None) -> None:
         """The run ends: give back the slot, start the settlement (its own task)."""
-        if self._state.phase is Phase.DONE:
+        if self._state.phase is DONE:
             return
         closing = closing_of(self.terms, self.meter, self._state.phase, self.order, self.cleared, outcome)
-        self._state.go(Phase.DONE)
+        self._state.go(DONE)
         self._unlink()
         host = self.host
         host.live.discard(self)

@@ -13,7 +13,7 @@ from bourse.ports.observer import RunReport
 from bourse.services.billing import Closing
 from bourse.services.run_events import Finished
 from bourse.services.run_meter import Meter
-from bourse.services.run_state import Phase
+from bourse.services.run_state import STREAMING, Phase
 from bourse.services.run_terms import Terms
 
 
@@ -62,7 +62,7 @@ def usage_of(
         }
         usage.update(ev.details)
     else:
-        prompt = terms.prompt.estimated_tokens if tokens or phase is Phase.STREAMING else 0
+        prompt = terms.prompt.estimated_tokens if tokens or phase is STREAMING else 0
         usage = {
             "prompt_tokens": prompt,
             "completion_tokens": tokens,

@@ -7,7 +7,17 @@ import itertools
 
 import pytest
 
-from bourse.services.run_state import TRANSITIONS, IllegalTransition, Phase, RunState
+from bourse.services.run_state import (
+    ADMITTED,
+    DONE,
+    NEW,
+    QUEUED,
+    STREAMING,
+    TRANSITIONS,
+    IllegalTransition,
+    Phase,
+    RunState,
+)
 from tests.unit.services.exchange import Exchange
 
 ALLOWED = [(a, b) for a in Phase for b in sorted(TRANSITIONS[a])]
@@ -34,6 +44,7 @@ def test_the_table_names_every_phase_and_done_is_final() -> None:
     assert set(TRANSITIONS) == set(Phase)
     assert TRANSITIONS[Phase.DONE] == frozenset()
     assert RunState().phase is Phase.NEW
+    assert list(Phase) == [NEW, QUEUED, ADMITTED, STREAMING, DONE]  # the hot path's names: one per phase
 
 
 @pytest.mark.parametrize(("src", "dst"), ALLOWED, ids=[f"{a.name}->{b.name}" for a, b in ALLOWED])
