@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from bourse.domain.values import immutable
-from bourse.http.admin import PAGE_MAX, Credit, NewAccount, NewKey, RevokeKey, RotateKey, SettleHold
+from bourse.http.admin import PAGE_MAX, Credit, KeyEdit, NewAccount, NewKey, RevokeKey, RotateKey, SettleHold
 from bourse.http.jobs import NewJob
 from bourse.wire.requests import ChatCompletionRequest, CompletionRequest
 from bourse.wire.responses import ResponsesRequest
@@ -229,6 +229,14 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         auth="admin",
         answer="Page",
         params=(Param("account", {"type": "string"}, "one account's keys"), _ADMIN_LIMIT, _AFTER),
+    ),
+    ("PATCH", "/admin/keys/{key_id}"): Operation(
+        "Edit an API key's products, limits, name, expiry or spend cap (null clears; in force "
+        "on every replica within a second)",
+        "admin",
+        auth="admin",
+        body=KeyEdit,
+        example={"rpm": 600, "spend_cap_usd": 25, "spend_cap_period": "day"},
     ),
     ("POST", "/admin/keys/{key_id}/revoke"): Operation(
         "Revoke an API key (refused on every replica within a second)",

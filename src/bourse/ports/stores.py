@@ -312,6 +312,14 @@ class KeyStore(Protocol):
         """Revoke for good (again: keeps the first time); UnknownKey."""
         ...
 
+    async def update_key(
+        self, key_id: str, changes: Mapping[str, Any], *, audit: AuditEntry | None = None
+    ) -> ApiKey:
+        """Set some of a key's fields (``products``, ``rpm``, ``tpm``, ``max_streams``,
+        ``name``, ``expires_at``, ``spend_cap_micros``, ``spend_cap_period``; None clears);
+        its spend counter stays as it is. UnknownKey, KeyRevoked."""
+        ...
+
     async def rotate_key(
         self,
         key_id: str,

@@ -176,6 +176,38 @@ def revoke_key(db: Executor, key_id: str, now: float) -> ApiKey:
     return key_row(row)
 
 
+KEY_EDITABLE = (
+    "products",
+    "rpm",
+    "tpm",
+    "max_streams",
+    "name",
+    "expires_at",
+    "spend_cap_micros",
+    "spend_cap_period",
+)
+"""The columns of ``api_keys`` an edit may set."""
+
+
+def update_key(db: Executor, key_id: str, changes: Mapping[str, Any]) -> ApiKey:
+    """Set the given columns (of :data:`KEY_EDITABLE`) of a key not revoked. The spend
+    counter (``spend_micros``, ``spend_period``) is left as it is: it counts the holds
+    of its own period number, so a new cap period starts its count at zero and the
+    holds of the old one still give back what they took. UnknownKey, KeyRevoked."""
+    cols = [c for c in KEY_EDITABLE if c in changes]
+    values = [orjson.dumps(list(v)).decode() if c == "products" and v is not None else changes[c]
+              for c, v in ((c, changes[c]) for c in cols)]  # fmt: skip
+    sets = ", ".join(f"{c} = ${n}" for n, c in enumerate(cols, 2))
+    row = db.fetchrow(
+        f"UPDATE api_keys SET {sets} WHERE id = $1 AND revoked_at IS NULL RETURNING *", key_id, *values
+    )
+    if row is not None:
+        return key_row(row)
+    if db.fetchrow("SELECT id FROM api_keys WHERE id = $1", key_id) is None:
+        raise UnknownKey(key_id)
+    raise KeyRevoked(key_id)
+
+
 def rotate_key(db: Executor, key_id: str, new_hash: str, old_valid_until: float, now: float) -> ApiKey:
     row = db.fetchrow("SELECT key_hash, revoked_at FROM api_keys WHERE id = $1", key_id)
     if row is None:

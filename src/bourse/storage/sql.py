@@ -371,6 +371,11 @@ class SqlStore:
     async def revoke_key(self, key_id: str, now: float, *, audit: AuditEntry | None = None) -> ApiKey:
         return await self._run(audit_rows.with_audit, audit, accounts.revoke_key, key_id, now)
 
+    async def update_key(
+        self, key_id: str, changes: Mapping[str, Any], *, audit: AuditEntry | None = None
+    ) -> ApiKey:
+        return await self._run(audit_rows.with_audit, audit, accounts.update_key, key_id, changes)
+
     async def rotate_key(
         self,
         key_id: str,
