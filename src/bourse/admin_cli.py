@@ -112,6 +112,13 @@ def add_parser(sub: Any) -> None:
     c = leaf(acc, "show", "balance, holds and spend of an account")
     c.add_argument("id")
     paged(leaf(acc, "list", "list accounts (in id order)"))
+    for action, help_ in (
+        ("suspend", "refuse an account's keys new requests (running ones finish)"),
+        ("resume", "let a suspended account's keys work again"),
+    ):
+        c = leaf(acc, action, help_)
+        c.add_argument("id")
+        c.add_argument("--reason", help="a note for the audit log")
     c = leaf(acc, "webhook-secret", "give an account a new webhook secret (shown once); held webhooks go out")
     c.add_argument("id")
 
@@ -180,6 +187,13 @@ def _accounts(args: argparse.Namespace) -> Request:
         return "POST", f"/admin/accounts/{args.id}/credit", {"amount_usd": args.amount_usd}, None
     if act == "list":
         return "GET", "/admin/accounts", None, _page_params(args)
+    if act in ("suspend", "resume"):
+        return (
+            "POST",
+            f"/admin/accounts/{args.id}/{act}",
+            {} if args.reason is None else {"reason": args.reason},
+            None,
+        )
     if act == "webhook-secret":
         return "POST", f"/admin/accounts/{args.id}/webhook_secret", {}, None
     return "GET", f"/admin/accounts/{args.id}", None, None

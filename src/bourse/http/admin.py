@@ -85,6 +85,11 @@ class KeyEdit(_In):
         return out
 
 
+class AccountStatusChange(_In):
+    reason: str | None = Field(default=None, max_length=500)
+    """The operator's note (kept on the account and in the audit log; not shown to callers)."""
+
+
 class RevokeKey(_In):
     reason: str | None = Field(default=None, max_length=500)
 
@@ -157,6 +162,18 @@ class _AdminRoutes:
         account = check_id(request.path_params["account_id"], "account_id")
         body = await json_model(request, Credit, self.max_depth)
         return JSON(await self.admin.credit(account, body.amount_usd, actor))
+
+    async def suspend(self, request: Request) -> Response:
+        actor = self.guard(request)
+        account = check_id(request.path_params["account_id"], "account_id")
+        body = await json_model(request, AccountStatusChange, self.max_depth)
+        return JSON(await self.admin.suspend_account(account, body.reason, actor))
+
+    async def resume(self, request: Request) -> Response:
+        actor = self.guard(request)
+        account = check_id(request.path_params["account_id"], "account_id")
+        body = await json_model(request, AccountStatusChange, self.max_depth)
+        return JSON(await self.admin.resume_account(account, body.reason, actor))
 
     async def create_key(self, request: Request) -> Response:
         actor = self.guard(request)
@@ -250,6 +267,8 @@ def routes(services: Services) -> list[Route]:
         Route("/admin/accounts", a.list_accounts, methods=["GET"]),
         Route("/admin/accounts/{account_id}", a.get_account, methods=["GET"]),
         Route("/admin/accounts/{account_id}/credit", a.credit, methods=["POST"]),
+        Route("/admin/accounts/{account_id}/suspend", a.suspend, methods=["POST"]),
+        Route("/admin/accounts/{account_id}/resume", a.resume, methods=["POST"]),
         Route("/admin/accounts/{account_id}/webhook_secret", a.webhook_secret, methods=["POST"]),
         Route("/admin/webhook_secrets/reseal", a.reseal, methods=["POST"]),
         Route("/admin/keys", a.create_key, methods=["POST"]),

@@ -35,6 +35,7 @@ from bourse.domain.values import immutable
 
 HoldState = Literal["open", "settled", "released", "reconciling"]
 CapPeriod = Literal["total", "day"]
+AccountStatus = Literal["active", "suspended", "closed"]
 
 
 @immutable
@@ -46,6 +47,10 @@ class Account:
     spent_micros: int = 0
     credited_micros: int = 0
     created_at: float = 0.0
+    status: AccountStatus = "active"
+    """``suspended``: its keys are refused new requests; ``closed``: for good."""
+    status_reason: str | None = None
+    """The operator's note on the status (never shown to the account's callers)."""
 
 
 @immutable
@@ -89,6 +94,8 @@ class ApiKey:
     spend_period: int = 0
     grace_until: float | None = None
     """Set when the key was found by a secret a rotation replaced: it works until then."""
+    account_status: AccountStatus = "active"
+    """Its account's status (read with the key by ``key_by_hash``; elsewhere ``active``)."""
 
 
 def cap_period(period: CapPeriod, now: float) -> int:
@@ -164,6 +171,10 @@ class UnknownAccount(Exception):
     pass
 
 
+class AccountClosed(Exception):
+    """A closed account's status cannot change."""
+
+
 class UnknownKey(Exception):
     pass
 
@@ -234,6 +245,12 @@ class LedgerStore(Protocol):
         audit: AuditEntry | None = None,
     ) -> Account: ...
     async def account(self, account_id: str) -> Account | None: ...
+    async def set_account_status(
+        self, account_id: str, status: AccountStatus, reason: str | None, *, audit: AuditEntry | None = None
+    ) -> Account:
+        """Suspend or resume an account (its reason with it). UnknownAccount, AccountClosed."""
+        ...
+
     async def accounts_page(self, *, limit: int, after: str | None) -> Sequence[Account]:
         """Accounts in id order; ``after`` is the last id of the previous page."""
         ...

@@ -24,7 +24,9 @@ from typing import Any, Protocol
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import charge, micros_to_usd, price_units, usd_to_micros
 from bourse.ports.stores import (
+    AccountClosed,
     AccountExists,
+    AccountStatus,
     AuditEntry,
     AuditStore,
     Hold,
@@ -139,6 +141,36 @@ class AdminService(KeyAdmin):
             acc = await self.store.credit(account_id, micros, now, "admin credit", audit=entry)
         except UnknownAccount:
             raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
+        return asdict(acc)
+
+    async def suspend_account(
+        self, account_id: str, reason: str | None, actor: str = SYSTEM
+    ) -> dict[str, Any]:
+        """Refuse the account's keys new requests (403 ``account_suspended``): at once on
+        this replica, within the key cache's TTL on the others; running ones finish."""
+        return await self._set_status(account_id, "suspended", reason, actor)
+
+    async def resume_account(
+        self, account_id: str, reason: str | None = None, actor: str = SYSTEM
+    ) -> dict[str, Any]:
+        """Let a suspended account's keys work again (a closed account stays closed: 409);
+        ``reason`` goes to the audit log only."""
+        return await self._set_status(account_id, "active", reason, actor)
+
+    async def _set_status(
+        self, account_id: str, status: AccountStatus, reason: str | None, actor: str
+    ) -> dict[str, Any]:
+        now = time.time()
+        action = "account.suspend" if status == "suspended" else "account.resume"
+        entry = audit_entry(actor, action, account_id, {} if reason is None else {"reason": reason}, now)
+        try:
+            kept = reason if status != "active" else None
+            acc = await self.store.set_account_status(account_id, status, kept, audit=entry)
+        except UnknownAccount:
+            raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
+        except AccountClosed:
+            raise GatewayError(409, "account_closed", f"The account '{account_id}' is closed.") from None
+        self.auth.forget_account(account_id)
         return asdict(acc)
 
     async def accounts(self, limit: int, after: str | None) -> list[dict[str, Any]]:

@@ -49,6 +49,7 @@ def key_view(key: ApiKey, now: float) -> dict[str, Any]:
     (``active``, ``revoked`` or ``expired``) and what its cap's current period has taken."""
     view = asdict(key)
     view.pop("grace_until")
+    view.pop("account_status")
     state = "active"
     if key.revoked_at is not None:
         state = "revoked"

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from bourse.ports.stores import (
     Account,
     AccountExists,
+    AccountStatus,
     ApiKey,
     AuditEntry,
     Hold,
@@ -165,6 +166,13 @@ class SqlStore:
 
     async def account(self, account_id: str) -> Account | None:
         return await self._read(accounts.account, account_id)
+
+    async def set_account_status(
+        self, account_id: str, status: AccountStatus, reason: str | None, *, audit: AuditEntry | None = None
+    ) -> Account:
+        return await self._run(
+            audit_rows.with_audit, audit, accounts.set_account_status, account_id, status, reason
+        )
 
     async def accounts_page(self, *, limit: int, after: str | None) -> Sequence[Account]:
         return await self._read(accounts.accounts_page, limit, after)
