@@ -115,6 +115,7 @@ def add_parser(sub: Any) -> None:
     for action, help_ in (
         ("suspend", "refuse an account's keys new requests (running ones finish)"),
         ("resume", "let a suspended account's keys work again"),
+        ("close", "close an account for good: its keys revoked, its balance reported"),
     ):
         c = leaf(acc, action, help_)
         c.add_argument("id")
@@ -187,7 +188,7 @@ def _accounts(args: argparse.Namespace) -> Request:
         return "POST", f"/admin/accounts/{args.id}/credit", {"amount_usd": args.amount_usd}, None
     if act == "list":
         return "GET", "/admin/accounts", None, _page_params(args)
-    if act in ("suspend", "resume"):
+    if act in ("suspend", "resume", "close"):
         return (
             "POST",
             f"/admin/accounts/{args.id}/{act}",

@@ -175,6 +175,12 @@ class _AdminRoutes:
         body = await json_model(request, AccountStatusChange, self.max_depth)
         return JSON(await self.admin.resume_account(account, body.reason, actor))
 
+    async def close(self, request: Request) -> Response:
+        actor = self.guard(request)
+        account = check_id(request.path_params["account_id"], "account_id")
+        body = await json_model(request, AccountStatusChange, self.max_depth)
+        return JSON(await self.admin.close_account(account, body.reason, actor))
+
     async def create_key(self, request: Request) -> Response:
         actor = self.guard(request)
         body = await json_model(request, NewKey, self.max_depth)
@@ -269,6 +275,7 @@ def routes(services: Services) -> list[Route]:
         Route("/admin/accounts/{account_id}/credit", a.credit, methods=["POST"]),
         Route("/admin/accounts/{account_id}/suspend", a.suspend, methods=["POST"]),
         Route("/admin/accounts/{account_id}/resume", a.resume, methods=["POST"]),
+        Route("/admin/accounts/{account_id}/close", a.close, methods=["POST"]),
         Route("/admin/accounts/{account_id}/webhook_secret", a.webhook_secret, methods=["POST"]),
         Route("/admin/webhook_secrets/reseal", a.reseal, methods=["POST"]),
         Route("/admin/keys", a.create_key, methods=["POST"]),

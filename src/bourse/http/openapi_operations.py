@@ -256,6 +256,15 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         example={},
         answer="AdminAccount",
     ),
+    ("POST", "/admin/accounts/{account_id}/close"): Operation(
+        "Close an account for good: its keys revoked (403 account_closed), its balance and "
+        "open holds reported; running requests finish",
+        "admin",
+        auth="admin",
+        body=AccountStatusChange,
+        example={"reason": "customer left"},
+        answer="AdminAccount",
+    ),
     ("PATCH", "/admin/keys/{key_id}"): Operation(
         "Edit an API key's products, limits, name, expiry or spend cap (null clears; in force "
         "on every replica within a second)",

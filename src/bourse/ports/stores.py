@@ -49,8 +49,7 @@ class Account:
     created_at: float = 0.0
     status: AccountStatus = "active"
     """``suspended``: its keys are refused new requests; ``closed``: for good."""
-    status_reason: str | None = None
-    """The operator's note on the status (never shown to the account's callers)."""
+    status_reason: str | None = None  # the operator's note, never shown to its callers
 
 
 @immutable
@@ -249,7 +248,12 @@ class LedgerStore(Protocol):
         self, account_id: str, status: AccountStatus, reason: str | None, *, audit: AuditEntry | None = None
     ) -> Account:
         """Suspend or resume an account (its reason with it). UnknownAccount, AccountClosed."""
-        ...
+
+    async def close_account(
+        self, account_id: str, reason: str | None, now: float, *, audit: AuditEntry | None = None
+    ) -> tuple[Account, int]:
+        """Close an account for good and revoke its keys, in one transaction: the
+        account and how many keys this revoked. UnknownAccount, AccountClosed."""
 
     async def accounts_page(self, *, limit: int, after: str | None) -> Sequence[Account]:
         """Accounts in id order; ``after`` is the last id of the previous page."""
@@ -314,7 +318,9 @@ class LedgerStore(Protocol):
 
 
 class KeyStore(Protocol):
-    async def create_key(self, key: ApiKey, key_hash: str, *, audit: AuditEntry | None = None) -> None: ...
+    async def create_key(self, key: ApiKey, key_hash: str, *, audit: AuditEntry | None = None) -> None:
+        """UnknownAccount; AccountClosed."""
+
     async def key_by_hash(self, key_hash: str) -> ApiKey | None:
         """The key of a secret's hash: its current secret, or one a rotation replaced
         (then with ``grace_until``, even once that passed); revoked and expired keys too."""
@@ -332,10 +338,8 @@ class KeyStore(Protocol):
     async def update_key(
         self, key_id: str, changes: Mapping[str, Any], *, audit: AuditEntry | None = None
     ) -> ApiKey:
-        """Set some of a key's fields (``products``, ``rpm``, ``tpm``, ``max_streams``,
-        ``name``, ``expires_at``, ``spend_cap_micros``, ``spend_cap_period``; None clears);
-        its spend counter stays as it is. UnknownKey, KeyRevoked."""
-        ...
+        """Set some of a key's editable fields (None clears); its spend counter stays as it
+        is (:func:`bourse.storage.accounts.update_key`). UnknownKey, KeyRevoked."""
 
     async def rotate_key(
         self,

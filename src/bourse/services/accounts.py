@@ -1,4 +1,5 @@
-"""Operator use cases behind the admin API: accounts, credit, keys, holds, the audit log.
+"""Operator use cases behind the admin API: accounts (created, credited, suspended,
+resumed, closed), credit, keys (:mod:`bourse.services.keys`), holds, the audit log.
 
 Every action that changes something (an account created or credited, a key created,
 revoked or rotated, a hold settled or released) writes an audit entry naming its
@@ -43,7 +44,7 @@ from bourse.ports.stores import (
     new_webhook_secret,
 )
 from bourse.services.auth import Authenticator, hash_key, new_secret
-from bourse.services.keys import SYSTEM, KeyAdmin
+from bourse.services.keys import SYSTEM, KeyAdmin, account_closed
 
 log = logging.getLogger("bourse.admin")
 
@@ -157,6 +158,29 @@ class AdminService(KeyAdmin):
         ``reason`` goes to the audit log only."""
         return await self._set_status(account_id, "active", reason, actor)
 
+    async def close_account(self, account_id: str, reason: str | None, actor: str = SYSTEM) -> dict[str, Any]:
+        """Close for good: its keys revoked (refused at once here, within the key cache's
+        TTL elsewhere: 403 ``account_closed``), running requests finish; the answer
+        reports the balance (and the holds still open) and how many keys were revoked."""
+        now = time.time()
+        entry = audit_entry(
+            actor, "account.close", account_id, {} if reason is None else {"reason": reason}, now
+        )
+        try:
+            acc, revoked = await self.store.close_account(account_id, reason, now, audit=entry)
+        except UnknownAccount:
+            raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
+        except AccountClosed:
+            raise account_closed(account_id) from None
+        self.auth.forget_account(account_id)
+        log.info(
+            "account %s closed: %d keys revoked, balance %d micro-USD",
+            account_id,
+            revoked,
+            acc.balance_micros,
+        )
+        return {**asdict(acc), "revoked_keys": revoked}
+
     async def _set_status(
         self, account_id: str, status: AccountStatus, reason: str | None, actor: str
     ) -> dict[str, Any]:
@@ -169,7 +193,7 @@ class AdminService(KeyAdmin):
         except UnknownAccount:
             raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
         except AccountClosed:
-            raise GatewayError(409, "account_closed", f"The account '{account_id}' is closed.") from None
+            raise account_closed(account_id) from None
         self.auth.forget_account(account_id)
         return asdict(acc)
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import usd_to_micros
 from bourse.ports.stores import (
+    AccountClosed,
     ApiKey,
     CapPeriod,
     KeyChanged,
@@ -61,6 +62,10 @@ def key_view(key: ApiKey, now: float) -> dict[str, Any]:
     view["spend_micros"] = key.spend_micros if current else 0
     view.pop("spend_period")
     return view
+
+
+def account_closed(account_id: str) -> GatewayError:
+    return GatewayError(409, "account_closed", f"The account '{account_id}' is closed.")
 
 
 def _no_key(key_id: str) -> GatewayError:
@@ -120,6 +125,8 @@ class KeyAdmin:
             )
         except UnknownAccount:
             raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
+        except AccountClosed:
+            raise account_closed(account_id) from None
         try:
             webhook_secret = await self.store.webhook_secret(account_id)
         except WebhookSecretUnreadable:  # the key is made; the secret needs a new one (or a re-seal)

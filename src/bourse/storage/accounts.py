@@ -76,6 +76,15 @@ def set_account_status(db: Executor, account_id: str, status: AccountStatus, rea
     return acc
 
 
+def close_account(db: Executor, account_id: str, reason: str | None, now: float) -> tuple[Account, int]:
+    """Close the account (for good) and revoke its keys that are not revoked yet."""
+    acc = set_account_status(db, account_id, "closed", reason)
+    revoked = db.execute(
+        "UPDATE api_keys SET revoked_at = $2 WHERE account_id = $1 AND revoked_at IS NULL", account_id, now
+    )
+    return acc, revoked
+
+
 def create_account(
     db: Executor, account_id: str, credit_micros: int, now: float, seal: Callable[[Executor, str], str]
 ) -> Account:
@@ -117,8 +126,11 @@ def credit(db: Executor, account_id: str, amount_micros: int, now: float, memo: 
 
 
 def create_key(db: Executor, key: ApiKey, key_hash: str) -> None:
-    if db.fetchrow("SELECT id FROM accounts WHERE id = $1", key.account_id) is None:
+    row = db.fetchrow("SELECT status FROM accounts WHERE id = $1", key.account_id)
+    if row is None:
         raise UnknownAccount(key.account_id)
+    if row["status"] == "closed":
+        raise AccountClosed(key.account_id)
     db.execute(
         "INSERT INTO api_keys (id, key_hash, account_id, products, rpm, tpm, max_streams, created_at, name, "
         "expires_at, spend_cap_micros, spend_cap_period) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",

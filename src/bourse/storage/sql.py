@@ -174,6 +174,11 @@ class SqlStore:
             audit_rows.with_audit, audit, accounts.set_account_status, account_id, status, reason
         )
 
+    async def close_account(
+        self, account_id: str, reason: str | None, now: float, *, audit: AuditEntry | None = None
+    ) -> tuple[Account, int]:
+        return await self._run(audit_rows.with_audit, audit, accounts.close_account, account_id, reason, now)
+
     async def accounts_page(self, *, limit: int, after: str | None) -> Sequence[Account]:
         return await self._read(accounts.accounts_page, limit, after)
 

@@ -1,8 +1,10 @@
-"""Suspending and resuming an account on a served gateway, over SQLite and PostgreSQL:
-a suspended account's keys get 403 ``account_suspended`` (OpenAI's envelope) on new
-requests while a stream it started runs to ``[DONE]`` and is charged; the account
-shows its status and reason; both actions are audited; a user key cannot call them;
-and the ``bourse admin accounts suspend|resume`` commands do the same."""
+"""Suspending, resuming and closing an account on a served gateway, over SQLite and
+PostgreSQL: a suspended account's keys get 403 ``account_suspended`` (OpenAI's
+envelope) on new requests while a stream it started runs to ``[DONE]`` and is
+charged; the account shows its status and reason; a closed account's keys are
+revoked (403 ``account_closed``), its balance reported, and it cannot be resumed,
+suspended, closed again or given a key; every action is audited; a user key cannot
+call them; and the ``bourse admin accounts suspend|resume|close`` commands do the same."""
 
 from __future__ import annotations
 
@@ -99,3 +101,54 @@ def test_the_admin_cli_suspends_and_resumes_an_account() -> None:
         assert me.post(BODY).status_code == 200
         p = _cli(gw, "accounts", "suspend", "nosuch")
         assert p.returncode == 2 and "404" in p.stderr
+
+
+def test_a_closed_account_has_its_keys_revoked_its_balance_reported_and_stays_closed(db: str | None) -> None:
+    with running_gateway(CONFIG, database=db) as gw:
+        me = new_caller(gw, "closing", 10.0)
+        second = gw.new_key("closing")
+        slow = {
+            "model": "acct",
+            "max_tokens": 30,
+            "stream": True,
+            "sim": {"tokens_per_s": 20, "output_tokens": 30},
+        }
+        with me.open_stream(slow) as s:
+            assert s.status == 200
+            read_until(s, data_chunks=1)
+            r = gw.admin("POST", "/admin/accounts/closing/close", json={"reason": "customer left"})
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            assert (doc["status"], doc["status_reason"], doc["revoked_keys"]) == (
+                "closed",
+                "customer left",
+                2,
+            )
+            assert doc["open_holds_micros"] > 0  # the running stream's hold, reported with the balance
+            assert doc["balance_micros"] + doc["open_holds_micros"] == 10_000_000 - doc["spent_micros"]
+            r = me.post(BODY)
+            assert (r.status_code, r.json()["error"]["code"]) == (403, "account_closed"), r.text
+            r = httpx.post(f"{gw.url}/v1/chat/completions", json={**BODY, "messages": []},
+                           headers={"authorization": f"Bearer {second}"})  # fmt: skip
+            assert (r.status_code, r.json()["error"]["code"]) == (403, "account_closed"), r.text
+            frames = list(s.frames())
+            assert frames and frames[-1].is_done, frames[-3:]
+        assert me.wait_settled() == []
+        me.assert_books()
+        keys = gw.admin("GET", "/admin/keys", params={"account": "closing"}).json()["data"]
+        assert [k["state"] for k in keys] == ["revoked", "revoked"]
+        for action in ("resume", "suspend", "close"):
+            r = gw.admin("POST", f"/admin/accounts/closing/{action}", json={})
+            assert (r.status_code, r.json()["error"]["code"]) == (409, "account_closed"), (action, r.text)
+        r = gw.admin("POST", "/admin/keys", json={"account": "closing"})
+        assert (r.status_code, r.json()["error"]["code"]) == (409, "account_closed"), r.text
+        entries = gw.admin(
+            "GET", "/admin/audit", params={"target": "closing", "action": "account.close"}
+        ).json()
+        assert [e["detail"] for e in entries["data"]] == [{"reason": "customer left"}]
+        r = httpx.post(f"{gw.url}/admin/accounts/test/close", json={}, headers=me.auth)
+        assert (r.status_code, r.json()["error"]["code"]) == (403, "admin_only")
+        assert gw.admin("GET", "/admin/accounts/test").json()["status"] == "active"
+        p = _cli(gw, "accounts", "close", "test", "--reason", "cli")
+        assert p.returncode == 0, p.stderr
+        assert "status: closed" in p.stdout and "revoked_keys: 1" in p.stdout
