@@ -194,8 +194,9 @@ class KeyAdmin:
         return key_view(key, now)
 
     async def _cap_fields(self, key_id: str, changes: Mapping[str, Any], fields: dict[str, Any]) -> None:
-        """The spend cap's columns of an edit, into ``fields``: a cap given to a key that
-        had none counts ``total`` unless a period is given; a period alone needs a cap."""
+        """The spend cap's columns of an edit, into ``fields``: a period alone needs a cap
+        (a cap given to a key that had none counts ``total`` unless a period is given:
+        the store sets that in the same statement)."""
         if "spend_cap_period" in changes and changes["spend_cap_period"] is None:
             raise invalid_request("spend_cap_period: expected total or day (clear the cap with spend_cap_usd: null)",
                                   param="spend_cap_period")  # fmt: skip
@@ -207,8 +208,6 @@ class KeyAdmin:
             fields["spend_cap_micros"] = cap
             if cap is None:
                 fields["spend_cap_period"] = None
-            elif "spend_cap_period" not in fields and (await self._key(key_id)).spend_cap_period is None:
-                fields["spend_cap_period"] = "total"
         elif "spend_cap_period" in fields and (await self._key(key_id)).spend_cap_micros is None:
             raise invalid_request(
                 "spend_cap_period: the key has no spend cap; give spend_cap_usd too", param="spend_cap_period"

@@ -233,6 +233,8 @@ def update_key(db: Executor, key_id: str, changes: Mapping[str, Any]) -> ApiKey:
     values = [orjson.dumps(list(v)).decode() if c == "products" and v is not None else changes[c]
               for c, v in ((c, changes[c]) for c in cols)]  # fmt: skip
     sets = ", ".join(f"{c} = ${n}" for n, c in enumerate(cols, 2))
+    if changes.get("spend_cap_micros") is not None and "spend_cap_period" not in changes:
+        sets += ", spend_cap_period = COALESCE(spend_cap_period, 'total')"  # a first cap: total
     row = db.fetchrow(
         f"UPDATE api_keys SET {sets} WHERE id = $1 AND revoked_at IS NULL RETURNING *", key_id, *values
     )

@@ -87,6 +87,12 @@ def test_an_edit_is_in_force_for_the_next_request_and_audited(db: str | None) ->
         assert details[2:] == [{"products": None, "rpm": 1}, {"products": ["other"], "name": "robot"}]
         assert caller.key not in r.text
 
+        assert _patch(gw, key_id, {"spend_cap_usd": None}).json()["spend_cap_period"] is None
+        r = _patch(gw, key_id, {"spend_cap_usd": 1})  # a first cap, no period given: total
+        assert (r.json()["spend_cap_micros"], r.json()["spend_cap_period"]) == (1_000_000, "total"), r.text
+        r = _patch(gw, key_id, {"spend_cap_usd": 2})  # a new amount keeps the period
+        assert (r.json()["spend_cap_micros"], r.json()["spend_cap_period"]) == (2_000_000, "total"), r.text
+
 
 def test_an_edit_is_validated_as_a_new_key_is(db: str | None) -> None:
     with running_gateway(CONFIG, database=db) as gw:
