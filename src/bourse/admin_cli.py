@@ -36,6 +36,52 @@ def duration(text: str) -> float:
     return float(match.group(1)) * _UNIT_S[match.group(2)]
 
 
+def _or_none(word: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A value parsed by ``parse``, or None for ``word`` (which clears the field)."""
+
+    def convert(text: str) -> Any:
+        return None if text.strip().lower() == word else parse(text)
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def _product_list(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+_EDIT_OPTIONS = {
+    "name": "name",
+    "products": "products",
+    "rpm": "rpm",
+    "tpm": "tpm",
+    "max_streams": "max_streams",
+    "cap_usd": "spend_cap_usd",
+    "cap_period": "spend_cap_period",
+    "expires_in": "expires_in_s",
+}
+"""``keys update`` option (argparse dest) -> the field of ``PATCH /admin/keys/{id}``."""
+
+
+def _add_key_update(keys: Any, leaf: Callable[[Any, str, str], argparse.ArgumentParser]) -> None:
+    k = leaf(
+        keys, "update", "edit a key's products, limits, name, expiry or spend cap (only the options given)"
+    )
+    k.add_argument("id")
+    unset = argparse.SUPPRESS
+    k.add_argument("--name", default=unset, help="a new label")
+    k.add_argument("--products", type=_or_none("all", _product_list), default=unset,
+                   help="comma-separated products the key may use, or 'all'")  # fmt: skip
+    for flag in ("--rpm", "--tpm", "--max-streams"):
+        k.add_argument(flag, type=_or_none("none", int), default=unset, help="a new limit, or 'none'")
+    k.add_argument("--cap-usd", type=_or_none("none", float), default=unset,
+                   help="a new spend cap in USD, or 'none' (no cap)")  # fmt: skip
+    k.add_argument("--cap-period", choices=["total", "day"], default=unset,
+                   help="a new period for the cap (its count starts at zero)")  # fmt: skip
+    k.add_argument("--expires-in", type=_or_none("never", duration), default=unset,
+                   help="e.g. 30d from now, or 'never'")  # fmt: skip
+
+
 def add_parser(sub: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -66,6 +112,14 @@ def add_parser(sub: Any) -> None:
     c = leaf(acc, "show", "balance, holds and spend of an account")
     c.add_argument("id")
     paged(leaf(acc, "list", "list accounts (in id order)"))
+    for action, help_ in (
+        ("suspend", "refuse an account's keys new requests (running ones finish)"),
+        ("resume", "let a suspended account's keys work again"),
+        ("close", "close an account for good: its keys revoked, its balance reported"),
+    ):
+        c = leaf(acc, action, help_)
+        c.add_argument("id")
+        c.add_argument("--reason", help="a note for the audit log")
     c = leaf(acc, "webhook-secret", "give an account a new webhook secret (shown once); held webhooks go out")
     c.add_argument("id")
 
@@ -90,6 +144,7 @@ def add_parser(sub: Any) -> None:
     k = leaf(keys, "list", "list API keys, newest first")
     k.add_argument("--account")
     paged(k)
+    _add_key_update(keys, leaf)
     k = leaf(keys, "revoke", "revoke a key for good (refused within a second everywhere)")
     k.add_argument("id")
     k.add_argument("--reason")
@@ -133,6 +188,13 @@ def _accounts(args: argparse.Namespace) -> Request:
         return "POST", f"/admin/accounts/{args.id}/credit", {"amount_usd": args.amount_usd}, None
     if act == "list":
         return "GET", "/admin/accounts", None, _page_params(args)
+    if act in ("suspend", "resume", "close"):
+        return (
+            "POST",
+            f"/admin/accounts/{args.id}/{act}",
+            {} if args.reason is None else {"reason": args.reason},
+            None,
+        )
     if act == "webhook-secret":
         return "POST", f"/admin/accounts/{args.id}/webhook_secret", {}, None
     return "GET", f"/admin/accounts/{args.id}", None, None
@@ -166,6 +228,9 @@ def _keys(args: argparse.Namespace) -> Request:
         return "POST", "/admin/keys", _new_key_body(args), None
     if act == "list":
         return "GET", "/admin/keys", None, _page_params(args, account=args.account)
+    if act == "update":
+        body = {field: getattr(args, dest) for dest, field in _EDIT_OPTIONS.items() if hasattr(args, dest)}
+        return "PATCH", f"/admin/keys/{args.id}", body, None
     if act == "revoke":
         return (
             "POST",

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bourse.http.openapi_operations import OPERATIONS
 from tests.http.gateway import MAX_BODY
 from tests.support.asgi import InProcessGateway
 from tests.support.bodies import USER
@@ -137,6 +138,24 @@ async def test_the_admin_api_needs_the_admin_key(gw: InProcessGateway) -> None:
     assert_error_envelope(r, 403, "admin_only")
     r = await gw.client.get("/admin/ledger")
     assert_error_envelope(r, 401, "invalid_api_key")
+
+
+ADMIN_OPERATIONS = sorted((m, p) for m, p in OPERATIONS if p.startswith("/admin"))
+
+
+@pytest.mark.parametrize(("method", "path"), ADMIN_OPERATIONS, ids=[f"{m} {p}" for m, p in ADMIN_OPERATIONS])
+async def test_a_user_key_gets_403_on_every_admin_route(gw: InProcessGateway, method: str, path: str) -> None:
+    """Every admin route of the OpenAPI document (key edits, account suspension and
+    closing included), its path parameters naming the caller's own key and account."""
+    r = await gw.client.get("/admin/keys", params={"account": gw.account}, headers=gw.admin_headers)
+    own_key = r.json()["data"][0]["id"]
+    filled = (
+        path.replace("{key_id}", own_key).replace("{account_id}", gw.account).replace("{hold_id}", "hold_x")
+    )
+    r = await gw.client.request(method, filled, json={}, headers=gw.headers)
+    assert_error_envelope(r, 403, "admin_only")
+    r = await gw.client.get(f"/admin/accounts/{gw.account}", headers=gw.admin_headers)
+    assert r.json()["status"] == "active"
 
 
 async def test_a_key_limited_to_other_products_is_403(gw: InProcessGateway) -> None:

@@ -1,5 +1,5 @@
-"""The admin API (admin key only): accounts, credit, keys, webhook secrets, holds, the
-audit log.
+"""The admin API (admin key only): accounts, credit, keys (created, edited, revoked,
+rotated), webhook secrets, holds, the audit log.
 
 Every action is audited under the actor ``admin``, or ``admin:<name>`` when the
 caller names itself in the ``x-bourse-actor`` header (a label, not a credential:
@@ -19,7 +19,7 @@ from starlette.routing import Route
 from bourse.domain.errors import invalid_request
 from bourse.http.deps import Services, json_model, page_limit
 from bourse.http.responses import JSON
-from bourse.services.accounts import MAX_GRACE_S
+from bourse.services.keys import MAX_GRACE_S
 from bourse.wire.requests import INT64_MAX, IdText, check_id, optional_id
 
 PAGE_MAX = 500
@@ -56,6 +56,38 @@ class NewKey(_In):
     spend_cap_usd: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
     """At most this much held or charged through the key per ``spend_cap_period`` (402 beyond)."""
     spend_cap_period: Literal["total", "day"] = "total"
+
+
+class KeyEdit(_In):
+    """The fields to change (any of them; ``null`` clears a limit, the products list,
+    the name, the expiry or the spend cap)."""
+
+    products: list[IdText] | None = Field(default=None, max_length=10_000)
+    rpm: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    tpm: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    max_streams: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    name: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+    expires_at: float | None = Field(default=None, gt=0, le=1e11, allow_inf_nan=False)
+    expires_in_s: float | None = Field(default=None, gt=0, le=1e10, allow_inf_nan=False)
+    spend_cap_usd: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    spend_cap_period: Literal["total", "day"] | None = None
+    """A new period for the cap (its count starts at zero); not null."""
+
+    def changes(self, now: float) -> dict[str, Any]:
+        """The fields given, ``expires_in_s`` turned into ``expires_at`` (from ``now``, the
+        database's clock)."""
+        out = {name: getattr(self, name) for name in self.model_fields_set}
+        if "expires_in_s" in out:
+            if "expires_at" in out:
+                raise invalid_request("expires_at, expires_in_s: give one of the two", param="expires_in_s")
+            seconds = out.pop("expires_in_s")
+            out["expires_at"] = None if seconds is None else now + seconds
+        return out
+
+
+class AccountStatusChange(_In):
+    reason: str | None = Field(default=None, max_length=500)
+    """The operator's note (kept on the account and in the audit log; not shown to callers)."""
 
 
 class RevokeKey(_In):
@@ -131,6 +163,24 @@ class _AdminRoutes:
         body = await json_model(request, Credit, self.max_depth)
         return JSON(await self.admin.credit(account, body.amount_usd, actor))
 
+    async def suspend(self, request: Request) -> Response:
+        actor = self.guard(request)
+        account = check_id(request.path_params["account_id"], "account_id")
+        body = await json_model(request, AccountStatusChange, self.max_depth)
+        return JSON(await self.admin.suspend_account(account, body.reason, actor))
+
+    async def resume(self, request: Request) -> Response:
+        actor = self.guard(request)
+        account = check_id(request.path_params["account_id"], "account_id")
+        body = await json_model(request, AccountStatusChange, self.max_depth)
+        return JSON(await self.admin.resume_account(account, body.reason, actor))
+
+    async def close(self, request: Request) -> Response:
+        actor = self.guard(request)
+        account = check_id(request.path_params["account_id"], "account_id")
+        body = await json_model(request, AccountStatusChange, self.max_depth)
+        return JSON(await self.admin.close_account(account, body.reason, actor))
+
     async def create_key(self, request: Request) -> Response:
         actor = self.guard(request)
         body = await json_model(request, NewKey, self.max_depth)
@@ -152,6 +202,12 @@ class _AdminRoutes:
         key_id = check_id(request.path_params["key_id"], "key_id")
         body = await json_model(request, RevokeKey, self.max_depth)
         return JSON(await self.admin.revoke_key(key_id, actor, body.reason))
+
+    async def update_key(self, request: Request) -> Response:
+        actor = self.guard(request)
+        key_id = check_id(request.path_params["key_id"], "key_id")
+        body = await json_model(request, KeyEdit, self.max_depth)
+        return JSON(await self.admin.update_key(key_id, body.changes(self.admin.now()), actor))
 
     async def rotate_key(self, request: Request) -> Response:
         actor = self.guard(request)
@@ -217,10 +273,14 @@ def routes(services: Services) -> list[Route]:
         Route("/admin/accounts", a.list_accounts, methods=["GET"]),
         Route("/admin/accounts/{account_id}", a.get_account, methods=["GET"]),
         Route("/admin/accounts/{account_id}/credit", a.credit, methods=["POST"]),
+        Route("/admin/accounts/{account_id}/suspend", a.suspend, methods=["POST"]),
+        Route("/admin/accounts/{account_id}/resume", a.resume, methods=["POST"]),
+        Route("/admin/accounts/{account_id}/close", a.close, methods=["POST"]),
         Route("/admin/accounts/{account_id}/webhook_secret", a.webhook_secret, methods=["POST"]),
         Route("/admin/webhook_secrets/reseal", a.reseal, methods=["POST"]),
         Route("/admin/keys", a.create_key, methods=["POST"]),
         Route("/admin/keys", a.list_keys, methods=["GET"]),
+        Route("/admin/keys/{key_id}", a.update_key, methods=["PATCH"]),
         Route("/admin/keys/{key_id}/revoke", a.revoke_key, methods=["POST"]),
         Route("/admin/keys/{key_id}/rotate", a.rotate_key, methods=["POST"]),
         Route("/admin/audit", a.audit, methods=["GET"]),

@@ -12,7 +12,17 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from bourse.domain.values import immutable
-from bourse.http.admin import PAGE_MAX, Credit, NewAccount, NewKey, RevokeKey, RotateKey, SettleHold
+from bourse.http.admin import (
+    PAGE_MAX,
+    AccountStatusChange,
+    Credit,
+    KeyEdit,
+    NewAccount,
+    NewKey,
+    RevokeKey,
+    RotateKey,
+    SettleHold,
+)
 from bourse.http.jobs import NewJob
 from bourse.wire.requests import ChatCompletionRequest, CompletionRequest
 from bourse.wire.responses import ResponsesRequest
@@ -229,6 +239,39 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         auth="admin",
         answer="Page",
         params=(Param("account", {"type": "string"}, "one account's keys"), _ADMIN_LIMIT, _AFTER),
+    ),
+    ("POST", "/admin/accounts/{account_id}/suspend"): Operation(
+        "Suspend an account: its keys get 403 account_suspended on new requests; running ones finish",
+        "admin",
+        auth="admin",
+        body=AccountStatusChange,
+        example={"reason": "chargeback"},
+        answer="AdminAccount",
+    ),
+    ("POST", "/admin/accounts/{account_id}/resume"): Operation(
+        "Resume a suspended account (409 account_closed for a closed one)",
+        "admin",
+        auth="admin",
+        body=AccountStatusChange,
+        example={},
+        answer="AdminAccount",
+    ),
+    ("POST", "/admin/accounts/{account_id}/close"): Operation(
+        "Close an account for good: its keys revoked (403 account_closed), its balance and "
+        "open holds reported; running requests finish",
+        "admin",
+        auth="admin",
+        body=AccountStatusChange,
+        example={"reason": "customer left"},
+        answer="AdminAccount",
+    ),
+    ("PATCH", "/admin/keys/{key_id}"): Operation(
+        "Edit an API key's products, limits, name, expiry or spend cap (null clears; in force "
+        "on every replica within a second)",
+        "admin",
+        auth="admin",
+        body=KeyEdit,
+        example={"rpm": 600, "spend_cap_usd": 25, "spend_cap_period": "day"},
     ),
     ("POST", "/admin/keys/{key_id}/revoke"): Operation(
         "Revoke an API key (refused on every replica within a second)",

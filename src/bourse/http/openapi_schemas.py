@@ -180,7 +180,13 @@ ANSWERS: dict[str, dict[str, Any]] = {
         model=_STRING,
         usage={"type": "object"},
     ),
-    "AdminAccount": _obj(["id", "balance_micros"], id=_STRING, balance_micros=_INT),
+    "AdminAccount": _obj(
+        ["id", "balance_micros", "status"],
+        id=_STRING,
+        balance_micros=_INT,
+        status={"enum": ["active", "suspended", "closed"]},
+        status_reason=_NULLABLE_STRING,
+    ),
     "KeyCreated": _obj(["key", "id", "account_id"], key=_STRING, id=_STRING, account_id=_STRING),
     "WebhookSecret": _obj(
         ["account", "webhook_secret", "released_jobs"],

@@ -35,6 +35,7 @@ from bourse.domain.values import immutable
 
 HoldState = Literal["open", "settled", "released", "reconciling"]
 CapPeriod = Literal["total", "day"]
+AccountStatus = Literal["active", "suspended", "closed"]
 
 
 @immutable
@@ -46,6 +47,9 @@ class Account:
     spent_micros: int = 0
     credited_micros: int = 0
     created_at: float = 0.0
+    status: AccountStatus = "active"
+    """``suspended``: its keys are refused new requests; ``closed``: for good."""
+    status_reason: str | None = None  # the operator's note, never shown to its callers
 
 
 @immutable
@@ -89,6 +93,8 @@ class ApiKey:
     spend_period: int = 0
     grace_until: float | None = None
     """Set when the key was found by a secret a rotation replaced: it works until then."""
+    account_status: AccountStatus = "active"
+    """Its account's status (read with the key by ``key_by_hash``; elsewhere ``active``)."""
 
 
 def cap_period(period: CapPeriod, now: float) -> int:
@@ -164,6 +170,10 @@ class UnknownAccount(Exception):
     pass
 
 
+class AccountClosed(Exception):
+    """A closed account's status cannot change."""
+
+
 class UnknownKey(Exception):
     pass
 
@@ -234,6 +244,17 @@ class LedgerStore(Protocol):
         audit: AuditEntry | None = None,
     ) -> Account: ...
     async def account(self, account_id: str) -> Account | None: ...
+    async def set_account_status(
+        self, account_id: str, status: AccountStatus, reason: str | None, *, audit: AuditEntry | None = None
+    ) -> Account:
+        """Suspend or resume an account (its reason with it). UnknownAccount, AccountClosed."""
+
+    async def close_account(
+        self, account_id: str, reason: str | None, now: float, *, audit: AuditEntry | None = None
+    ) -> tuple[Account, int]:
+        """Close an account for good and revoke its keys, in one transaction: the
+        account and how many keys this revoked. UnknownAccount, AccountClosed."""
+
     async def accounts_page(self, *, limit: int, after: str | None) -> Sequence[Account]:
         """Accounts in id order; ``after`` is the last id of the previous page."""
         ...
@@ -297,7 +318,9 @@ class LedgerStore(Protocol):
 
 
 class KeyStore(Protocol):
-    async def create_key(self, key: ApiKey, key_hash: str, *, audit: AuditEntry | None = None) -> None: ...
+    async def create_key(self, key: ApiKey, key_hash: str, *, audit: AuditEntry | None = None) -> None:
+        """UnknownAccount; AccountClosed."""
+
     async def key_by_hash(self, key_hash: str) -> ApiKey | None:
         """The key of a secret's hash: its current secret, or one a rotation replaced
         (then with ``grace_until``, even once that passed); revoked and expired keys too."""
@@ -311,6 +334,12 @@ class KeyStore(Protocol):
     async def revoke_key(self, key_id: str, now: float, *, audit: AuditEntry | None = None) -> ApiKey:
         """Revoke for good (again: keeps the first time); UnknownKey."""
         ...
+
+    async def update_key(
+        self, key_id: str, changes: Mapping[str, Any], *, audit: AuditEntry | None = None
+    ) -> ApiKey:
+        """Set some of a key's editable fields (None clears); its spend counter stays as it
+        is (:func:`bourse.storage.accounts.update_key`). UnknownKey, KeyRevoked."""
 
     async def rotate_key(
         self,

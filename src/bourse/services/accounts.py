@@ -1,4 +1,5 @@
-"""Operator use cases behind the admin API: accounts, credit, keys, holds, the audit log.
+"""Operator use cases behind the admin API: accounts (created, credited, suspended,
+resumed, closed), credit, keys (:mod:`bourse.services.keys`), holds, the audit log.
 
 Every action that changes something (an account created or credited, a key created,
 revoked or rotated, a hold settled or released) writes an audit entry naming its
@@ -23,39 +24,31 @@ from typing import Any, Protocol
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import charge, micros_to_usd, price_units, usd_to_micros
 from bourse.ports.stores import (
+    AccountClosed,
     AccountExists,
-    ApiKey,
+    AccountStatus,
     AuditEntry,
     AuditStore,
-    CapPeriod,
     Hold,
     HoldNotOpen,
     HoldState,
-    KeyChanged,
-    KeyRevoked,
     KeyStore,
     LedgerStore,
     SealingKeyMissing,
     UnknownAccount,
-    UnknownKey,
     UsageRecord,
     UsageStore,
     WebhookSecretStore,
-    WebhookSecretUnreadable,
     audit_entry,
-    cap_period,
     new_webhook_secret,
 )
 from bourse.services.auth import Authenticator, hash_key, new_secret
+from bourse.services.keys import SYSTEM, KeyAdmin, account_closed
 
 log = logging.getLogger("bourse.admin")
 
 DEMO_ACCOUNT = "demo"
 DEMO_CREDIT_USD = 5.0
-SYSTEM = "system"
-"""The actor of what the gateway does by itself (the demo account at the first start)."""
-MAX_GRACE_S = 7 * 86_400
-"""The longest a rotated-out secret keeps working."""
 
 
 class AdminStore(LedgerStore, KeyStore, UsageStore, WebhookSecretStore, Protocol):
@@ -73,33 +66,13 @@ def hold_view(h: Hold) -> dict[str, Any]:
     return asdict(h)
 
 
-def key_view(key: ApiKey, now: float) -> dict[str, Any]:
-    """A key as the admin API shows it (never its secret nor its hash): its ``state``
-    (``active``, ``revoked`` or ``expired``) and what its cap's current period has taken."""
-    view = asdict(key)
-    view.pop("grace_until")
-    state = "active"
-    if key.revoked_at is not None:
-        state = "revoked"
-    elif key.expires_at is not None and now >= key.expires_at:
-        state = "expired"
-    view["state"] = state
-    period = key.spend_cap_period
-    current = period is not None and key.spend_period == cap_period(period, now)
-    view["spend_micros"] = key.spend_micros if current else 0
-    view.pop("spend_period")
-    return view
-
-
 def audit_view(entry: AuditEntry) -> dict[str, Any]:
     return {**asdict(entry), "detail": dict(entry.detail)}
 
 
-def _no_key(key_id: str) -> GatewayError:
-    return GatewayError(404, "not_found", f"No API key '{key_id}'.")
+class AdminService(KeyAdmin):
+    store: AdminStore
 
-
-class AdminService:
     def __init__(
         self, store: AdminStore, auth: Authenticator, *, products: Collection[str], audit: AuditStore
     ) -> None:
@@ -108,11 +81,6 @@ class AdminService:
         self.products = frozenset(products)
         """The configured products: a key may be limited to these only."""
         self.audit = audit
-
-    def now(self) -> float:
-        """Now on the database's clock (the authenticator's): a key's expiry and grace are
-        judged by every replica."""
-        return self.auth.clock()
 
     async def create_account(self, account_id: str, credit_usd: float, actor: str = SYSTEM) -> dict[str, Any]:
         if not account_id or len(account_id) > 128:
@@ -175,6 +143,59 @@ class AdminService:
             raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
         return asdict(acc)
 
+    async def suspend_account(
+        self, account_id: str, reason: str | None, actor: str = SYSTEM
+    ) -> dict[str, Any]:
+        """Refuse the account's keys new requests (403 ``account_suspended``): at once on
+        this replica, within the key cache's TTL on the others; running ones finish."""
+        return await self._set_status(account_id, "suspended", reason, actor)
+
+    async def resume_account(
+        self, account_id: str, reason: str | None = None, actor: str = SYSTEM
+    ) -> dict[str, Any]:
+        """Let a suspended account's keys work again (a closed account stays closed: 409);
+        ``reason`` goes to the audit log only."""
+        return await self._set_status(account_id, "active", reason, actor)
+
+    async def close_account(self, account_id: str, reason: str | None, actor: str = SYSTEM) -> dict[str, Any]:
+        """Close for good: its keys revoked (refused at once here, within the key cache's
+        TTL elsewhere: 403 ``account_closed``), running requests finish; the answer
+        reports the balance (and the holds still open) and how many keys were revoked."""
+        now = self.now()
+        entry = audit_entry(
+            actor, "account.close", account_id, {} if reason is None else {"reason": reason}, now
+        )
+        try:
+            acc, revoked = await self.store.close_account(account_id, reason, now, audit=entry)
+        except UnknownAccount:
+            raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
+        except AccountClosed:
+            raise account_closed(account_id) from None
+        self.auth.forget_account(account_id)
+        log.info(
+            "account %s closed: %d keys revoked, balance %d micro-USD",
+            account_id,
+            revoked,
+            acc.balance_micros,
+        )
+        return {**asdict(acc), "revoked_keys": revoked}
+
+    async def _set_status(
+        self, account_id: str, status: AccountStatus, reason: str | None, actor: str
+    ) -> dict[str, Any]:
+        now = self.now()
+        action = "account.suspend" if status == "suspended" else "account.resume"
+        entry = audit_entry(actor, action, account_id, {} if reason is None else {"reason": reason}, now)
+        try:
+            kept = reason if status != "active" else None
+            acc = await self.store.set_account_status(account_id, status, kept, audit=entry)
+        except UnknownAccount:
+            raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
+        except AccountClosed:
+            raise account_closed(account_id) from None
+        self.auth.forget_account(account_id)
+        return asdict(acc)
+
     async def accounts(self, limit: int, after: str | None) -> list[dict[str, Any]]:
         return [asdict(a) for a in await self.store.accounts_page(limit=limit, after=after)]
 
@@ -183,103 +204,6 @@ class AdminService:
         if acc is None:
             raise GatewayError(404, "not_found", f"No account '{account_id}'.")
         return asdict(acc)
-
-    async def create_key(
-        self,
-        account_id: str,
-        products: list[str] | None = None,
-        rpm: int | None = None,
-        tpm: int | None = None,
-        max_streams: int | None = None,
-        *,
-        name: str | None = None,
-        expires_at: float | None = None,
-        spend_cap_usd: float | None = None,
-        spend_cap_period: CapPeriod = "total",
-        actor: str = SYSTEM,
-    ) -> dict[str, Any]:
-        """A new key (its secret shown once, in ``key``). 400 for a product that is not
-        configured, an expiry in the past or a cap below one micro-USD; 404 for no account."""
-        now = self.now()
-        self._check_products(products)
-        if expires_at is not None and expires_at <= now:
-            raise invalid_request("expires_at: must be in the future", param="expires_at")
-        cap = None if spend_cap_usd is None else usd_to_micros(spend_cap_usd)
-        if cap is not None and cap <= 0:
-            raise invalid_request("spend_cap_usd: must be at least 0.000001", param="spend_cap_usd")
-        secret, digest = self.auth.issue_secret()
-        key = ApiKey(
-            id="key_" + os.urandom(8).hex(),
-            account_id=account_id,
-            products=tuple(products) if products is not None else None,
-            rpm=rpm,
-            tpm=tpm,
-            max_streams=max_streams,
-            created_at=now,
-            name=name,
-            expires_at=expires_at,
-            spend_cap_micros=cap,
-            spend_cap_period=None if cap is None else spend_cap_period,
-        )
-        view = key_view(key, now)
-        detail = {k: view[k] for k in _KEY_AUDIT_FIELDS if view[k] is not None}
-        try:
-            await self.store.create_key(
-                key, digest, audit=audit_entry(actor, "key.create", key.id, detail, now)
-            )
-        except UnknownAccount:
-            raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
-        try:
-            webhook_secret = await self.store.webhook_secret(account_id)
-        except WebhookSecretUnreadable:  # the key is made; the secret needs a new one (or a re-seal)
-            log.warning("account %s: its webhook secret cannot be opened with this gateway's key", account_id)
-            webhook_secret = None
-        return {"key": secret, **view, "webhook_secret": webhook_secret}
-
-    def _check_products(self, products: list[str] | None) -> None:
-        unknown = sorted(set(products or ()) - self.products)
-        if unknown:
-            raise invalid_request(
-                f"products: no product {', '.join(repr(p) for p in unknown)} "
-                f"(configured: {', '.join(sorted(self.products)) or 'none'})",
-                param="products",
-            )
-
-    async def keys(self, account_id: str | None, limit: int, after: str | None) -> list[dict[str, Any]]:
-        now = self.now()
-        return [key_view(k, now) for k in await self.store.keys_page(account_id, limit=limit, after=after)]
-
-    async def revoke_key(self, key_id: str, actor: str = SYSTEM, reason: str | None = None) -> dict[str, Any]:
-        """Revoke for good: refused at once on this replica, within the cache TTL on the others."""
-        now = self.now()
-        entry = audit_entry(actor, "key.revoke", key_id, {} if reason is None else {"reason": reason}, now)
-        try:
-            key = await self.store.revoke_key(key_id, now, audit=entry)
-        except UnknownKey:
-            raise _no_key(key_id) from None
-        self.auth.forget(key_id)
-        return key_view(key, now)
-
-    async def rotate_key(self, key_id: str, grace_s: float, actor: str = SYSTEM) -> dict[str, Any]:
-        """A new secret (shown once, in ``key``); the old one works ``grace_s`` more seconds."""
-        if not 0 <= grace_s <= MAX_GRACE_S:
-            raise invalid_request(f"grace_s: expected 0 to {MAX_GRACE_S} seconds", param="grace_s")
-        now = self.now()
-        until = now + grace_s
-        secret, digest = self.auth.issue_secret()
-        entry = audit_entry(actor, "key.rotate", key_id, {"grace_s": grace_s, "old_valid_until": until}, now)
-        try:
-            key = await self.store.rotate_key(key_id, digest, until, now, audit=entry)
-        except UnknownKey:
-            raise _no_key(key_id) from None
-        except KeyRevoked:
-            raise GatewayError(409, "key_revoked", f"The API key '{key_id}' is revoked.") from None
-        except KeyChanged:
-            raise GatewayError(
-                409, "key_changed", f"The API key '{key_id}' changed during this rotation; try again."
-            ) from None
-        self.auth.forget(key_id)
-        return {"key": secret, **key_view(key, now), "old_key_valid_until": until if grace_s > 0 else None}
 
     async def audit_log(
         self, action: str | None, target: str | None, limit: int, after: str | None
@@ -355,19 +279,6 @@ def _closed(exc: HoldNotOpen) -> GatewayError:
     if exc.state is None:
         return GatewayError(404, "not_found", f"No hold '{exc.hold_id}'.")
     return GatewayError(409, "hold_closed", f"The hold '{exc.hold_id}' is already {exc.state}.")
-
-
-_KEY_AUDIT_FIELDS = (
-    "account_id",
-    "name",
-    "products",
-    "rpm",
-    "tpm",
-    "max_streams",
-    "expires_at",
-    "spend_cap_micros",
-    "spend_cap_period",
-)
 
 
 def _hold_detail(hold: Hold, charged_micros: int) -> Mapping[str, Any]:

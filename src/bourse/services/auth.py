@@ -7,7 +7,9 @@ a key is named by its id (``key_…``).
 - Looked-up keys are cached for ``cache_ttl_s`` (at most :data:`CACHE_TTL_MAX_S`) so
   the hot path does not read the database on every request; a key revoked or
   rotated on any replica is therefore refused everywhere within that time (at once
-  on the replica that did it: :meth:`Authenticator.forget`). Expiry and the end of a
+  on the replica that did it: :meth:`Authenticator.forget`). So is a key edited, or
+  one whose account was suspended, resumed or closed (the lookup reads the
+  account's status with the key). Expiry and the end of a
   rotation's grace period are checked on every request against the clock.
 - ``last_used_at`` is written off the response path: at most once per
   ``touch_interval_s`` per key, by a background task that writes every key used
@@ -124,10 +126,16 @@ class Authenticator:
         if principal is None:
             raise unauthorized("Invalid API key.")
         key = principal.key
+        if key.account_status == "closed":
+            raise GatewayError(403, "account_closed", "This API key's account is closed.")
         if key.revoked_at is not None or key.expires_at is not None or key.grace_until is not None:
             why = refusal(key, self.clock())
             if why is not None:
                 raise unauthorized(why)
+        if key.account_status == "suspended":
+            raise GatewayError(
+                403, "account_suspended", "This API key's account is suspended: new requests are refused."
+            )
         if mono >= self._touch_due.get(key.id, 0.0):
             self._touched(key.id, mono)
         return principal
@@ -149,6 +157,12 @@ class Authenticator:
     def forget(self, key_id: str) -> None:
         """Drop the cached lookups of ``key_id`` (revoked or rotated here just now)."""
         stale = [d for d, (_, p) in self._cache.items() if p is not None and p.key.id == key_id]
+        for digest in stale:
+            self._cache.pop(digest, None)
+
+    def forget_account(self, account_id: str) -> None:
+        """Drop the cached lookups of every key of ``account_id`` (its status changed here)."""
+        stale = [d for d, (_, p) in self._cache.items() if p is not None and p.key.account_id == account_id]
         for digest in stale:
             self._cache.pop(digest, None)
 

@@ -13,7 +13,9 @@ import orjson
 
 from bourse.ports.stores import (
     Account,
+    AccountClosed,
     AccountExists,
+    AccountStatus,
     ApiKey,
     KeyChanged,
     KeyRevoked,
@@ -25,6 +27,7 @@ from bourse.storage.executor import Executor, Row, new_id
 
 _ACCOUNTS = (
     "SELECT a.id, a.balance_micros, a.created_at, a.pending_micros, a.posted_micros, a.credited_micros, "
+    "a.status, a.status_reason, "
     "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE account_id = a.id AND state = 'reconciling'), 0) AS rec_m "
     "FROM accounts a"
 )
@@ -48,6 +51,8 @@ def _account_row(row: Row) -> Account:
         spent_micros=int(row["posted_micros"]),
         credited_micros=int(row["credited_micros"]),
         created_at=float(row["created_at"]),
+        status=row["status"],
+        status_reason=row["status_reason"],
     )
 
 
@@ -55,6 +60,29 @@ def accounts_page(db: Executor, limit: int, after: str | None) -> list[Account]:
     where, args = ("", ()) if after is None else (" WHERE a.id > $1", (after,))
     rows = db.fetch(f"{_ACCOUNTS}{where} ORDER BY a.id LIMIT {max(1, min(limit, 1000))}", *args)
     return [_account_row(r) for r in rows]
+
+
+def set_account_status(db: Executor, account_id: str, status: AccountStatus, reason: str | None) -> Account:
+    """Set the account's status and its reason; a closed account keeps its own."""
+    n = db.execute(
+        "UPDATE accounts SET status = $2, status_reason = $3 WHERE id = $1 AND status <> 'closed'",
+        account_id, status, reason,
+    )  # fmt: skip
+    acc = account(db, account_id)
+    if acc is None:
+        raise UnknownAccount(account_id)
+    if n != 1:
+        raise AccountClosed(account_id)
+    return acc
+
+
+def close_account(db: Executor, account_id: str, reason: str | None, now: float) -> tuple[Account, int]:
+    """Close the account (for good) and revoke its keys that are not revoked yet."""
+    acc = set_account_status(db, account_id, "closed", reason)
+    revoked = db.execute(
+        "UPDATE api_keys SET revoked_at = $2 WHERE account_id = $1 AND revoked_at IS NULL", account_id, now
+    )
+    return acc, revoked
 
 
 def create_account(
@@ -98,8 +126,11 @@ def credit(db: Executor, account_id: str, amount_micros: int, now: float, memo: 
 
 
 def create_key(db: Executor, key: ApiKey, key_hash: str) -> None:
-    if db.fetchrow("SELECT id FROM accounts WHERE id = $1", key.account_id) is None:
+    row = db.fetchrow("SELECT status FROM accounts WHERE id = $1", key.account_id)
+    if row is None:
         raise UnknownAccount(key.account_id)
+    if row["status"] == "closed":
+        raise AccountClosed(key.account_id)
     db.execute(
         "INSERT INTO api_keys (id, key_hash, account_id, products, rpm, tpm, max_streams, created_at, name, "
         "expires_at, spend_cap_micros, spend_cap_period) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
@@ -114,7 +145,7 @@ def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def key_row(row: Row, grace_until: float | None = None) -> ApiKey:
+def key_row(row: Row, grace_until: float | None = None, account_status: AccountStatus = "active") -> ApiKey:
     products = row["products"]
     cap = row["spend_cap_micros"]
     return ApiKey(
@@ -134,19 +165,23 @@ def key_row(row: Row, grace_until: float | None = None) -> ApiKey:
         spend_micros=int(row["spend_micros"]),
         spend_period=int(row["spend_period"]),
         grace_until=grace_until,
+        account_status=account_status,
     )
 
 
+_ACCOUNT_STATUS = "(SELECT a.status FROM accounts a WHERE a.id = k.account_id) AS account_status"
 _KEY_BY_HASH = (
-    "SELECT k.*, NULL AS grace_until FROM api_keys k WHERE k.key_hash = $1 "
-    "UNION ALL SELECT k.*, g.valid_until AS grace_until FROM api_key_grace g "
+    f"SELECT k.*, NULL AS grace_until, {_ACCOUNT_STATUS} FROM api_keys k WHERE k.key_hash = $1 "
+    f"UNION ALL SELECT k.*, g.valid_until AS grace_until, {_ACCOUNT_STATUS} FROM api_key_grace g "
     "JOIN api_keys k ON k.id = g.key_id WHERE g.key_hash = $1"
 )
 
 
 def key_by_hash(db: Executor, key_hash: str) -> ApiKey | None:
     row = db.fetchrow(_KEY_BY_HASH, key_hash)
-    return None if row is None else key_row(row, _opt_float(row["grace_until"]))
+    if row is None:
+        return None
+    return key_row(row, _opt_float(row["grace_until"]), row["account_status"] or "active")
 
 
 def keys_page(db: Executor, account_id: str | None, limit: int, after: str | None) -> list[ApiKey]:
@@ -174,6 +209,40 @@ def revoke_key(db: Executor, key_id: str, now: float) -> ApiKey:
     if row is None:
         raise UnknownKey(key_id)
     return key_row(row)
+
+
+KEY_EDITABLE = (
+    "products",
+    "rpm",
+    "tpm",
+    "max_streams",
+    "name",
+    "expires_at",
+    "spend_cap_micros",
+    "spend_cap_period",
+)
+"""The columns of ``api_keys`` an edit may set."""
+
+
+def update_key(db: Executor, key_id: str, changes: Mapping[str, Any]) -> ApiKey:
+    """Set the given columns (of :data:`KEY_EDITABLE`) of a key not revoked. The spend
+    counter (``spend_micros``, ``spend_period``) is left as it is: it counts the holds
+    of its own period number, so a new cap period starts its count at zero and the
+    holds of the old one still give back what they took. UnknownKey, KeyRevoked."""
+    cols = [c for c in KEY_EDITABLE if c in changes]
+    values = [orjson.dumps(list(v)).decode() if c == "products" and v is not None else changes[c]
+              for c, v in ((c, changes[c]) for c in cols)]  # fmt: skip
+    sets = ", ".join(f"{c} = ${n}" for n, c in enumerate(cols, 2))
+    if changes.get("spend_cap_micros") is not None and "spend_cap_period" not in changes:
+        sets += ", spend_cap_period = COALESCE(spend_cap_period, 'total')"  # a first cap: total
+    row = db.fetchrow(
+        f"UPDATE api_keys SET {sets} WHERE id = $1 AND revoked_at IS NULL RETURNING *", key_id, *values
+    )
+    if row is not None:
+        return key_row(row)
+    if db.fetchrow("SELECT id FROM api_keys WHERE id = $1", key_id) is None:
+        raise UnknownKey(key_id)
+    raise KeyRevoked(key_id)
 
 
 def rotate_key(db: Executor, key_id: str, new_hash: str, old_valid_until: float, now: float) -> ApiKey:

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from bourse.ports.stores import (
     Account,
     AccountExists,
+    AccountStatus,
     ApiKey,
     AuditEntry,
     Hold,
@@ -167,6 +168,18 @@ class SqlStore:
 
     async def account(self, account_id: str) -> Account | None:
         return await self._read(accounts.account, account_id)
+
+    async def set_account_status(
+        self, account_id: str, status: AccountStatus, reason: str | None, *, audit: AuditEntry | None = None
+    ) -> Account:
+        return await self._run(
+            audit_rows.with_audit, audit, accounts.set_account_status, account_id, status, reason
+        )
+
+    async def close_account(
+        self, account_id: str, reason: str | None, now: float, *, audit: AuditEntry | None = None
+    ) -> tuple[Account, int]:
+        return await self._run(audit_rows.with_audit, audit, accounts.close_account, account_id, reason, now)
 
     async def accounts_page(self, *, limit: int, after: str | None) -> Sequence[Account]:
         return await self._read(accounts.accounts_page, limit, after)
@@ -372,6 +385,11 @@ class SqlStore:
 
     async def revoke_key(self, key_id: str, now: float, *, audit: AuditEntry | None = None) -> ApiKey:
         return await self._run(audit_rows.with_audit, audit, accounts.revoke_key, key_id, now)
+
+    async def update_key(
+        self, key_id: str, changes: Mapping[str, Any], *, audit: AuditEntry | None = None
+    ) -> ApiKey:
+        return await self._run(audit_rows.with_audit, audit, accounts.update_key, key_id, changes)
 
     async def rotate_key(
         self,

@@ -477,3 +477,48 @@ def test_a_revoked_key_is_refused_on_both_replicas_within_a_second(cluster: Clus
     audit = cluster.admin("GET", "/admin/audit", replica=1, params={"target": key_id}).json()["data"]
     assert [e["action"] for e in audit] == ["key.revoke", "key.create"]
     assert audit[0]["detail"] == {"reason": "leaked"}
+
+
+def _answer_after(
+    url: str, key: str, since: float, status: int, within_s: float
+) -> tuple[float, dict[str, Any]]:
+    """Call ``url`` with ``key`` until it answers ``status``; how long after ``since`` that
+    call started, and its answer (fails once calls started ``within_s`` after it still do not)."""
+    while True:
+        started = time.monotonic()
+        r = httpx.get(url + "/v1/account", headers={"authorization": f"Bearer {key}"}, timeout=30)
+        if r.status_code == status:
+            doc: dict[str, Any] = r.json()
+            return started - since, doc
+        assert started - since < within_s, f"{url} still answered {r.status_code} {started - since:.2f} s on"
+        time.sleep(0.02)
+
+
+def test_a_suspension_and_a_key_edit_reach_both_replicas_within_a_second(cluster: Cluster) -> None:
+    """As a revocation: the key cache (0.5 s) is the bound; the replica that made the
+    change applies it at once."""
+    r = cluster.admin("POST", "/admin/accounts", json={"id": "susp2", "credit_usd": 1})
+    assert r.status_code == 201, r.text
+    key = cluster.new_key("susp2")
+    for url in cluster.urls:  # each replica has the key in its cache now
+        assert httpx.get(url + "/v1/account", headers={"authorization": f"Bearer {key}"}).status_code == 200
+    assert cluster.admin("POST", "/admin/accounts/susp2/suspend", replica=0, json={}).status_code == 200
+    t0 = time.monotonic()
+    took = []
+    for url in cluster.urls:
+        t, doc = _answer_after(url, key, t0, 403, within_s=1.0)
+        assert doc["error"]["code"] == "account_suspended", doc
+        took.append(t)
+    assert cluster.admin("POST", "/admin/accounts/susp2/resume", replica=1, json={}).status_code == 200
+    t0 = time.monotonic()
+    took += [_answer_after(url, key, t0, 200, within_s=1.0)[0] for url in reversed(cluster.urls)]
+
+    key_id = cluster.admin("GET", "/admin/keys", params={"account": "susp2"}).json()["data"][0]["id"]
+    r = cluster.admin("PATCH", f"/admin/keys/{key_id}", replica=0, json={"expires_in_s": 0.2})
+    assert r.status_code == 200, r.text
+    t0 = time.monotonic()
+    for url in cluster.urls:  # expired 0.2 s on: refused once each replica has the edit
+        t, doc = _answer_after(url, key, t0, 401, within_s=1.2)
+        assert "expired" in doc["error"]["message"], doc
+        took.append(t - 0.2)
+    assert all(t < 1.0 for t in took), took
