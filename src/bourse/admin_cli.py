@@ -109,6 +109,14 @@ def add_parser(sub: Any) -> None:
     c = leaf(acc, "credit", "add credit to an account")
     c.add_argument("id")
     c.add_argument("--amount-usd", type=float, required=True)
+    for action, help_ in (
+        ("debit", "take money from an account's balance, for a reason (a ledger entry)"),
+        ("refund", "give money back to an account, for a reason (a credit, audited as a refund)"),
+    ):
+        c = leaf(acc, action, help_)
+        c.add_argument("id")
+        c.add_argument("--amount-usd", type=float, required=True)
+        c.add_argument("--reason", required=True, help="why (kept in the ledger and the audit log)")
     c = leaf(acc, "show", "balance, holds and spend of an account")
     c.add_argument("id")
     paged(leaf(acc, "list", "list accounts (in id order)"))
@@ -186,6 +194,13 @@ def _accounts(args: argparse.Namespace) -> Request:
         return "POST", "/admin/accounts", {"id": args.id, "credit_usd": args.credit_usd}, None
     if act == "credit":
         return "POST", f"/admin/accounts/{args.id}/credit", {"amount_usd": args.amount_usd}, None
+    if act in ("debit", "refund"):
+        return (
+            "POST",
+            f"/admin/accounts/{args.id}/{act}",
+            {"amount_usd": args.amount_usd, "reason": args.reason},
+            None,
+        )
     if act == "list":
         return "GET", "/admin/accounts", None, _page_params(args)
     if act in ("suspend", "resume", "close"):

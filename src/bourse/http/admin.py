@@ -85,6 +85,12 @@ class KeyEdit(_In):
         return out
 
 
+class Adjustment(_In):
+    amount_usd: float = Field(gt=0, le=1e9, allow_inf_nan=False)
+    reason: str = Field(min_length=1, max_length=500)
+    """Why (kept on the ledger entry and in the audit log)."""
+
+
 class AccountStatusChange(_In):
     reason: str | None = Field(default=None, max_length=500)
     """The operator's note (kept on the account and in the audit log; not shown to callers)."""
@@ -162,6 +168,18 @@ class _AdminRoutes:
         account = check_id(request.path_params["account_id"], "account_id")
         body = await json_model(request, Credit, self.max_depth)
         return JSON(await self.admin.credit(account, body.amount_usd, actor))
+
+    async def debit(self, request: Request) -> Response:
+        actor = self.guard(request)
+        account = check_id(request.path_params["account_id"], "account_id")
+        body = await json_model(request, Adjustment, self.max_depth)
+        return JSON(await self.admin.debit(account, body.amount_usd, body.reason, actor))
+
+    async def refund(self, request: Request) -> Response:
+        actor = self.guard(request)
+        account = check_id(request.path_params["account_id"], "account_id")
+        body = await json_model(request, Adjustment, self.max_depth)
+        return JSON(await self.admin.refund(account, body.amount_usd, body.reason, actor))
 
     async def suspend(self, request: Request) -> Response:
         actor = self.guard(request)
@@ -273,6 +291,8 @@ def routes(services: Services) -> list[Route]:
         Route("/admin/accounts", a.list_accounts, methods=["GET"]),
         Route("/admin/accounts/{account_id}", a.get_account, methods=["GET"]),
         Route("/admin/accounts/{account_id}/credit", a.credit, methods=["POST"]),
+        Route("/admin/accounts/{account_id}/debit", a.debit, methods=["POST"]),
+        Route("/admin/accounts/{account_id}/refund", a.refund, methods=["POST"]),
         Route("/admin/accounts/{account_id}/suspend", a.suspend, methods=["POST"]),
         Route("/admin/accounts/{account_id}/resume", a.resume, methods=["POST"]),
         Route("/admin/accounts/{account_id}/close", a.close, methods=["POST"]),

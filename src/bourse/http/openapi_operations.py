@@ -15,6 +15,7 @@ from bourse.domain.values import immutable
 from bourse.http.admin import (
     PAGE_MAX,
     AccountStatusChange,
+    Adjustment,
     Credit,
     KeyEdit,
     NewAccount,
@@ -239,6 +240,24 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         auth="admin",
         answer="Page",
         params=(Param("account", {"type": "string"}, "one account's keys"), _ADMIN_LIMIT, _AFTER),
+    ),
+    ("POST", "/admin/accounts/{account_id}/debit"): Operation(
+        "Debit an account, for a reason: a charge of the amount with its usage record "
+        "(outcome debit); 402 insufficient_funds past the balance",
+        "admin",
+        auth="admin",
+        body=Adjustment,
+        example={"amount_usd": 2.5, "reason": "chargeback of order 1234"},
+        answer="AdminAccount",
+        errors=(402,),
+    ),
+    ("POST", "/admin/accounts/{account_id}/refund"): Operation(
+        "Refund an account, for a reason: a credit audited as account.refund",
+        "admin",
+        auth="admin",
+        body=Adjustment,
+        example={"amount_usd": 1.0, "reason": "outage on 2026-12-01"},
+        answer="AdminAccount",
     ),
     ("POST", "/admin/accounts/{account_id}/suspend"): Operation(
         "Suspend an account: its keys get 403 account_suspended on new requests; running ones finish",

@@ -42,6 +42,7 @@ from bourse.ports.stores import (
     audit_entry,
     new_webhook_secret,
 )
+from bourse.services.adjustments import Adjustments, AdjustmentStore
 from bourse.services.auth import Authenticator, hash_key, new_secret
 from bourse.services.keys import SYSTEM, KeyAdmin, account_closed
 
@@ -51,7 +52,7 @@ DEMO_ACCOUNT = "demo"
 DEMO_CREDIT_USD = 5.0
 
 
-class AdminStore(LedgerStore, KeyStore, UsageStore, WebhookSecretStore, Protocol):
+class AdminStore(LedgerStore, KeyStore, UsageStore, WebhookSecretStore, AdjustmentStore, Protocol):
     pass
 
 
@@ -70,7 +71,7 @@ def audit_view(entry: AuditEntry) -> dict[str, Any]:
     return {**asdict(entry), "detail": dict(entry.detail)}
 
 
-class AdminService(KeyAdmin):
+class AdminService(KeyAdmin, Adjustments):
     store: AdminStore
 
     def __init__(

@@ -290,6 +290,15 @@ def _closed(db: Executor, row: Row) -> None:
     move(db, row["account_id"], amount - charged, -amount, charged)
 
 
+def debit(db: Executor, hold: Hold, usage: UsageRecord, now: float) -> Hold:
+    """An operator's debit of ``hold.amount_micros``: a hold placed and settled for its
+    whole amount in one transaction, with its usage record (a charge like any other: the
+    books' identity, the usage export and retention need nothing new).
+    InsufficientFunds when the balance cannot cover it, UnknownAccount for no account."""
+    place_hold(db, hold)
+    return close_hold(db, hold.id, "settled", hold.amount_micros, usage, None, now)
+
+
 def close_hold(
     db: Executor,
     hold_id: str,

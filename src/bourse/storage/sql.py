@@ -299,6 +299,12 @@ class SqlStore:
             now,
         )
 
+    async def debit(self, hold: Hold, usage: UsageRecord, now: float, *, audit: AuditEntry) -> Hold:
+        """An operator's debit (:func:`ledger.debit`), with its audit entry, in one transaction."""
+        if hold.amount_micros <= 0 or hold.spend_period is not None:
+            raise ValueError("a debit is a positive amount, on no key's cap")
+        return await self._run(audit_rows.with_audit, audit, ledger.debit, hold, usage, now)
+
     async def release(
         self, hold_id: str, usage: UsageRecord | None, now: float, *, audit: AuditEntry | None = None
     ) -> Hold:
