@@ -6,8 +6,9 @@
 -- CHECK, and a migration is one file for both databases, so the column is replaced
 -- by the same statements on each: a new column with the wider CHECK, every key's
 -- period copied into it, the old column dropped (its CHECK with it) and the new one
--- renamed. ALTER TABLE DROP COLUMN and RENAME COLUMN are in SQLite 3.35 and 3.25 and
--- later and in every supported PostgreSQL; no index, view or trigger names the column.
+-- renamed. ALTER TABLE DROP COLUMN is in SQLite from 3.35 (the version the store's
+-- RETURNING already needs) and RENAME COLUMN from 3.25, and in every supported
+-- PostgreSQL; no index, view, trigger or other CHECK names the column.
 -- A rebuild of api_keys would have had to move the foreign keys that name it
 -- (api_key_grace) and differs per dialect. The migration runs in one transaction, so
 -- a key is never seen without its period.
