@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from bourse.domain.periods import CAP_PERIODS
 from bourse.settings import read_environment
 
 Request = tuple[str, str, dict[str, Any] | None, dict[str, str] | None]
@@ -76,7 +77,7 @@ def _add_key_update(keys: Any, leaf: Callable[[Any, str, str], argparse.Argument
         k.add_argument(flag, type=_or_none("none", int), default=unset, help="a new limit, or 'none'")
     k.add_argument("--cap-usd", type=_or_none("none", float), default=unset,
                    help="a new spend cap in USD, or 'none' (no cap)")  # fmt: skip
-    k.add_argument("--cap-period", choices=["total", "day"], default=unset,
+    k.add_argument("--cap-period", choices=CAP_PERIODS, default=unset,
                    help="a new period for the cap (its count starts at zero)")  # fmt: skip
     k.add_argument("--expires-in", type=_or_none("never", duration), default=unset,
                    help="e.g. 30d from now, or 'never'")  # fmt: skip
@@ -147,7 +148,10 @@ def add_parser(sub: Any) -> None:
     k.add_argument("--expires-in", type=duration, help="e.g. 30d: refused after that")
     k.add_argument("--cap-usd", type=float, help="spend cap: at most this much held or charged per period")
     k.add_argument(
-        "--cap-period", choices=["total", "day"], default="total", help="of the cap (default total)"
+        "--cap-period",
+        choices=CAP_PERIODS,
+        default="total",
+        help="of the cap: total, or the calendar day, week (from Monday) or month in UTC (default total)",
     )
     k = leaf(keys, "list", "list API keys, newest first")
     k.add_argument("--account")
@@ -307,12 +311,15 @@ def _text(v: Any) -> str:
     return str(v)
 
 
+_THIS = {"day": " today", "week": " this week", "month": " this month"}
+
+
 def _cap(row: Mapping[str, Any]) -> str:
     cap = row.get("spend_cap_micros")
     if cap is None:
         return "-"
-    return f"{_usd(row.get('spend_micros', 0))} of {_usd(cap)}" + (
-        " today" if row.get("spend_cap_period") == "day" else ""
+    return f"{_usd(row.get('spend_micros', 0))} of {_usd(cap)}" + _THIS.get(
+        str(row.get("spend_cap_period")), ""
     )
 
 

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bourse.domain.periods import MONTHS, WEEKS, CapPeriod, cap_period
 from bourse.ports.stores import (
     AccountExists,
     ApiKey,
@@ -38,6 +39,7 @@ from bourse.ports.stores import (
     audit_entry,
 )
 from bourse.storage.audit import SqlAuditLog
+from bourse.storage.executor import IntegrityError
 from bourse.storage.schema import migrations
 from tests.support.databases import StoreFactory, with_database
 
@@ -608,6 +610,89 @@ async def test_a_daily_cap_starts_again_each_day(store_factory: StoreFactory) ->
         await s.settle(today.id, 600, None, NOW + 2)
         assert await key_spend(s, "kd") == (600, day + 1)
         await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_a_weekly_and_a_monthly_cap_start_again_each_period(store_factory: StoreFactory) -> None:
+    """The store counts any period number as the day's (the numbers are the caller's,
+    :func:`bourse.domain.periods.cap_period`): a new one starts the count again."""
+    async with store_factory() as s:
+        await s.create_account("a", 100_000, NOW)
+        periods: tuple[tuple[CapPeriod, int], ...] = (("week", WEEKS + 2_918), ("month", MONTHS + 24_323))
+        for kind, period in periods:
+            key = ApiKey(id=f"k{kind}", account_id="a", created_at=NOW, spend_cap_micros=1_000,
+                         spend_cap_period=kind)  # fmt: skip
+            await s.create_key(key, f"h{kind}")
+            assert (await s.key(key.id)).spend_cap_period == kind
+            await s.place_hold(mk_key_hold("a", 1_000, key.id, period))
+            with pytest.raises(KeyBudgetExceeded) as exc:
+                await s.place_hold(mk_key_hold("a", 1, key.id, period))
+            assert (exc.value.spent_micros, exc.value.period) == (1_000, kind)
+            await s.place_hold(mk_key_hold("a", 1_000, key.id, period + 1))
+            assert await key_spend(s, key.id) == (1_000, period + 1)
+        await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_a_cap_period_of_another_kind_starts_the_count_again(store_factory: StoreFactory) -> None:
+    """A key counted by month in December 2026, then by day: on the day numbered as that
+    month was before the kinds had ranges of their own (day 24 323, 5 August 2036), the
+    day's count starts at zero and the month's hold gives nothing back to it."""
+    december, that_day = 1_796_083_200.0, 24_323 * 86_400.0  # 2026-12-01, 2036-08-05 UTC
+    async with store_factory() as s:
+        await s.create_account("a", 100_000, NOW)
+        await s.create_key(ApiKey(id="k", account_id="a", created_at=NOW, spend_cap_micros=1_000,
+                                  spend_cap_period="month"), "h")  # fmt: skip
+        month = mk_key_hold("a", 900, "k", cap_period("month", december))
+        await s.place_hold(month)
+        await s.update_key("k", {"spend_cap_period": "day"})
+        day = mk_key_hold("a", 1_000, "k", cap_period("day", that_day))  # the whole cap
+        await s.place_hold(day)
+        assert await key_spend(s, "k") == (1_000, cap_period("day", that_day))
+        await s.release(month.id, None, NOW + 1)  # gives back to December 2026 only
+        assert await key_spend(s, "k") == (1_000, cap_period("day", that_day))
+        await balanced(s)
+
+
+@pytest.mark.anyio
+async def test_the_cap_periods_migration_keeps_every_key(store_factory: StoreFactory) -> None:
+    """Migration 12 replaces ``spend_cap_period`` (its CHECK allowed total and day) on a
+    ledger at version 11 with keys of each kind: each key keeps its cap, period and
+    count, the grace rows that name the keys stay, and week and month are then stored
+    while another word is still refused by the database."""
+    statements = [st for v, sts in migrations() if v <= 11 for st in sts]
+    rows = [
+        "INSERT INTO accounts (id, balance_micros, created_at) VALUES ('a', 100, 1)",
+        "INSERT INTO api_keys (id, key_hash, account_id, created_at, spend_cap_micros, spend_cap_period, "
+        "spend_micros, spend_period) VALUES ('kt', 'ht', 'a', 1, 500, 'total', 40, 0), "
+        "('kd', 'hd', 'a', 2, 700, 'day', 60, 20427), ('kn', 'hn', 'a', 3, NULL, NULL, 0, 0)",
+        "INSERT INTO api_key_grace (key_hash, key_id, valid_until) VALUES ('old', 'kd', 9e9)",
+        "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)",
+        *(f"INSERT INTO schema_migrations (version, applied_at) VALUES ({v}, 1)" for v in range(1, 12)),
+    ]
+    if store_factory.kind == "sqlite":
+        with sqlite3.connect(store_factory.target) as db:
+            for st in statements + rows:
+                db.execute(st)
+    else:
+        import psycopg
+
+        with psycopg.connect(store_factory.target) as pg:
+            for st in statements + rows:
+                pg.execute(st)
+    async with store_factory() as s:
+        assert await s.migrate() == LATEST
+        got = {k: await s.key(k) for k in ("kt", "kd", "kn")}
+        assert {k: (v.spend_cap_micros, v.spend_cap_period, v.spend_micros, v.spend_period, v.created_at)
+                for k, v in got.items() if v is not None} == {
+            "kt": (500, "total", 40, 0, 1.0), "kd": (700, "day", 60, 20427, 2.0), "kn": (None, None, 0, 0, 3.0),
+        }  # fmt: skip
+        assert await s.key_by_hash("old") is not None  # the grace row still finds kd
+        await s.update_key("kd", {"spend_cap_period": "week"})
+        await s.update_key("kt", {"spend_cap_period": "month"})
+        assert [(await s.key(k)).spend_cap_period for k in ("kd", "kt")] == ["week", "month"]
+        with pytest.raises(IntegrityError, match=r"(?i)check"):
+            await s.update_key("kn", {"spend_cap_period": "year"})
 
 
 @pytest.mark.anyio

@@ -52,7 +52,7 @@ async def _chat(gw: InProcessGateway, key: str, max_tokens: int = 4) -> Any:
         ({"expires_at": time.time() + 60, "expires_in_s": 60}, "expires_in_s"),
         ({"spend_cap_usd": 0}, "spend_cap_usd"),
         ({"spend_cap_usd": 1e-9}, "spend_cap_usd"),
-        ({"spend_cap_usd": 1, "spend_cap_period": "week"}, "spend_cap_period"),
+        ({"spend_cap_usd": 1, "spend_cap_period": "year"}, "spend_cap_period"),
         ({"name": "bad\nname"}, "name"),
     ],
 )

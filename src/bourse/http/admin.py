@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bourse.domain.errors import invalid_request
+from bourse.domain.periods import CapPeriod
 from bourse.http.deps import Services, json_model, page_limit
 from bourse.http.responses import JSON
 from bourse.services.keys import MAX_GRACE_S
@@ -55,7 +56,7 @@ class NewKey(_In):
     """The same, in seconds from now (one of the two)."""
     spend_cap_usd: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
     """At most this much held or charged through the key per ``spend_cap_period`` (402 beyond)."""
-    spend_cap_period: Literal["total", "day"] = "total"
+    spend_cap_period: CapPeriod = "total"
 
 
 class KeyEdit(_In):
@@ -70,7 +71,7 @@ class KeyEdit(_In):
     expires_at: float | None = Field(default=None, gt=0, le=1e11, allow_inf_nan=False)
     expires_in_s: float | None = Field(default=None, gt=0, le=1e10, allow_inf_nan=False)
     spend_cap_usd: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
-    spend_cap_period: Literal["total", "day"] | None = None
+    spend_cap_period: CapPeriod | None = None
     """A new period for the cap (its count starts at zero); not null."""
 
     def changes(self, now: float) -> dict[str, Any]:

@@ -4,9 +4,9 @@ Adapters live in ``bourse.storage`` (SQLite, PostgreSQL); the same contract test
 run over each. All amounts are integer micro-USD.
 
 An API key may carry a spend cap: what its holds take (while open or reconciling)
-and what they charge, per period (``total``, or the UTC ``day``), is counted on the
-key in the same transaction as the hold, so concurrent requests can never take more
-than the cap; a closed hold gives back what it did not charge.
+and what they charge, per period (``total``, or the UTC ``day``, ``week`` or ``month``
+of :mod:`bourse.domain.periods`), is counted on the key in the same transaction as
+the hold, so concurrent requests can never take more than the cap; a closed hold gives back what it did not charge.
 
 Admin actions are written to an audit log in the same transaction as the change
 they record (the ``audit`` argument of the methods that take one).
@@ -31,10 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import Any, Literal, Protocol
 
+from bourse.domain.periods import CapPeriod
 from bourse.domain.values import immutable
 
 HoldState = Literal["open", "settled", "released", "reconciling"]
-CapPeriod = Literal["total", "day"]
 AccountStatus = Literal["active", "suspended", "closed"]
 
 
@@ -68,7 +68,7 @@ class Hold:
     """The API key the hold was placed with (None: placed by the gateway itself)."""
     spend_period: int | None = None
     """The period of its key's spend cap this hold counts against (``spend_period``
-    of :func:`cap_period`); None when the key has no cap."""
+    of :func:`~bourse.domain.periods.cap_period`); None when the key has no cap."""
 
 
 @immutable
@@ -95,12 +95,6 @@ class ApiKey:
     """Set when the key was found by a secret a rotation replaced: it works until then."""
     account_status: AccountStatus = "active"
     """Its account's status (read with the key by ``key_by_hash``; elsewhere ``active``)."""
-
-
-def cap_period(period: CapPeriod, now: float) -> int:
-    """The number of the spend-cap period ``now`` falls in: 0 for a ``total`` cap, the
-    UTC day number (days since 1970-01-01) for a ``day`` cap."""
-    return 0 if period == "total" else int(now // 86_400)
 
 
 @immutable

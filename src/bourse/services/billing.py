@@ -41,6 +41,7 @@ from bourse.domain.money import (
     price_units,
     quote_tokens,
 )
+from bourse.domain.periods import cap_period, per_period
 from bourse.domain.policy import Policy
 from bourse.domain.values import immutable
 from bourse.ports.engine import Kind
@@ -56,7 +57,6 @@ from bourse.ports.stores import (
     StoreUnavailable,
     UnknownAccount,
     UsageRecord,
-    cap_period,
 )
 from bourse.services.clock import DatabaseClock
 from bourse.services.hold_sweep import HoldClose, HoldSweeper
@@ -91,7 +91,7 @@ class Quote:
 
 def budget_exceeded(exc: KeyBudgetExceeded, quote: Quote) -> GatewayError:
     """The 402 of a hold that would take its key past its spend cap."""
-    per = "in total" if exc.period == "total" else "per UTC day"
+    per = per_period(exc.period)
     left = max(0, exc.cap_micros - exc.spent_micros)
     return GatewayError(
         402,

@@ -15,10 +15,10 @@ from typing import Any, Protocol
 
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import usd_to_micros
+from bourse.domain.periods import CAP_PERIODS, CapPeriod, cap_period
 from bourse.ports.stores import (
     AccountClosed,
     ApiKey,
-    CapPeriod,
     KeyChanged,
     KeyRevoked,
     KeyStore,
@@ -27,7 +27,6 @@ from bourse.ports.stores import (
     WebhookSecretStore,
     WebhookSecretUnreadable,
     audit_entry,
-    cap_period,
 )
 from bourse.services.auth import Authenticator
 
@@ -202,8 +201,8 @@ class KeyAdmin:
         (a cap given to a key that had none counts ``total`` unless a period is given:
         the store sets that in the same statement)."""
         if "spend_cap_period" in changes and changes["spend_cap_period"] is None:
-            raise invalid_request("spend_cap_period: expected total or day (clear the cap with spend_cap_usd: null)",
-                                  param="spend_cap_period")  # fmt: skip
+            raise invalid_request(f"spend_cap_period: expected one of {', '.join(CAP_PERIODS)} "
+                                  "(clear the cap with spend_cap_usd: null)", param="spend_cap_period")  # fmt: skip
         if "spend_cap_usd" in changes:
             usd = changes["spend_cap_usd"]
             cap = None if usd is None else usd_to_micros(usd)
