@@ -3,10 +3,16 @@ PostgreSQL: for each of ``viewer``, ``billing`` and ``admin``, every admin route
 the served OpenAPI document is called with its key. A viewer gets 403
 ``insufficient_role`` on every write and no 403 on a read; billing exactly on the
 routes above billing; admin exactly on the operator routes. The audit log names the
-operator; a revoked operator key is 401 at once; a user key is 403 everywhere."""
+operator; a revoked operator key is 401 at once; a user key is 403 everywhere; and
+``bourse admin operators create|list|revoke``."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import httpx
@@ -162,3 +168,30 @@ def test_a_revoked_operator_key_is_401_and_the_list_shows_no_key(gw: Gateway) ->
     assert_error_envelope(_create(gw, "ada-leaving", "viewer"), 409, "operator_exists")
     r = httpx.get(gw.url + "/v1/account", headers=_bearer(key), timeout=30)
     assert r.status_code == 401, r.text
+
+
+def _cli(url: str, key: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOURSE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "bourse", "admin", "--url", url, "--admin-key", key, *args],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+
+
+def test_the_cli_creates_lists_and_revokes_operators(gw: Gateway) -> None:
+    out = _cli(gw.url, gw.admin_key, "operators", "create", "cli-viewer", "--role", "viewer")
+    assert out.returncode == 0, out.stderr
+    shown = re.search(r"operator key \(shown once, keep it now\): (bo_\S+)", out.stdout)
+    assert shown is not None, out.stdout
+    key = shown.group(1)
+    me = new_caller(gw, "operators-cli", 1.0)
+    out = _cli(gw.url, key, "accounts", "credit", me.account, "--amount-usd", "1")
+    assert out.returncode == 2 and "403 insufficient_role" in out.stderr, (out.stdout, out.stderr)
+    out = _cli(gw.url, key, "--json", "operators", "list")
+    assert out.returncode == 0, out.stderr
+    row = next(o for o in json.loads(out.stdout)["data"] if o["name"] == "cli-viewer")
+    assert row["role"] == "viewer" and row["revoked_at"] is None, row
+    out = _cli(gw.url, gw.admin_key, "operators", "revoke", row["id"])
+    assert out.returncode == 0 and "revoked_at: " in out.stdout, out.stderr
+    out = _cli(gw.url, key, "operators", "list")
+    assert out.returncode == 2 and "401 invalid_api_key" in out.stderr, out.stderr
