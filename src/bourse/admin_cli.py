@@ -2,8 +2,9 @@
 
 Human-readable tables by default; ``--json`` prints the API's JSON as it is. Every
 failure (no admin key, the gateway unreachable, an API error) is one line on stderr
-and exit status 2. Actions are audited as ``admin:cli`` (``--actor`` names someone
-else).
+and exit status 2. With the admin key, actions are audited as ``admin:cli``
+(``--actor`` names someone else); ``--admin-key`` may be an operator key (``bo_…``),
+audited as ``operator:<name>`` with that operator's role.
 """
 
 from __future__ import annotations
@@ -90,7 +91,10 @@ def add_parser(sub: Any) -> None:
     )
     a = sub.add_parser("admin", help="call the admin API of a running gateway", parents=[common])
     a.add_argument("--url", help="the gateway (default $BOURSE_URL or http://127.0.0.1:8080)")
-    a.add_argument("--admin-key", help="default $BOURSE_ADMIN_KEY, else DATA_DIR/admin_key")
+    a.add_argument(
+        "--admin-key",
+        help="the admin key or an operator key (default $BOURSE_ADMIN_KEY, else DATA_DIR/admin_key)",
+    )
     a.add_argument("--data-dir", default="./data", help="where to find admin_key (default ./data)")
     a.add_argument("--actor", default="cli", help="who to name in the audit log (default: cli)")
     objs = a.add_subparsers(dest="object", required=True)
@@ -175,6 +179,14 @@ def add_parser(sub: Any) -> None:
     h.add_argument("--amount-micros", type=int)
     h = leaf(holds, "release", "release a hold (charge nothing)")
     h.add_argument("id")
+
+    ops = objs.add_parser("operators").add_subparsers(dest="action", required=True)
+    o = leaf(ops, "create", "add an operator with a role (owner only); its key is shown once")
+    o.add_argument("name")
+    o.add_argument("--role", required=True, choices=["viewer", "billing", "admin", "owner"])
+    leaf(ops, "list", "the operators and their roles (revoked ones too)")
+    o = leaf(ops, "revoke", "revoke an operator's key for good (owner only)")
+    o.add_argument("id")
 
     audit = objs.add_parser("audit").add_subparsers(dest="action", required=True)
     u = leaf(audit, "list", "the audit log of admin actions, newest first")
@@ -273,6 +285,14 @@ def _holds(args: argparse.Namespace) -> Request:
     return "POST", f"/admin/holds/{args.id}/release", {}, None
 
 
+def _operators(args: argparse.Namespace) -> Request:
+    if args.action == "create":
+        return "POST", "/admin/operators", {"name": args.name, "role": args.role}, None
+    if args.action == "list":
+        return "GET", "/admin/operators", None, None
+    return "POST", f"/admin/operators/{args.id}/revoke", {}, None
+
+
 def _audit(args: argparse.Namespace) -> Request:
     return "GET", "/admin/audit", None, _page_params(args, action=args.audit_action, target=args.target)
 
@@ -282,6 +302,7 @@ _REQUESTS: dict[str, Callable[[argparse.Namespace], Request]] = {
     "keys": _keys,
     "holds": _holds,
     "audit": _audit,
+    "operators": _operators,
     "webhook-secrets": _webhook_secrets,
 }
 
@@ -361,6 +382,13 @@ COLUMNS: dict[str, list[Column]] = {
         _col("CREATED", "created_at", _time),
         _col("NOTE", "note"),
     ],
+    "operators": [
+        _col("ID", "id"),
+        _col("NAME", "name"),
+        _col("ROLE", "role"),
+        _col("CREATED", "created_at", _time),
+        _col("REVOKED", "revoked_at", _time),
+    ],
     "audit": [
         _col("AT", "at", _time),
         _col("ID", "id"),
@@ -392,7 +420,8 @@ def render(obj: str, doc: Mapping[str, Any]) -> str:
         return out
     lines: list[str] = []
     if "key" in doc and isinstance(doc["key"], str):
-        lines.append(f"API key (shown once, keep it now): {doc['key']}")
+        what = "operator key" if doc.get("object") == "operator" else "API key"
+        lines.append(f"{what} (shown once, keep it now): {doc['key']}")
     shown = {"key"}
     if doc.get("object") == "bourse.webhook_secret":
         lines.append(f"webhook secret (shown once, give it to the receiver): {doc['webhook_secret']}")

@@ -462,7 +462,7 @@ def build(
     store.secret_box = SecretBox.for_folder(data, env.secret_key)
     admin_hash, generated = admin_key_hash(data, env.admin_key)
     clock = DatabaseClock()  # its offset measured by the billing's heartbeat
-    auth = Authenticator(store, admin_hash, clock=clock.now)
+    auth = Authenticator(store, admin_hash, clock=clock.now, operators=store)
     billing = Billing(
         store, owner=owner, lease_s=max(15.0, config.cluster.lease_s * 5), observer=observer, clock=clock
     )

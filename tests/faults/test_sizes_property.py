@@ -258,9 +258,12 @@ def world() -> Iterator[World]:
         # the one whose key the other routes call with
         r = gw.admin("POST", "/admin/accounts", json={"id": "sizes-admin", "credit_usd": 100.0})
         assert r.status_code == 201, r.text
+        r = gw.admin("POST", "/admin/operators", json={"name": "sizes-op", "role": "viewer"})
+        assert r.status_code == 201, r.text
+        operator_id = r.json()["id"]
         ids = {"product": "h", "model": "h", "account_id": "sizes-admin", "key_id": key_id, "hold_id": holds[0]["id"],
                "job_id": job, "response_id": responses[0], "request_id": request_id,
-               "path": "app.css"}  # fmt: skip
+               "operator_id": operator_id, "path": "app.css"}  # fmt: skip
         w = World(gw, ids, responses[1])
         w.cookie, w.csrf = w.sign_in()
         yield w

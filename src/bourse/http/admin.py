@@ -1,9 +1,10 @@
-"""The admin API (admin key only): accounts, credit, keys (created, edited, revoked,
-rotated), webhook secrets, holds, the audit log.
+"""The admin API (the admin key or an operator key, each route with its least role:
+:mod:`bourse.http.admin_roles`): accounts, credit, keys (created, edited, revoked,
+rotated), webhook secrets, holds, operators, the audit log.
 
-Every action is audited under the actor ``admin``, or ``admin:<name>`` when the
-caller names itself in the ``x-bourse-actor`` header (a label, not a credential:
-there is one admin key). Lists are paged: ``limit`` and ``after`` (the answer's
+Every action is audited under the actor ``operator:<name>``, or for the admin key
+``admin`` (``admin:<name>`` when the caller names itself in the ``x-bourse-actor``
+header, a label, not a credential). Lists are paged: ``limit`` and ``after`` (the answer's
 ``next_after``).
 """
 
@@ -18,8 +19,10 @@ from starlette.routing import Route
 
 from bourse.domain.errors import invalid_request
 from bourse.domain.periods import CapPeriod
+from bourse.http.admin_roles import guard, needing
 from bourse.http.deps import Services, json_model, page_limit
 from bourse.http.responses import JSON
+from bourse.ports.operators import Role
 from bourse.services.keys import MAX_GRACE_S
 from bourse.wire.requests import INT64_MAX, IdText, check_id, optional_id
 
@@ -106,6 +109,12 @@ class RotateKey(_In):
     """How long the old secret keeps working (seconds; 0: it stops at once)."""
 
 
+class NewOperator(_In):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
+    """The operator's name (the audit log's actor is ``operator:<name>``); taken for good."""
+    role: Role
+
+
 class SettleHold(_In):
     amount_micros: int | None = Field(default=None, ge=0, le=INT64_MAX)
     """What to charge, at most the hold (default: its usage estimate, else the whole hold)."""
@@ -136,72 +145,70 @@ def _expiry(body: NewKey, now: float) -> float | None:
 
 
 class _AdminRoutes:
-    """The admin API's endpoints (each one checks the admin key first)."""
+    """The admin API's endpoints (each one checks the caller's key and role first)."""
 
     def __init__(self, services: Services) -> None:
         self.auth = services.auth
         self.admin = services.admin
         self.max_depth = services.max_json_depth
 
-    def guard(self, request: Request) -> str:
-        """Check the admin key; the actor to audit."""
-        self.auth.admin(request.headers.get("authorization"))
-        name = request.headers.get("x-bourse-actor")
-        return "admin" if not name else "admin:" + check_id(name, "x-bourse-actor", most=64)
+    async def guard(self, request: Request) -> str:
+        """Check the caller's key and role (:mod:`bourse.http.admin_roles`); the actor to audit."""
+        return await guard(self.auth, request)
 
     async def create_account(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         body = await json_model(request, NewAccount, self.max_depth)
         return JSON(await self.admin.create_account(body.id, body.credit_usd, actor), status_code=201)
 
     async def list_accounts(self, request: Request) -> Response:
-        self.guard(request)
+        await self.guard(request)
         limit = page_limit(request, default=100, most=PAGE_MAX)
         rows = await self.admin.accounts(limit + 1, _query_id(request, "after"))
         return JSON(_page(rows, limit, "id"))
 
     async def get_account(self, request: Request) -> Response:
-        self.guard(request)
+        await self.guard(request)
         return JSON(await self.admin.account(check_id(request.path_params["account_id"], "account_id")))
 
     async def credit(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         account = check_id(request.path_params["account_id"], "account_id")
         body = await json_model(request, Credit, self.max_depth)
         return JSON(await self.admin.credit(account, body.amount_usd, actor))
 
     async def debit(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         account = check_id(request.path_params["account_id"], "account_id")
         body = await json_model(request, Adjustment, self.max_depth)
         return JSON(await self.admin.debit(account, body.amount_usd, body.reason, actor))
 
     async def refund(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         account = check_id(request.path_params["account_id"], "account_id")
         body = await json_model(request, Adjustment, self.max_depth)
         return JSON(await self.admin.refund(account, body.amount_usd, body.reason, actor))
 
     async def suspend(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         account = check_id(request.path_params["account_id"], "account_id")
         body = await json_model(request, AccountStatusChange, self.max_depth)
         return JSON(await self.admin.suspend_account(account, body.reason, actor))
 
     async def resume(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         account = check_id(request.path_params["account_id"], "account_id")
         body = await json_model(request, AccountStatusChange, self.max_depth)
         return JSON(await self.admin.resume_account(account, body.reason, actor))
 
     async def close(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         account = check_id(request.path_params["account_id"], "account_id")
         body = await json_model(request, AccountStatusChange, self.max_depth)
         return JSON(await self.admin.close_account(account, body.reason, actor))
 
     async def create_key(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         body = await json_model(request, NewKey, self.max_depth)
         out = await self.admin.create_key(
             body.account, body.products, body.rpm, body.tpm, body.max_streams,
@@ -211,31 +218,31 @@ class _AdminRoutes:
         return JSON(out, status_code=201)
 
     async def list_keys(self, request: Request) -> Response:
-        self.guard(request)
+        await self.guard(request)
         limit = page_limit(request, default=100, most=PAGE_MAX)
         rows = await self.admin.keys(_query_id(request, "account"), limit + 1, _query_id(request, "after"))
         return JSON(_page(rows, limit, "id"))
 
     async def revoke_key(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         key_id = check_id(request.path_params["key_id"], "key_id")
         body = await json_model(request, RevokeKey, self.max_depth)
         return JSON(await self.admin.revoke_key(key_id, actor, body.reason))
 
     async def update_key(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         key_id = check_id(request.path_params["key_id"], "key_id")
         body = await json_model(request, KeyEdit, self.max_depth)
         return JSON(await self.admin.update_key(key_id, body.changes(self.admin.now()), actor))
 
     async def rotate_key(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         key_id = check_id(request.path_params["key_id"], "key_id")
         body = await json_model(request, RotateKey, self.max_depth)
         return JSON(await self.admin.rotate_key(key_id, body.grace_s, actor))
 
     async def audit(self, request: Request) -> Response:
-        self.guard(request)
+        await self.guard(request)
         limit = page_limit(request, default=100, most=PAGE_MAX)
         rows = await self.admin.audit_log(
             _query_id(request, "action"), _query_id(request, "target"), limit + 1, _query_id(request, "after")
@@ -243,7 +250,7 @@ class _AdminRoutes:
         return JSON(_page(rows, limit, "id"))
 
     async def holds(self, request: Request) -> Response:
-        self.guard(request)
+        await self.guard(request)
         state = request.query_params.get("state")
         if state not in (None, "open", "settled", "released", "reconciling"):
             raise invalid_request("state: expected open, settled, released or reconciling", param="state")
@@ -253,26 +260,40 @@ class _AdminRoutes:
         return JSON({"object": "list", "data": await self.admin.holds(st, account, limit)})
 
     async def settle(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         hold_id = check_id(request.path_params["hold_id"], "hold_id")
         body = await json_model(request, SettleHold, self.max_depth)
         return JSON(await self.admin.settle_hold(hold_id, body.amount_micros, actor))
 
     async def release(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         return JSON(await self.admin.release_hold(check_id(request.path_params["hold_id"], "hold_id"), actor))
 
     async def webhook_secret(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         account = check_id(request.path_params["account_id"], "account_id")
         return JSON(await self.admin.new_webhook_secret(account, actor))
 
     async def reseal(self, request: Request) -> Response:
-        actor = self.guard(request)
+        actor = await self.guard(request)
         return JSON(await self.admin.reseal_webhook_secrets(actor))
 
+    async def create_operator(self, request: Request) -> Response:
+        actor = await self.guard(request)
+        body = await json_model(request, NewOperator, self.max_depth)
+        return JSON(await self.admin.create_operator(body.name, body.role, actor), status_code=201)
+
+    async def list_operators(self, request: Request) -> Response:
+        await self.guard(request)
+        return JSON({"object": "list", "data": await self.admin.list_operators()})
+
+    async def revoke_operator(self, request: Request) -> Response:
+        actor = await self.guard(request)
+        operator_id = check_id(request.path_params["operator_id"], "operator_id")
+        return JSON(await self.admin.revoke_operator(operator_id, actor))
+
     async def totals(self, request: Request) -> Response:
-        self.guard(request)
+        await self.guard(request)
         t = await self.admin.store.totals()
         return JSON(
             {
@@ -287,7 +308,7 @@ class _AdminRoutes:
 
 def routes(services: Services) -> list[Route]:
     a = _AdminRoutes(services)
-    return [
+    plain = [
         Route("/admin/accounts", a.create_account, methods=["POST"]),
         Route("/admin/accounts", a.list_accounts, methods=["GET"]),
         Route("/admin/accounts/{account_id}", a.get_account, methods=["GET"]),
@@ -309,4 +330,13 @@ def routes(services: Services) -> list[Route]:
         Route("/admin/holds/{hold_id}/settle", a.settle, methods=["POST"]),
         Route("/admin/holds/{hold_id}/release", a.release, methods=["POST"]),
         Route("/admin/ledger", a.totals, methods=["GET"]),
+        Route("/admin/operators", a.create_operator, methods=["POST"]),
+        Route("/admin/operators", a.list_operators, methods=["GET"]),
+        Route("/admin/operators/{operator_id}/revoke", a.revoke_operator, methods=["POST"]),
+    ]
+    return [
+        Route(r.path, needing(m, r.path, r.endpoint), methods=[m])
+        for r in plain
+        for m in r.methods or ()
+        if m != "HEAD"
     ]

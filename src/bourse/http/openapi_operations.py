@@ -20,6 +20,7 @@ from bourse.http.admin import (
     KeyEdit,
     NewAccount,
     NewKey,
+    NewOperator,
     RevokeKey,
     RotateKey,
     SettleHold,
@@ -364,6 +365,23 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("GET", "/admin/usage.csv"): Operation(
         "Every account's usage records in a time range, as CSV", "admin", auth="admin", answer=None
+    ),
+    ("POST", "/admin/operators"): Operation(
+        "Add an operator with a role (owner only); its key (`bo_…`) is shown once",
+        "admin",
+        auth="admin",
+        body=NewOperator,
+        example={"name": "ada", "role": "billing"},
+        ok=201,
+        errors=(409,),
+    ),
+    ("GET", "/admin/operators"): Operation(
+        "List the operators and their roles (revoked ones too)", "admin", auth="admin", answer="List"
+    ),
+    ("POST", "/admin/operators/{operator_id}/revoke"): Operation(
+        "Revoke an operator (owner only; its key is refused on every replica within a second)",
+        "admin",
+        auth="admin",
     ),
     ("GET", "/admin/ledger"): Operation(
         "The ledger's totals and whether they balance", "admin", auth="admin", answer="Ledger"

@@ -32,6 +32,7 @@ from starlette.routing import Route
 from bourse.domain.errors import invalid_request
 from bourse.domain.money import usd_text, usd_to_micros
 from bourse.domain.policy import PRESETS
+from bourse.http.admin_roles import guard, needing
 from bourse.http.deps import Services, unix_time
 from bourse.ports.reports import ReportStore, UsageFilter
 from bourse.ports.stores import UsageRecord
@@ -220,8 +221,8 @@ def routes(services: Services) -> list[Route]:
     reports = services.reports
 
     async def admin_usage_csv(request: Request) -> Response:
-        auth.admin(request.headers.get("authorization"))
+        await guard(auth, request)
         account = optional_id(request.query_params.get("account"), "account")
         return export_response(reports, export_filter(request, account), "usage-all.csv")
 
-    return [Route("/admin/usage.csv", admin_usage_csv, methods=["GET"])]
+    return [Route("/admin/usage.csv", needing("GET", "/admin/usage.csv", admin_usage_csv), methods=["GET"])]

@@ -1,5 +1,6 @@
 """Operator use cases behind the admin API: accounts (created, credited, suspended,
-resumed, closed), credit, keys (:mod:`bourse.services.keys`), holds, the audit log.
+resumed, closed), credit, keys (:mod:`bourse.services.keys`), operators
+(:mod:`bourse.services.operators`), holds, the audit log.
 
 Every action that changes something (an account created or credited, a key created,
 revoked or rotated, a hold settled or released) writes an audit entry naming its
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import charge, micros_to_usd, price_units, usd_to_micros
+from bourse.ports.operators import OperatorStore
 from bourse.ports.stores import (
     AccountClosed,
     AccountExists,
@@ -45,6 +47,7 @@ from bourse.ports.stores import (
 from bourse.services.adjustments import Adjustments, AdjustmentStore
 from bourse.services.auth import Authenticator, hash_key, new_secret
 from bourse.services.keys import SYSTEM, KeyAdmin, account_closed
+from bourse.services.operators import OperatorAdmin
 
 log = logging.getLogger("bourse.admin")
 
@@ -52,7 +55,9 @@ DEMO_ACCOUNT = "demo"
 DEMO_CREDIT_USD = 5.0
 
 
-class AdminStore(LedgerStore, KeyStore, UsageStore, WebhookSecretStore, AdjustmentStore, Protocol):
+class AdminStore(
+    LedgerStore, KeyStore, UsageStore, WebhookSecretStore, AdjustmentStore, OperatorStore, Protocol
+):
     pass
 
 
@@ -71,7 +76,7 @@ def audit_view(entry: AuditEntry) -> dict[str, Any]:
     return {**asdict(entry), "detail": dict(entry.detail)}
 
 
-class AdminService(KeyAdmin, Adjustments):
+class AdminService(KeyAdmin, Adjustments, OperatorAdmin):
     store: AdminStore
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Who is calling: API keys (stored hashed) and the admin key.
+"""Who is calling: API keys (stored hashed), the admin key and operator keys.
 
 Keys are 32 random bytes shown once at creation (``bk_…``); the store keeps their
 SHA-256 (a fast hash is right for high-entropy secrets). Secrets are never logged:
@@ -15,7 +15,10 @@ a key is named by its id (``key_…``).
   ``touch_interval_s`` per key, by a background task that writes every key used
   since its last pass in one transaction.
 
-The admin key is separate: it reaches only the admin API, never ``/v1``.
+The admin key is separate: it reaches only the admin API, never ``/v1``; it is the
+first ``owner``. Operator keys (``bo_…``, stored hashed) reach the admin API with
+their operator's role (:mod:`bourse.ports.operators`); their lookups are cached like
+keys', so a revoked operator is refused everywhere within ``cache_ttl_s``.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ from datetime import UTC, datetime
 from bourse.domain.errors import GatewayError
 from bourse.domain.values import immutable
 from bourse.ports.limits import KeyLimits
+from bourse.ports.operators import Operator, OperatorStore, Role, role_at_least
 from bourse.ports.stores import ApiKey, KeyStore
 
 log = logging.getLogger("bourse.auth")
 
+OPERATOR_PREFIX = "bo_"
 CACHE_TTL_MAX_S = 1.0
 """No cache may keep a revoked key alive longer than this."""
 TOUCH_INTERVAL_S = 60.0
@@ -51,6 +56,24 @@ def new_secret(prefix: str) -> str:
 
 def _when(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@immutable
+class AdminCaller:
+    """Who calls the admin API: the admin key (``operator`` None, an owner) or an operator."""
+
+    role: Role
+    operator: Operator | None = None
+
+    def allow(self, need: Role) -> None:
+        """403 ``insufficient_role`` unless this caller's role is ``need`` or above."""
+        if not role_at_least(self.role, need):
+            who = "the admin key" if self.operator is None else f"operator '{self.operator.name}'"
+            raise GatewayError(
+                403,
+                "insufficient_role",
+                f"This admin route needs the role '{need}' or above; {who} has '{self.role}'.",
+            )
 
 
 @immutable
@@ -98,6 +121,7 @@ class Authenticator:
         cache_max: int = 100_000,
         touch_interval_s: float = TOUCH_INTERVAL_S,
         clock: Callable[[], float] = time.time,
+        operators: OperatorStore | None = None,
     ) -> None:
         if not 0 <= cache_ttl_s <= CACHE_TTL_MAX_S:
             raise ValueError(f"cache_ttl_s: expected 0 to {CACHE_TTL_MAX_S} s")
@@ -114,6 +138,8 @@ class Authenticator:
         self._used: dict[str, float] = {}
         """key id -> wall time of a use not written yet"""
         self._toucher: asyncio.Task[None] | None = None
+        self._operators = operators
+        self._operator_cache: dict[str, tuple[float, Operator | None]] = {}
 
     async def user(self, authorization: str | None) -> Principal:
         token = _bearer(authorization)
@@ -191,12 +217,39 @@ class Authenticator:
         if self._toucher is not None:
             await self._toucher
 
-    def admin(self, authorization: str | None) -> None:
+    async def admin(self, authorization: str | None) -> AdminCaller:
+        """The admin key (an owner) or an operator key's operator; 401 for none, an unknown
+        or a revoked operator key; 403 ``admin_only`` for any other key."""
         token = _bearer(authorization)
         if token is None:
             raise unauthorized("Missing admin key: send 'Authorization: Bearer <admin key>'.")
-        if not hmac.compare_digest(hash_key(token), self._admin_hash):
-            raise GatewayError(403, "admin_only", "This is the admin API; it needs the admin key.")
+        digest = hash_key(token)
+        if hmac.compare_digest(digest, self._admin_hash):
+            return AdminCaller("owner")
+        if token.startswith(OPERATOR_PREFIX) and self._operators is not None:
+            mono = time.monotonic()
+            hit = self._operator_cache.get(digest)
+            if hit is not None and hit[0] > mono:
+                op = hit[1]
+            else:
+                op = await self._operators.operator_by_hash(digest)
+                if len(self._operator_cache) >= self._max:
+                    self._operator_cache.clear()
+                self._operator_cache[digest] = (mono + self._ttl, op)
+            if op is None:
+                raise unauthorized("Invalid operator key.")
+            if op.revoked_at is not None:
+                raise unauthorized("This operator key was revoked.")
+            return AdminCaller(op.role, op)
+        raise GatewayError(
+            403, "admin_only", "This is the admin API; it needs the admin key or an operator key."
+        )
+
+    def forget_operator(self, operator_id: str) -> None:
+        """Drop the cached lookups of ``operator_id`` (revoked here just now)."""
+        stale = [d for d, (_, op) in self._operator_cache.items() if op is not None and op.id == operator_id]
+        for digest in stale:
+            self._operator_cache.pop(digest, None)
 
     @staticmethod
     def check_product(principal: Principal, product: str) -> None:

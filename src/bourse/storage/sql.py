@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from bourse.ports.operators import Operator
 from bourse.ports.stores import (
     Account,
     AccountExists,
@@ -43,7 +44,7 @@ from bourse.ports.stores import (
     UsageRecord,
     WebhookSecretUnreadable,
 )
-from bourse.storage import accounts, idempotency, jobs, ledger, responses, retention, sealing
+from bourse.storage import accounts, idempotency, jobs, ledger, operators, responses, retention, sealing
 from bourse.storage import audit as audit_rows
 from bourse.storage import usage as usage_rows
 from bourse.storage.batching import Coalescer
@@ -391,6 +392,20 @@ class SqlStore:
 
     async def revoke_key(self, key_id: str, now: float, *, audit: AuditEntry | None = None) -> ApiKey:
         return await self._run(audit_rows.with_audit, audit, accounts.revoke_key, key_id, now)
+
+    async def create_operator(self, op: Operator, key_hash: str, *, audit: AuditEntry | None = None) -> None:
+        await self._run(audit_rows.with_audit, audit, operators.create_operator, op, key_hash)
+
+    async def operator_by_hash(self, key_hash: str) -> Operator | None:
+        return await self._read(operators.operator_by_hash, key_hash)
+
+    async def operators(self) -> Sequence[Operator]:
+        return await self._read(operators.operators)
+
+    async def revoke_operator(
+        self, operator_id: str, now: float, *, audit: AuditEntry | None = None
+    ) -> Operator:
+        return await self._run(audit_rows.with_audit, audit, operators.revoke_operator, operator_id, now)
 
     async def update_key(
         self, key_id: str, changes: Mapping[str, Any], *, audit: AuditEntry | None = None
