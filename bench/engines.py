@@ -34,6 +34,7 @@ from tests.support.real_engines import (
     llama_server,
     llama_server_cache_path,
     packaged_gguf,
+    vllm_server,
 )
 from tests.support.sse import SSEResult, collect_sse
 
@@ -168,7 +169,13 @@ def _measure(engine: RealEngine, folder: Path) -> Row:
 
 
 def _engines() -> list[tuple[str, Callable[[Path], contextlib.AbstractContextManager[RealEngine]] | str]]:
-    vllm_venv = Path(os.environ.get("BOURSE_CACHE_DIR") or Path.home() / ".cache" / "bourse") / "vllm-venv"
+    cache = Path(os.environ.get("BOURSE_CACHE_DIR") or Path.home() / ".cache" / "bourse")
+    vllm_python, vllm_model = cache / "vllm-venv" / "bin" / "python", cache / "vllm-gemma-3-270m"
+    vllm: Callable[[Path], contextlib.AbstractContextManager[RealEngine]] | str = (
+        f"not measured: no virtualenv at {vllm_python.parent.parent} (scripts/test-engines makes it)"
+    )
+    if os.access(vllm_python, os.X_OK) and (vllm_model / "config.json").exists():
+        vllm = lambda folder: vllm_server(vllm_model, python=str(vllm_python), log_dir=folder)  # noqa: E731
     server = llama_server_cache_path()
     return [
         ("llama-cpp-python's server", llama_cpp_python_server),
@@ -176,7 +183,7 @@ def _engines() -> list[tuple[str, Callable[[Path], contextlib.AbstractContextMan
             "llama.cpp llama-server",
             (lambda folder: llama_server(folder)) if os.access(server, os.X_OK) else f"not built ({server})",
         ),
-        ("vLLM (CPU)", f"not measured: no virtualenv at {vllm_venv} (scripts/test-engines makes it)"),
+        ("vLLM (CPU)", vllm),
     ]
 
 

@@ -313,8 +313,9 @@ class CompletionService:
         max_out = _max_output(req, market)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         engine_body = _engine_body(body)
-        if max_out is None:
+        if max_out is None and not market.engine_bounds_output():
             # the quote counted the product's output limit: the engine may not go past it
+            # (an engine whose own context is within it cannot: none is sent, see there)
             engine_body["max_tokens"] = market.max_output_tokens
         return Ask(
             market,

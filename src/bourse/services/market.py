@@ -274,6 +274,19 @@ class Market:
             return min(self._context_length, max(known.values()))
         return self._context_length
 
+    def engine_bounds_output(self) -> bool:
+        """Whether every deployment's engine said its own context and none is over the
+        product's output limit: such an engine cannot generate past what a quote counts
+        (``max_output_tokens``), so a request that names no output limit needs none sent
+        (vLLM refuses a ``max_tokens`` over its ``max_model_len``, or over what its
+        context leaves after the prompt, with a 400)."""
+        known = self._engine_contexts
+        return (
+            bool(self.engines)
+            and len(known) == len(self.engines)
+            and max(known.values()) <= self.max_output_tokens
+        )
+
     def engine_context(self, deployment: str, tokens: int | None) -> None:
         """What a probe read of ``deployment``'s engine's context (None: it does not say)."""
         if tokens is None or tokens <= 0:

@@ -107,6 +107,17 @@ def test_vllm_accepts_the_request_id_bourse_sends(vllm: RealEngine, gw: Gateway)
     _wait_for(lambda: f"Received request chatcmpl-{rid}" in vllm.output(), f"vLLM logs {rid}", 10)
 
 
+def test_a_request_that_names_no_output_limit_is_served(vllm: RealEngine, gw: Gateway) -> None:
+    """The product's ``max_output_tokens`` is the default 4096, over vLLM's 2048: sent
+    as ``max_tokens``, vLLM answered 400 (``max_tokens=4096 cannot be greater than
+    max_model_len=2048``) to every request that named none (found by bench.engines).
+    vLLM said its context at the probe, so none is sent and vLLM bounds the output."""
+    body = {"messages": SEA, "temperature": 0, "stop": [".", "\n"], "model": PRODUCT}
+    r = httpx.post(gw.v1 + "/chat/completions", json=body, headers=gw.headers, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] >= 1
+
+
 def test_a_stream_is_charged_vllms_own_count(vllm: RealEngine, gw: Gateway) -> None:
     own = _direct(vllm, BODY)["usage"]
     assert own["completion_tokens"] == BODY["max_tokens"], own
