@@ -9,7 +9,8 @@ node (SQLite) takes the database over instead, with a warning: no other gateway 
 it. Every seal reads the row in the sealing transaction and locks it, so a seal that
 runs while a re-seal changes the key waits for it and uses the new key. A re-seal
 (:func:`reseal`) opens every secret with any of the gateway's keys and seals it with
-its first, which the row names from then on.
+its first, which the row names from then on (the dashboard-session secret of
+:mod:`bourse.storage.admin_keys` too).
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ def reseal(db: Executor, box: Sealer, now: float) -> ResealReport:
             continue
         db.execute("UPDATE accounts SET webhook_secret = $2 WHERE id = $1", row["id"], box.seal(secret, mine))
         resealed += 1
+    _reseal_session_secret(db, box, mine)
     released = 0
     blocked = set(unreadable)
     for row in db.fetch("SELECT DISTINCT account_id FROM jobs WHERE webhook_state = 'held'"):
@@ -187,3 +189,16 @@ def reseal(db: Executor, box: Sealer, now: float) -> ResealReport:
                 row["account_id"],
             )
     return ResealReport(resealed, unchanged, unreadable[:UNREADABLE_NAMED], len(unreadable), released)
+
+
+def _reseal_session_secret(db: Executor, box: Sealer, seal_with: str) -> None:
+    """Seal the session secret with the key of fingerprint ``seal_with`` (a re-seal of
+    the webhook secrets); left alone when this gateway cannot open it."""
+    row = db.fetchrow("SELECT secret FROM dashboard_secret WHERE id = 1")
+    if row is None:
+        return
+    try:
+        secret = box.opened(str(row["secret"]))[0]
+    except ValueError:
+        return
+    db.execute("UPDATE dashboard_secret SET secret = $1 WHERE id = 1", box.seal(secret, seal_with))

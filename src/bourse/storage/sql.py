@@ -47,6 +47,7 @@ from bourse.ports.stores import (
 from bourse.storage import accounts, idempotency, jobs, ledger, operators, responses, retention, sealing
 from bourse.storage import audit as audit_rows
 from bourse.storage import usage as usage_rows
+from bourse.storage.admin_keys import AdminKeyTables
 from bourse.storage.batching import Coalescer
 from bourse.storage.executor import Executor, IntegrityError
 from bourse.storage.schema import migrations
@@ -88,7 +89,7 @@ def _reseal_audited(db: Executor, box: Sealer, now: float, audit: AuditEntry | N
     return report
 
 
-class SqlStore:
+class SqlStore(AdminKeyTables):
     """All storage ports over one database. Subclasses provide the database thread."""
 
     single_node: bool = True
