@@ -4,7 +4,9 @@ Human-readable tables by default; ``--json`` prints the API's JSON as it is. Eve
 failure (no admin key, the gateway unreachable, an API error) is one line on stderr
 and exit status 2. With the admin key, actions are audited as ``admin:cli``
 (``--actor`` names someone else); ``--admin-key`` may be an operator key (``bo_…``),
-audited as ``operator:<name>`` with that operator's role.
+audited as ``operator:<name>`` with that operator's role. ``admin-key rotate`` prints
+the new admin key once (the gateway also writes it into its data folder's
+``admin_key`` when its key came from there).
 """
 
 from __future__ import annotations
@@ -188,6 +190,13 @@ def add_parser(sub: Any) -> None:
     o = leaf(ops, "revoke", "revoke an operator's key for good (owner only)")
     o.add_argument("id")
 
+    ak = objs.add_parser("admin-key").add_subparsers(dest="action", required=True)
+    r = leaf(ak, "rotate", "give the admin key a new value (shown once); the old one works for the grace")
+    r.add_argument(
+        "--grace-s", type=duration, default=3600.0,
+        help="how long the old admin key still works, in seconds (or 15m, 12h; default 3600; 0: stops now)",
+    )  # fmt: skip
+
     audit = objs.add_parser("audit").add_subparsers(dest="action", required=True)
     u = leaf(audit, "list", "the audit log of admin actions, newest first")
     u.add_argument("--action", dest="audit_action", help="e.g. key.revoke")
@@ -293,6 +302,10 @@ def _operators(args: argparse.Namespace) -> Request:
     return "POST", f"/admin/operators/{args.id}/revoke", {}, None
 
 
+def _admin_key_request(args: argparse.Namespace) -> Request:
+    return "POST", "/admin/admin_key/rotate", {"grace_s": args.grace_s}, None
+
+
 def _audit(args: argparse.Namespace) -> Request:
     return "GET", "/admin/audit", None, _page_params(args, action=args.audit_action, target=args.target)
 
@@ -304,6 +317,7 @@ _REQUESTS: dict[str, Callable[[argparse.Namespace], Request]] = {
     "audit": _audit,
     "operators": _operators,
     "webhook-secrets": _webhook_secrets,
+    "admin-key": _admin_key_request,
 }
 
 
@@ -409,6 +423,10 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> str:
     )
 
 
+_SECRET_NAMES = {"operator": "operator key", "bourse.admin_key": "admin key"}
+"""What the ``key`` of an answer is, by the answer's ``object`` (else an API key)."""
+
+
 def render(obj: str, doc: Mapping[str, Any]) -> str:
     """A human view of an answer: a table for a list, ``field: value`` lines otherwise."""
     if doc.get("object") == "list" and isinstance(doc.get("data"), list):
@@ -420,7 +438,7 @@ def render(obj: str, doc: Mapping[str, Any]) -> str:
         return out
     lines: list[str] = []
     if "key" in doc and isinstance(doc["key"], str):
-        what = "operator key" if doc.get("object") == "operator" else "API key"
+        what = _SECRET_NAMES.get(str(doc.get("object")), "API key")
         lines.append(f"{what} (shown once, keep it now): {doc['key']}")
     shown = {"key"}
     if doc.get("object") == "bourse.webhook_secret":

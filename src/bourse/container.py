@@ -35,6 +35,7 @@ from bourse.ports.limits import RateLimiter
 from bourse.ports.observer import NULL_OBSERVER, Observer
 from bourse.ports.reports import ReportStore
 from bourse.services.accounts import AdminService, DemoRule, admin_key_hash, bootstrap_demo
+from bourse.services.admin_key import seed_admin_key
 from bourse.services.auth import Authenticator
 from bourse.services.billing import Billing
 from bourse.services.clock import DatabaseClock
@@ -165,6 +166,10 @@ class Container:
     """Whether the start makes the ``demo`` account (set by ``bourse serve``: :func:`demo_rule`)."""
     config_path: str | None = field(default=None, kw_only=True)
     """The config file ``bourse serve`` read (None: the built-in defaults): SIGHUP reads it again."""
+    admin_key_hash: str = field(default="", kw_only=True)
+    """The configured admin key's hash: the database's admin key if it has none yet."""
+    admin_key_source: str = field(default="BOURSE_ADMIN_KEY", kw_only=True)
+    """Where the configured admin key came from (for the start's warning; never the key)."""
 
     @property
     def max_body_bytes(self) -> int:
@@ -189,6 +194,9 @@ class Container:
             await engine.start()
         await self.store.open()
         await self._adopt_sealing_key()
+        if self.admin_key_hash:
+            await seed_admin_key(self.store, self.admin_key_hash, self.clock.now(), self.admin_key_source)
+        await self.dashboard.sessions.start()
         if self.hub is not None:
             await self.hub.start()
         for m in self.completions.markets.values():
@@ -462,7 +470,7 @@ def build(
     store.secret_box = SecretBox.for_folder(data, env.secret_key)
     admin_hash, generated = admin_key_hash(data, env.admin_key)
     clock = DatabaseClock()  # its offset measured by the billing's heartbeat
-    auth = Authenticator(store, admin_hash, clock=clock.now, operators=store)
+    auth = Authenticator(store, admin_hash, clock=clock.now, operators=store, admin_keys=store)
     billing = Billing(
         store, owner=owner, lease_s=max(15.0, config.cluster.lease_s * 5), observer=observer, clock=clock
     )
@@ -475,7 +483,10 @@ def build(
     service = CompletionService(
         markets, limits, models, billing=billing, limiter=limiter, auth=auth, observer=observer
     )
-    admin = AdminService(store, auth, products=config.products.keys(), audit=SqlAuditLog(store))
+    key_file = None if env.admin_key else data / "admin_key"
+    admin = AdminService(
+        store, auth, products=config.products.keys(), audit=SqlAuditLog(store), admin_key_file=key_file
+    )
     from bourse.outbound.webhook_http import HttpWebhookSender
 
     j = config.jobs
@@ -514,12 +525,13 @@ def build(
 
     reports = SqlReports(store)
     dashboard = Dashboard(
-        sessions=Sessions(store, admin_hash, clock=clock.now), reports=reports, admin=admin, jobs=jobs,
+        sessions=Sessions(store, auth, store, clock=clock.now), reports=reports, admin=admin, jobs=jobs,
         tape=MarketTape(markets), feed=RequestFeed(service, store),
     )  # fmt: skip
     return Container(
         config, service, auth, admin, store, billing, jobs,
         housekeeping=housekeeping, engines=engines, generated_admin_key=generated, hub=hub,
+        admin_key_hash=admin_hash, admin_key_source="BOURSE_ADMIN_KEY" if env.admin_key else str(key_file),
         reports=reports, dashboard=dashboard, observer=observer, responses=responses, prober=prober,
         worker_peers=observer.metrics.peers if observer.metrics is not None else None,
     )  # fmt: skip

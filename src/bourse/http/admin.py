@@ -1,6 +1,7 @@
 """The admin API (the admin key or an operator key, each route with its least role:
 :mod:`bourse.http.admin_roles`): accounts, credit, keys (created, edited, revoked,
-rotated), webhook secrets, holds, operators, the audit log.
+rotated), webhook secrets, holds, operators, the admin key (rotated with a grace
+period), the audit log.
 
 Every action is audited under the actor ``operator:<name>``, or for the admin key
 ``admin`` (``admin:<name>`` when the caller names itself in the ``x-bourse-actor``
@@ -23,6 +24,7 @@ from bourse.http.admin_roles import guard, needing
 from bourse.http.deps import Services, json_model, page_limit
 from bourse.http.responses import JSON
 from bourse.ports.operators import Role
+from bourse.services.admin_key import DEFAULT_GRACE_S
 from bourse.services.keys import MAX_GRACE_S
 from bourse.wire.requests import INT64_MAX, IdText, check_id, optional_id
 
@@ -107,6 +109,11 @@ class RevokeKey(_In):
 class RotateKey(_In):
     grace_s: float = Field(default=0.0, ge=0, le=MAX_GRACE_S, allow_inf_nan=False)
     """How long the old secret keeps working (seconds; 0: it stops at once)."""
+
+
+class RotateAdminKey(_In):
+    grace_s: float = Field(default=DEFAULT_GRACE_S, ge=0, le=MAX_GRACE_S, allow_inf_nan=False)
+    """How long the old admin key keeps working (seconds; 0: it stops at once; default an hour)."""
 
 
 class NewOperator(_In):
@@ -292,6 +299,11 @@ class _AdminRoutes:
         operator_id = check_id(request.path_params["operator_id"], "operator_id")
         return JSON(await self.admin.revoke_operator(operator_id, actor))
 
+    async def rotate_admin_key(self, request: Request) -> Response:
+        actor = await self.guard(request)
+        body = await json_model(request, RotateAdminKey, self.max_depth)
+        return JSON(await self.admin.rotate_admin_key(body.grace_s, actor))
+
     async def totals(self, request: Request) -> Response:
         await self.guard(request)
         t = await self.admin.store.totals()
@@ -333,6 +345,7 @@ def routes(services: Services) -> list[Route]:
         Route("/admin/operators", a.create_operator, methods=["POST"]),
         Route("/admin/operators", a.list_operators, methods=["GET"]),
         Route("/admin/operators/{operator_id}/revoke", a.revoke_operator, methods=["POST"]),
+        Route("/admin/admin_key/rotate", a.rotate_admin_key, methods=["POST"]),
     ]
     return [
         Route(r.path, needing(m, r.path, r.endpoint), methods=[m])

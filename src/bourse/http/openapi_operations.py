@@ -22,6 +22,7 @@ from bourse.http.admin import (
     NewKey,
     NewOperator,
     RevokeKey,
+    RotateAdminKey,
     RotateKey,
     SettleHold,
 )
@@ -382,6 +383,15 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Revoke an operator (owner only; its key is refused on every replica within a second)",
         "admin",
         auth="admin",
+    ),
+    ("POST", "/admin/admin_key/rotate"): Operation(
+        "Rotate the admin key (owner only): the new key is shown once; the old one works for the "
+        "grace period on every replica, then is refused",
+        "admin",
+        auth="admin",
+        body=RotateAdminKey,
+        example={"grace_s": 3600},
+        errors=(409,),
     ),
     ("GET", "/admin/ledger"): Operation(
         "The ledger's totals and whether they balance", "admin", auth="admin", answer="Ledger"

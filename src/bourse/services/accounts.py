@@ -1,13 +1,14 @@
 """Operator use cases behind the admin API: accounts (created, credited, suspended,
 resumed, closed), credit, keys (:mod:`bourse.services.keys`), operators
-(:mod:`bourse.services.operators`), holds, the audit log.
+(:mod:`bourse.services.operators`), the admin key (:mod:`bourse.services.admin_key`),
+holds, the audit log.
 
 Every action that changes something (an account created or credited, a key created,
 revoked or rotated, a hold settled or released) writes an audit entry naming its
 actor, in the same transaction as the change.
 
 Also the first-start bootstrap: an admin key (from ``BOURSE_ADMIN_KEY`` or generated
-and kept in the data folder) and, on the embedded first start or when asked
+and kept in the data folder; the database's own once it has one) and, on the embedded first start or when asked
 (:func:`demo_rule`), a demo account and key so that ``bourse serve`` is usable in one
 step.
 """
@@ -24,6 +25,7 @@ from typing import Any, Protocol
 
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import charge, micros_to_usd, price_units, usd_to_micros
+from bourse.ports.admin_keys import AdminKeyStore
 from bourse.ports.operators import OperatorStore
 from bourse.ports.stores import (
     AccountClosed,
@@ -45,6 +47,7 @@ from bourse.ports.stores import (
     new_webhook_secret,
 )
 from bourse.services.adjustments import Adjustments, AdjustmentStore
+from bourse.services.admin_key import AdminKeyAdmin
 from bourse.services.auth import Authenticator, hash_key, new_secret
 from bourse.services.keys import SYSTEM, KeyAdmin, account_closed
 from bourse.services.operators import OperatorAdmin
@@ -56,7 +59,14 @@ DEMO_CREDIT_USD = 5.0
 
 
 class AdminStore(
-    LedgerStore, KeyStore, UsageStore, WebhookSecretStore, AdjustmentStore, OperatorStore, Protocol
+    LedgerStore,
+    KeyStore,
+    UsageStore,
+    WebhookSecretStore,
+    AdjustmentStore,
+    OperatorStore,
+    AdminKeyStore,
+    Protocol,
 ):
     pass
 
@@ -76,14 +86,23 @@ def audit_view(entry: AuditEntry) -> dict[str, Any]:
     return {**asdict(entry), "detail": dict(entry.detail)}
 
 
-class AdminService(KeyAdmin, Adjustments, OperatorAdmin):
+class AdminService(KeyAdmin, Adjustments, OperatorAdmin, AdminKeyAdmin):
     store: AdminStore
 
     def __init__(
-        self, store: AdminStore, auth: Authenticator, *, products: Collection[str], audit: AuditStore
+        self,
+        store: AdminStore,
+        auth: Authenticator,
+        *,
+        products: Collection[str],
+        audit: AuditStore,
+        admin_key_file: Path | None = None,
     ) -> None:
         self.store = store
         self.auth = auth
+        self.admin_key_file = admin_key_file
+        """The data folder's ``admin_key`` when the configured admin key came from it
+        (a rotation writes the new key there)."""
         self.products = frozenset(products)
         """The configured products: a key may be limited to these only."""
         self.audit = audit

@@ -15,25 +15,31 @@ a key is named by its id (``key_…``).
   ``touch_interval_s`` per key, by a background task that writes every key used
   since its last pass in one transaction.
 
-The admin key is separate: it reaches only the admin API, never ``/v1``; it is the
-first ``owner``. Operator keys (``bo_…``, stored hashed) reach the admin API with
-their operator's role (:mod:`bourse.ports.operators`); their lookups are cached like
-keys', so a revoked operator is refused everywhere within ``cache_ttl_s``.
+The admin key is separate: it reaches only the admin API (and the dashboard), never
+``/v1``; it is the first ``owner``. Its hashes live in the database
+(:mod:`bourse.ports.admin_keys`): the current one and those rotated out, each of those
+working until the end of its grace period and then refused with a message saying when
+it stopped. They are read again at most every ``cache_ttl_s``, so a rotation made on
+any replica holds everywhere within that time (at once on the replica that made it:
+:meth:`Authenticator.forget_admin_keys`). Operator keys (``bo_…``, stored hashed) reach
+the admin API with their operator's role (:mod:`bourse.ports.operators`); their lookups
+are cached like keys', so a revoked operator is refused everywhere within
+``cache_ttl_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from bourse.domain.errors import GatewayError
 from bourse.domain.values import immutable
+from bourse.ports.admin_keys import AdminKeyStore
 from bourse.ports.limits import KeyLimits
 from bourse.ports.operators import Operator, OperatorStore, Role, role_at_least
 from bourse.ports.stores import ApiKey, KeyStore
@@ -65,15 +71,22 @@ class AdminCaller:
     role: Role
     operator: Operator | None = None
 
+    @property
+    def who(self) -> str:
+        return "the admin key" if self.operator is None else f"operator '{self.operator.name}'"
+
     def allow(self, need: Role) -> None:
         """403 ``insufficient_role`` unless this caller's role is ``need`` or above."""
-        if not role_at_least(self.role, need):
-            who = "the admin key" if self.operator is None else f"operator '{self.operator.name}'"
-            raise GatewayError(
-                403,
-                "insufficient_role",
-                f"This admin route needs the role '{need}' or above; {who} has '{self.role}'.",
-            )
+        check_role(self.role, need, self.who, "admin route")
+
+
+def check_role(role: Role, need: Role, who: str, what: str) -> None:
+    """403 ``insufficient_role`` unless ``role`` is ``need`` or above (``who`` has ``role``;
+    ``what`` is asked for: an admin route, a dashboard action)."""
+    if not role_at_least(role, need):
+        raise GatewayError(
+            403, "insufficient_role", f"This {what} needs the role '{need}' or above; {who} has '{role}'."
+        )
 
 
 @immutable
@@ -122,11 +135,19 @@ class Authenticator:
         touch_interval_s: float = TOUCH_INTERVAL_S,
         clock: Callable[[], float] = time.time,
         operators: OperatorStore | None = None,
+        admin_keys: AdminKeyStore | None = None,
     ) -> None:
+        """``admin_key_hash``: the admin key's hash when there is no ``admin_keys`` store
+        (which, when given, says which keys are the admin key instead)."""
         if not 0 <= cache_ttl_s <= CACHE_TTL_MAX_S:
             raise ValueError(f"cache_ttl_s: expected 0 to {CACHE_TTL_MAX_S} s")
         self._keys = keys
-        self._admin_hash = admin_key_hash
+        self._admin_store = admin_keys
+        self._admin: Mapping[str, float | None] = {admin_key_hash: None}
+        """admin key hash -> when it stops working (None: the current key)"""
+        self._admin_due = 0.0
+        """monotonic time from which ``_admin`` is read again from ``_admin_store``"""
+        self._admin_lock = asyncio.Lock()
         self._ttl = cache_ttl_s
         self._max = cache_max
         self.clock = clock
@@ -167,13 +188,13 @@ class Authenticator:
         return principal
 
     async def _lookup(self, digest: str, mono: float) -> Principal | None:
-        if hmac.compare_digest(digest, self._admin_hash):
+        key = await self._keys.key_by_hash(digest)
+        if key is None and await self._admin_key(digest) is not None:
             raise GatewayError(
                 403,
                 "admin_key_not_allowed",
                 "The admin key is for the admin API only; use an API key for /v1.",
             )
-        key = await self._keys.key_by_hash(digest)
         principal = None if key is None else Principal(key, KeyLimits(key.rpm, key.tpm, key.max_streams))
         if len(self._cache) >= self._max:
             self._cache.clear()
@@ -219,14 +240,55 @@ class Authenticator:
 
     async def admin(self, authorization: str | None) -> AdminCaller:
         """The admin key (an owner) or an operator key's operator; 401 for none, an unknown
-        or a revoked operator key; 403 ``admin_only`` for any other key."""
+        or a revoked operator key, an admin key rotated out whose grace period ended;
+        403 ``admin_only`` for any other key."""
         token = _bearer(authorization)
         if token is None:
             raise unauthorized("Missing admin key: send 'Authorization: Bearer <admin key>'.")
-        digest = hash_key(token)
-        if hmac.compare_digest(digest, self._admin_hash):
-            return AdminCaller("owner")
-        if token.startswith(OPERATOR_PREFIX) and self._operators is not None:
+        caller = await self.staff(hash_key(token), operator_key=token.startswith(OPERATOR_PREFIX))
+        if caller is None:
+            raise GatewayError(
+                403, "admin_only", "This is the admin API; it needs the admin key or an operator key."
+            )
+        return caller
+
+    # -- the admin key -----------------------------------------------------------------------
+
+    async def admin_keys(self) -> Mapping[str, float | None]:
+        """Each admin key's hash -> when it stops working (None: the current key), as the
+        database said at most ``cache_ttl_s`` ago."""
+        if self._admin_store is None or time.monotonic() < self._admin_due:
+            return self._admin
+        async with self._admin_lock:  # one read for every request that found it stale
+            mono = time.monotonic()
+            if mono >= self._admin_due:
+                rows = await self._admin_store.admin_keys()
+                self._admin = {k.key_hash: k.valid_until for k in rows}
+                self._admin_due = mono + self._ttl
+        return self._admin
+
+    def forget_admin_keys(self) -> None:
+        """Read the admin keys again on the next request (rotated here just now)."""
+        self._admin_due = 0.0
+
+    async def _admin_key(self, digest: str) -> AdminCaller | None:
+        """The owner, for an admin key that works; 401 for one whose grace period ended."""
+        keys = await self.admin_keys()
+        if digest not in keys:
+            return None
+        until = keys[digest]
+        if until is not None and self.clock() >= until:
+            raise unauthorized(f"The admin key was rotated; this key stopped working at {_when(until)}.")
+        return AdminCaller("owner")
+
+    async def staff(self, digest: str, *, operator_key: bool) -> AdminCaller | None:
+        """Who a key's hash is on the admin side: the admin key (an owner) or, for an
+        operator key (``operator_key``: its prefix), its operator; None for neither.
+        401 for an admin key rotated out past its grace, an unknown or revoked operator key."""
+        caller = await self._admin_key(digest)
+        if caller is not None:
+            return caller
+        if operator_key and self._operators is not None:
             mono = time.monotonic()
             hit = self._operator_cache.get(digest)
             if hit is not None and hit[0] > mono:
@@ -241,9 +303,7 @@ class Authenticator:
             if op.revoked_at is not None:
                 raise unauthorized("This operator key was revoked.")
             return AdminCaller(op.role, op)
-        raise GatewayError(
-            403, "admin_only", "This is the admin API; it needs the admin key or an operator key."
-        )
+        return None
 
     def forget_operator(self, operator_id: str) -> None:
         """Drop the cached lookups of ``operator_id`` (revoked here just now)."""

@@ -1,12 +1,15 @@
 """The dashboard's use cases: what a signed-in person may see and do.
 
-Every method takes the caller's :class:`~bourse.services.sessions.Session`. An
-operator (signed in with the admin key) sees every account and may settle or release
-a reconciling hold and cancel any job; a user (signed in with an API key) sees their
-own account only and may cancel their own jobs. Operator actions are written to the
-ledger's audit log (``GET /admin/audit``): a hold's settle or release in the same
-transaction as the change (through :class:`~bourse.services.accounts.AdminService`),
-a job cancel right after it, with the actor ``dashboard:operator session <sid>``.
+Every method takes the caller's :class:`~bourse.services.sessions.Session`. The admin
+key and every operator see every account; they may settle or release a reconciling
+hold and cancel any job as their role allows (checked by the routes' guard,
+:mod:`bourse.http.dashboard.guard`, with the admin API's least roles); a user (signed
+in with an API key) sees their own account only and may cancel their own jobs.
+Operator actions are written to the ledger's audit log (``GET /admin/audit``): a
+hold's settle or release in the same transaction as the change (through
+:class:`~bourse.services.accounts.AdminService`), a job cancel right after it, with
+the actor the admin API would write: ``operator:<name>``, or ``admin:dashboard`` for
+the admin key.
 """
 
 from __future__ import annotations
@@ -62,11 +65,10 @@ class Dashboard:
 
     @staticmethod
     def _actor(s: Session) -> str:
-        return (
-            f"dashboard:operator session {s.sid}"
-            if s.operator
-            else f"dashboard:user:{s.account_id} session {s.sid}"
-        )
+        """The audit log's actor of an action taken in session ``s``."""
+        if s.operator_name is not None:
+            return "operator:" + s.operator_name
+        return "admin:dashboard" if s.operator else f"dashboard:user:{s.account_id}"
 
     # -- money ----------------------------------------------------------------------
 
@@ -82,12 +84,12 @@ class Dashboard:
 
     async def settle(self, s: Session, hold_id: str, amount_micros: int | None) -> dict[str, Any]:
         if not s.operator:
-            raise forbidden("Only an operator (signed in with the admin key) may settle a hold.")
+            raise forbidden("Only the admin key or an operator may settle a hold.")
         return await self.admin.settle_hold(hold_id, amount_micros, actor=self._actor(s))
 
     async def release(self, s: Session, hold_id: str) -> dict[str, Any]:
         if not s.operator:
-            raise forbidden("Only an operator (signed in with the admin key) may release a hold.")
+            raise forbidden("Only the admin key or an operator may release a hold.")
         return await self.admin.release_hold(hold_id, actor=self._actor(s))
 
     async def spend(self, s: Session, since: float, bucket_s: int) -> Sequence[SpendPoint]:

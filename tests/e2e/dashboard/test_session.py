@@ -21,7 +21,12 @@ def test_script_sign_in_sets_an_http_only_strict_cookie(world: World) -> None:
         r = c.post("/dashboard/api/session", json={"key": ADMIN_KEY})
         assert r.status_code == 200, r.text
         doc = r.json()
-        assert doc["signed_in"] is True and doc["role"] == "operator" and doc["account"] is None
+        assert (
+            doc["signed_in"] is True
+            and doc["role"] == "owner"
+            and doc["operator"] is None
+            and doc["account"] is None
+        )
         assert set(doc["products"]) == {"dash-fast", "dash-other"}
         cookie = _cookie_header(r)
         attrs = {a.strip().split("=")[0].lower() for a in cookie.split(";")[1:]}
@@ -30,7 +35,7 @@ def test_script_sign_in_sets_an_http_only_strict_cookie(world: World) -> None:
         assert ADMIN_KEY not in cookie and ADMIN_KEY not in r.text
         assert r.headers["cache-control"] == "no-store"
         me = c.get("/dashboard/api/session").json()
-        assert me["role"] == "operator" and me["csrf"] == doc["csrf"]
+        assert me["role"] == "owner" and me["csrf"] == doc["csrf"]
 
 
 def test_form_sign_in_redirects_and_a_bad_key_sets_nothing(world: World) -> None:

@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -175,3 +176,127 @@ async def test_a_failing_last_use_write_never_fails_the_request(
     await auth.aclose()
     got = await store.key("key_s6")
     assert got is not None and got.last_used_at is not None
+
+
+# -- the admin key, kept in the database and rotated with a grace period ------------------
+
+
+def _admin_auth(store: CountingStore, clock: Clock, ttl: float = 0.0) -> Authenticator:
+    return Authenticator(store, hash_key("configured"), cache_ttl_s=ttl, clock=clock, admin_keys=store)
+
+
+async def admin_refused(auth: Authenticator, secret: str) -> str:
+    with pytest.raises(GatewayError) as exc:
+        await auth.admin(bearer(secret))
+    assert (exc.value.status, exc.value.code) == (401, "invalid_api_key"), exc.value
+    return exc.value.message
+
+
+async def test_the_database_decides_which_key_is_the_admin_key(store: CountingStore) -> None:
+    clock = Clock()
+    auth = _admin_auth(store, clock)
+    # nothing seeded: the configured key is no admin key (the database has none yet)
+    with pytest.raises(GatewayError) as exc:
+        await auth.admin(bearer("configured"))
+    assert exc.value.code == "admin_only"
+    seeded = await store.seed_admin_key(hash_key("configured"), NOW)
+    assert seeded is not None and seeded.current
+    assert (await auth.admin(bearer("configured"))).role == "owner"
+    # a second seed (another replica, another configured key) changes nothing
+    assert await store.seed_admin_key(hash_key("elsewhere"), NOW) is None
+    with pytest.raises(GatewayError) as exc:
+        await auth.admin(bearer("elsewhere"))
+    assert exc.value.code == "admin_only"
+    with pytest.raises(GatewayError) as exc:  # the admin key on /v1
+        await auth.user(bearer("configured"))
+    assert exc.value.code == "admin_key_not_allowed"
+
+
+async def test_a_rotated_admin_key_works_until_its_grace_ends(store: CountingStore) -> None:
+    clock = Clock()
+    auth = _admin_auth(store, clock)
+    await store.seed_admin_key(hash_key("configured"), NOW)
+    old = await store.rotate_admin_key(hash_key("second"), NOW + 60, NOW)
+    assert old is not None and old.key_hash == hash_key("configured") and old.valid_until == NOW + 60
+    assert (await auth.admin(bearer("configured"))).role == "owner"
+    assert (await auth.admin(bearer("second"))).role == "owner"
+    clock.now = NOW + 59.9
+    assert (await auth.admin(bearer("configured"))).role == "owner"
+    clock.now = NOW + 60
+    message = await admin_refused(auth, "configured")
+    assert message == "The admin key was rotated; this key stopped working at 2023-11-14T22:14:20Z."
+    assert (await auth.admin(bearer("second"))).role == "owner"
+    # a start configured with the rotated-out key does not make it the admin key again
+    again = await store.seed_admin_key(hash_key("configured"), NOW + 61)
+    assert again is not None and again.valid_until == NOW + 60
+    await admin_refused(auth, "configured")
+
+
+async def test_no_older_key_outlives_a_new_rotations_grace(store: CountingStore) -> None:
+    clock = Clock()
+    auth = _admin_auth(store, clock)
+    await store.seed_admin_key(hash_key("configured"), NOW)
+    await store.rotate_admin_key(hash_key("second"), NOW + 3600, NOW)
+    await store.rotate_admin_key(hash_key("third"), NOW + 5, NOW + 1)  # grace 4 s: caps the first's hour
+    keys = {k.key_hash: k.valid_until for k in await store.admin_keys()}
+    assert keys == {hash_key("configured"): NOW + 5, hash_key("second"): NOW + 5, hash_key("third"): None}
+    clock.now = NOW + 5
+    await admin_refused(auth, "configured")
+    await admin_refused(auth, "second")
+    assert (await auth.admin(bearer("third"))).role == "owner"
+    # grace 0: only the new key works, at once
+    await store.rotate_admin_key(hash_key("fourth"), clock.now, clock.now)
+    await admin_refused(auth, "third")
+    assert (await auth.admin(bearer("fourth"))).role == "owner"
+
+
+async def test_a_rotation_elsewhere_holds_here_within_the_cache_ttl(store: CountingStore) -> None:
+    clock = Clock()
+    here = _admin_auth(store, clock, ttl=0.3)
+    await store.seed_admin_key(hash_key("configured"), NOW)
+    assert (await here.admin(bearer("configured"))).role == "owner"  # the keys are cached now
+    await store.rotate_admin_key(hash_key("second"), NOW, NOW)  # another replica, grace 0
+    t0 = time.monotonic()
+    while True:
+        try:
+            await here.admin(bearer("configured"))
+        except GatewayError as exc:
+            assert exc.status == 401
+            break
+        assert time.monotonic() - t0 < CACHE_TTL_MAX_S, "the rotated-out admin key was still accepted"
+        await asyncio.sleep(0.01)
+    assert time.monotonic() - t0 <= 0.3 + 0.2
+    assert (await here.admin(bearer("second"))).role == "owner"
+    # on the replica that rotates, forget_admin_keys() makes it hold at once
+    await store.rotate_admin_key(hash_key("third"), NOW, NOW)
+    here.forget_admin_keys()
+    await admin_refused(here, "second")
+
+
+async def test_the_rotate_use_case_audits_and_forgets(store: CountingStore, tmp_path: Path) -> None:
+    from bourse.services.accounts import AdminService
+    from bourse.storage.audit import SqlAuditLog
+
+    clock = Clock()
+    auth = _admin_auth(store, clock, ttl=1.0)
+    await store.seed_admin_key(hash_key("configured"), NOW)
+    key_file = tmp_path / "admin_key"
+    admin = AdminService(store, auth, products=[], audit=SqlAuditLog(store), admin_key_file=key_file)
+    await auth.admin(bearer("configured"))  # cached
+    out = await admin.rotate_admin_key(0.0, actor="operator:ada")
+    new = out["key"]
+    assert (
+        new.startswith("bk_admin_") and out["old_key_valid_until"] == NOW and out["key_file"] == str(key_file)
+    )
+    assert key_file.read_text().strip() == new and (key_file.stat().st_mode & 0o777) == 0o600
+    await admin_refused(auth, "configured")  # at once here, despite the cache
+    assert (await auth.admin(bearer(new))).role == "owner"
+    entries = await admin.audit_log("admin_key.rotate", None, 10, None)
+    assert [(e["actor"], e["target"], e["detail"]["grace_s"]) for e in entries] == [
+        ("operator:ada", "admin_key", 0.0)
+    ]
+    assert new not in str(entries) and hash_key(new) not in str(entries)
+    for bad in (-1.0, 7 * 86_400 + 1):
+        with pytest.raises(GatewayError) as exc:
+            await admin.rotate_admin_key(bad)
+        assert exc.value.status == 400

@@ -1,7 +1,11 @@
 """Signing in and out of the dashboard: ``/dashboard/api/session``.
 
 - ``GET``: who is signed in (``{"signed_in": false}`` when nobody is, with 200, so a
-  fresh page does not log an error), with the session's CSRF token;
+  fresh page does not log an error): the ``role`` (``owner`` for the admin key, an
+  operator's role, ``user`` for an API key), the ``operator``'s name and id (null for
+  the admin key and users), ``staff`` (admin key or operator), the ``actions`` the
+  session may take (``"POST /dashboard/api/…"``), the account and key of a user, and
+  the session's CSRF token;
 - ``POST``: sign in with a key sent in the body, as JSON ``{"key": …}`` (the page's
   script) or as a form field ``key`` (the form alone; answered with a redirect).
   The key travels in the body only, never in a URL, and is not kept;
@@ -19,7 +23,14 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from bourse.domain.errors import GatewayError, invalid_request
-from bourse.http.dashboard.guard import Guard, check_same_origin, clear_cookie, secure, set_cookie
+from bourse.http.dashboard.guard import (
+    Guard,
+    allowed_actions,
+    check_same_origin,
+    clear_cookie,
+    secure,
+    set_cookie,
+)
 from bourse.http.deps import read_body
 from bourse.http.responses import JSON
 from bourse.services.sessions import Session, Sessions
@@ -32,6 +43,10 @@ def whoami(sessions: Sessions, s: Session, products: list[str]) -> dict[str, Any
     return {
         "signed_in": True,
         "role": s.role,
+        "operator": s.operator_name,
+        "operator_id": s.operator_id,
+        "staff": s.operator,
+        "actions": allowed_actions(s),
         "account": s.account_id,
         "key_id": s.key_id,
         "expires_at": s.expires_at,

@@ -41,7 +41,9 @@ function signedIn(doc) {
   setCsrf(doc.csrf);
   $("#nav").hidden = false;
   $("#who").hidden = false;
-  $("#who-role").textContent = doc.role === "operator" ? "operator · all accounts" : `account ${doc.account} · ${doc.key_id}`;
+  $("#who-role").textContent = doc.staff
+    ? `${doc.operator || "admin key"} · ${doc.role} · all accounts`
+    : `account ${doc.account} · ${doc.key_id}`;
   route();
 }
 
@@ -103,7 +105,7 @@ async function boot() {
   });
   const doc = await get("/dashboard/api/session");
   if (doc.signed_in) signedIn(doc);
-  else signedOut(location.hash === "#signin-failed" ? "That key is neither the admin key nor an API key." : "");
+  else signedOut(location.hash === "#signin-failed" ? "That key is neither the admin key, an operator key nor an API key." : "");
 }
 
 boot();

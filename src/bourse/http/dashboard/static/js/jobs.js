@@ -1,5 +1,5 @@
 // The jobs page: jobs by state with their progress (place in the book while queued,
-// tokens while running); cancel for the owner or an operator.
+// tokens while running); cancel for the owner, the admin key or an admin operator.
 
 import { get, post, query } from "./api.js";
 import { $, h, notice, replaceRows, short, stamp, td } from "./dom.js";
@@ -8,7 +8,8 @@ import { confirmAction } from "./confirm.js";
 const REFRESH_MS = 2000;
 const FINAL = new Set(["succeeded", "failed", "canceled", "expired"]);
 
-export function mount() {
+export function mount(ctx) {
+  const mayCancel = ctx.session.actions.includes("POST /dashboard/api/jobs/{job_id}/cancel");
   const status = $("#jobs-status");
   let timer = null;
   let alive = true;
@@ -16,7 +17,7 @@ export function mount() {
   const refresh = async () => {
     try {
       const doc = await get("/dashboard/api/jobs" + query({ status: status.value }));
-      replaceRows($("#jobs tbody"), doc.data.map((j) => row(j, refresh)), "No jobs.");
+      replaceRows($("#jobs tbody"), doc.data.map((j) => row(j, mayCancel, refresh)), "No jobs.");
     } catch (err) {
       notice(err.message);
     }
@@ -46,7 +47,7 @@ function progress(j) {
   return FINAL.has(j.status) ? "—" : "…";
 }
 
-function row(j, refresh) {
+function row(j, mayCancel, refresh) {
   const cancel = async () => {
     if (!(await confirmAction(`Cancel job ${j.id} of account ${j.account}?`, "Cancel job"))) return;
     try {
@@ -64,6 +65,6 @@ function row(j, refresh) {
     td(j.status),
     h("td", {}, progress(j)),
     td(stamp(j.created_at)),
-    h("td", {}, FINAL.has(j.status) ? "—" : h("button", { type: "button", class: "danger", onclick: cancel }, "Cancel")),
+    h("td", {}, FINAL.has(j.status) || !mayCancel ? "—" : h("button", { type: "button", class: "danger", onclick: cancel }, "Cancel")),
   );
 }

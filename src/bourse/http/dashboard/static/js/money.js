@@ -1,5 +1,6 @@
 // The money page: balances, spend over time by account or by key, open and
-// reconciling holds; an operator settles or releases a reconciling hold (each
+// reconciling holds; the admin key or a billing (or higher) operator settles or
+// releases a reconciling hold (each
 // action confirmed in a dialog; the server writes it to the audit log).
 
 import { get, post, query } from "./api.js";
@@ -10,7 +11,8 @@ import { confirmAction } from "./confirm.js";
 const REFRESH_MS = 5000;
 
 export function mount(ctx) {
-  const operator = ctx.session.role === "operator";
+  const operator = ctx.session.staff;
+  const mayClose = ctx.session.actions.includes("POST /dashboard/api/holds/{hold_id}/settle");
   const win = $("#spend-window");
   const by = $("#spend-by");
   if (!operator) by.value = "key";
@@ -20,7 +22,7 @@ export function mount(ctx) {
 
   const refresh = async () => {
     try {
-      await Promise.all([accounts(), holds(operator, refresh), spend(state, win.value, by.value)]);
+      await Promise.all([accounts(), holds(mayClose, refresh), spend(state, win.value, by.value)]);
       updateCsv(win.value);
     } catch (err) {
       notice(err.message);
@@ -72,7 +74,7 @@ async function accounts() {
   );
 }
 
-async function holds(operator, refresh) {
+async function holds(mayClose, refresh) {
   const [rec, open] = await Promise.all([
     get("/dashboard/api/holds?state=reconciling"),
     get("/dashboard/api/holds?state=open"),
@@ -87,7 +89,7 @@ async function holds(operator, refresh) {
         td(x.product || "—"),
         td(usd(x.amount_micros), "num"),
         td(x.note || "—"),
-        h("td", {}, operator ? holdButtons(x, refresh) : h("span", { class: "muted" }, "an operator decides")),
+        h("td", {}, mayClose ? holdButtons(x, refresh) : h("span", { class: "muted" }, "a billing operator decides")),
       ),
     ),
     "No reconciling holds.",

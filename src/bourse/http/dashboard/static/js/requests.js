@@ -8,7 +8,7 @@ import { $, clock, h, ms, notice, replaceRows, short, stamp, td, usd } from "./d
 const MAX_ROWS = 500;
 
 export function mount(ctx) {
-  const operator = ctx.session.role === "operator";
+  const operator = ctx.session.staff;
   const form = $("#request-filters");
   const productSel = $("#filter-product");
   if (productSel.options.length === 1) {
