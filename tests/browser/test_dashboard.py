@@ -2,7 +2,8 @@
 
 Each test signs in through the form and checks what the issue asks: the operator
 watches a one-slot book fill (the ladder grows, the level rises) and drain; releases
-the reconciling hold a SIGKILL left, and sees the balance change; a user sees only
+the reconciling hold a SIGKILL left, and sees the balance change; a viewer operator
+signs in with their own key, sees their name and role and is offered no action; a user sees only
 their account, the live tail, a request's detail, downloads the CSV (its rows are the
 usage API's); jobs are listed and cancelled. Every page: the CSP header on the
 document, no console error, no request beyond 127.0.0.1 (checked by the ``page``
@@ -54,7 +55,7 @@ def test_operator_watches_the_book_fill_and_drain(floor: Floor, page: Any) -> No
     _open(page, floor, "market/sim-market", ADMIN_KEY)
     page.wait_for_selector("#market-live.on")
     assert page.inner_text("#market-product option:checked") == "sim-market"
-    assert page.inner_text("#who-role").startswith("operator")
+    assert page.inner_text("#who-role") == "admin key · owner · all accounts"
     floor_price = _num(page, "#stat-floor")
     assert floor_price == 0.10
 
@@ -131,7 +132,7 @@ def test_operator_releases_the_hold_a_crash_left(floor: Floor, page: Any) -> Non
     assert ledger["balanced"] is True
     audit = floor.admin("GET", "/admin/audit", params={"target": hold["id"]}).json()["data"]
     assert [e["action"] for e in audit] == ["hold.release"], audit
-    assert audit[0]["actor"].startswith("dashboard:operator session"), audit
+    assert audit[0]["actor"] == "admin:dashboard", audit
 
 
 def test_user_sees_only_their_account_and_downloads_the_csv(floor: Floor, page: Any) -> None:
@@ -170,6 +171,25 @@ def test_user_sees_only_their_account_and_downloads_the_csv(floor: Floor, page: 
     page.wait_for_selector("#signin-form", state="visible")
     session = page.evaluate("() => fetch('/dashboard/api/session').then((r) => r.json())")
     assert session == {"signed_in": False}
+
+
+def test_an_operator_signs_in_with_their_own_key_and_sees_their_role(floor: Floor, page: Any) -> None:
+    r = floor.admin("POST", "/admin/operators", json={"name": "vera", "role": "viewer"})
+    assert r.status_code == 201, r.text
+    _open(page, floor, "money", r.json()["key"])
+    assert page.inner_text("#who-role") == "vera · viewer · all accounts"
+    page.wait_for_selector("#accounts tr[data-account='alice']")
+    accounts = {
+        r.get_attribute("data-account") for r in page.query_selector_all("#accounts tr[data-account]")
+    }
+    assert {"alice", "bob", "crash"} <= accounts
+    page.wait_for_selector("#holds-reconciling tr")
+    assert page.query_selector_all("#holds-reconciling button") == [], (
+        "a viewer is offered no settle or release"
+    )
+    _shot(page, "money-viewer")
+    page.click("#signout")
+    page.wait_for_selector("#signin-form", state="visible")
 
 
 def test_jobs_are_listed_and_cancelled(floor: Floor, page: Any) -> None:
