@@ -47,8 +47,8 @@ async def test_a_rotation_keeps_the_old_key_for_its_grace_and_is_audited(store_f
             e.action for e in await s.audit_page(action="admin_key.rotate", target=None, limit=10, after=None)
         ] == ["admin_key.rotate"]
         # the current key seeds nothing new; a rotated-out one is remembered as such
-        assert (await s.seed_admin_key("second", NOW + 2)).current  # type: ignore[union-attr]
-        assert (await s.seed_admin_key("first", NOW + 2)).valid_until == NOW + 61  # type: ignore[union-attr]
+        assert (await s.seed_admin_key("second", NOW + 2)).current
+        assert (await s.seed_admin_key("first", NOW + 2)).valid_until == NOW + 61
 
 
 async def test_rotations_at_once_leave_one_current_key(store_factory: StoreFactory) -> None:

@@ -31,11 +31,13 @@ class AdminKeyChanged(Exception):
     """Another rotation changed the current admin key during this one."""
 
 
-class AdminKeyStore(Protocol):
+class AdminKeyReader(Protocol):
     async def admin_keys(self) -> Sequence[AdminKey]:
         """Every admin key the database knows (the current one and the rotated-out ones)."""
         ...
 
+
+class AdminKeyStore(AdminKeyReader, Protocol):
     async def seed_admin_key(self, key_hash: str, now: float) -> AdminKey | None:
         """Make ``key_hash`` the current admin key when the database has none (its first
         start); the database's record of ``key_hash`` either way (None: not one of its keys)."""

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 
 from bourse.domain.errors import GatewayError
 from bourse.domain.values import immutable
-from bourse.ports.admin_keys import AdminKeyStore
+from bourse.ports.admin_keys import AdminKeyReader
 from bourse.ports.limits import KeyLimits
 from bourse.ports.operators import Operator, OperatorStore, Role, role_at_least
 from bourse.ports.stores import ApiKey, KeyStore
@@ -135,7 +135,7 @@ class Authenticator:
         touch_interval_s: float = TOUCH_INTERVAL_S,
         clock: Callable[[], float] = time.time,
         operators: OperatorStore | None = None,
-        admin_keys: AdminKeyStore | None = None,
+        admin_keys: AdminKeyReader | None = None,
     ) -> None:
         """``admin_key_hash``: the admin key's hash when there is no ``admin_keys`` store
         (which, when given, says which keys are the admin key instead)."""
