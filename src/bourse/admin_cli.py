@@ -13,6 +13,7 @@ import argparse
 import json
 import re
 import sys
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -188,6 +189,25 @@ def add_parser(sub: Any) -> None:
     o = leaf(ops, "revoke", "revoke an operator's key for good (owner only)")
     o.add_argument("id")
 
+    conf = objs.add_parser("config").add_subparsers(dest="action", required=True)
+    f = leaf(
+        conf, "apply", "make a config file's products the market in force on every replica (shows the diff)"
+    )
+    f.add_argument("file", type=Path)
+    f.add_argument("--dry-run", action="store_true", help="show what it would change, change nothing")
+    leaf(conf, "show", "the market in force: its version and every product's table")
+    prods = objs.add_parser("products").add_subparsers(dest="action", required=True)
+    f = leaf(prods, "set", 'change a product\'s terms live (KEY=VALUE, VALUE in TOML: 2.5, "text", null)')
+    f.add_argument("product")
+    f.add_argument("terms", nargs="+", metavar="KEY=VALUE")
+    f = leaf(prods, "remove", "take a product off the exchange (what runs there finishes)")
+    f.add_argument("product")
+    f = leaf(objs.add_parser("deployments").add_subparsers(dest="action", required=True), "set",
+             "change a deployment's terms live: floor=2.5 slots=8 (null: back to the default)")  # fmt: skip
+    f.add_argument("product")
+    f.add_argument("deployment")
+    f.add_argument("terms", nargs="+", metavar="KEY=VALUE")
+
     audit = objs.add_parser("audit").add_subparsers(dest="action", required=True)
     u = leaf(audit, "list", "the audit log of admin actions, newest first")
     u.add_argument("--action", dest="audit_action", help="e.g. key.revoke")
@@ -297,7 +317,50 @@ def _audit(args: argparse.Namespace) -> Request:
     return "GET", "/admin/audit", None, _page_params(args, action=args.audit_action, target=args.target)
 
 
+def terms(pairs: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs, each VALUE a TOML value (``null``: back to the default)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected KEY=VALUE, got {pair!r}")
+        if value.strip() == "null":
+            out[key.strip()] = None
+            continue
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value  # a bare word: a string
+    return out
+
+
+def _config(args: argparse.Namespace) -> Request:
+    if args.action == "show":
+        return "GET", "/admin/market", None, None
+    try:
+        doc = tomllib.loads(args.file.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{args.file}: {exc}") from None
+    if not isinstance(doc.get("products"), dict):
+        raise ValueError(f"{args.file}: no [products] table")
+    return "POST", "/admin/market", {"products": doc["products"], "dry_run": args.dry_run}, None
+
+
+def _products(args: argparse.Namespace) -> Request:
+    if args.action == "remove":
+        return "DELETE", f"/admin/products/{args.product}", None, None
+    return "PATCH", f"/admin/products/{args.product}", {"set": terms(args.terms)}, None
+
+
+def _deployments(args: argparse.Namespace) -> Request:
+    body = {"deployments": {args.deployment: terms(args.terms)}}
+    return "PATCH", f"/admin/products/{args.product}", body, None
+
+
 _REQUESTS: dict[str, Callable[[argparse.Namespace], Request]] = {
+    "config": _config,
+    "products": _products,
+    "deployments": _deployments,
     "accounts": _accounts,
     "keys": _keys,
     "holds": _holds,
@@ -418,6 +481,15 @@ def render(obj: str, doc: Mapping[str, Any]) -> str:
         if doc.get("has_more"):
             out += f"\nmore: --after {doc['next_after']}"
         return out
+    if doc.get("object") == "market":
+        head = (
+            f"market version {doc.get('version')} (by {doc.get('actor')} at {_time(doc.get('created_at'))})"
+        )
+        return "\n".join([head, json.dumps(doc.get("products"), indent=2)])
+    if doc.get("object") == "market.change":
+        done = "applied" if doc.get("applied") else "not applied (a dry run, or nothing to change)"
+        changes = [f"  {line}" for line in doc.get("changes") or []] or ["  (no change)"]
+        return "\n".join([f"market version {doc.get('version')}: {done}", *changes])
     lines: list[str] = []
     if "key" in doc and isinstance(doc["key"], str):
         what = "operator key" if doc.get("object") == "operator" else "API key"
@@ -474,7 +546,10 @@ def run(args: argparse.Namespace) -> int:
     if not key:
         where = Path(args.data_dir) / "admin_key"
         return _fail(f"no admin key: pass --admin-key, set BOURSE_ADMIN_KEY, or run where {where} exists")
-    method, path, body, params = _request(args)
+    try:
+        method, path, body, params = _request(args)
+    except ValueError as exc:
+        return _fail(str(exc))
     headers = {"authorization": f"Bearer {key}", "x-bourse-actor": args.actor}
     try:
         r = httpx.request(method, url + path, json=body, params=params, headers=headers, timeout=30)

@@ -153,6 +153,7 @@ async def test_the_account_totals_migration_fills_them_from_the_ledger(tmp_path:
         for column in ("pending_micros", "posted_micros", "credited_micros", "status", "status_reason"):
             db.execute(f"ALTER TABLE accounts DROP COLUMN {column}")
         db.execute("DROP TABLE operators")  # version 13's
+        db.execute("DROP TABLE market_versions")  # version 14's
         db.execute("DELETE FROM schema_migrations WHERE version >= 10")
     store = SqliteStore(path)
     await store.open()

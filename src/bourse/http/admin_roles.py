@@ -43,6 +43,11 @@ LEAST_ROLE: dict[tuple[str, str], Role] = {
     ("PATCH", "/admin/keys/{key_id}"): "admin",
     ("POST", "/admin/keys/{key_id}/revoke"): "admin",
     ("POST", "/admin/keys/{key_id}/rotate"): "admin",
+    ("GET", "/admin/market"): "viewer",
+    ("POST", "/admin/market"): "admin",
+    ("PUT", "/admin/products/{product}"): "admin",
+    ("PATCH", "/admin/products/{product}"): "admin",
+    ("DELETE", "/admin/products/{product}"): "admin",
     ("POST", "/admin/operators"): "owner",
     ("POST", "/admin/operators/{operator_id}/revoke"): "owner",
 }

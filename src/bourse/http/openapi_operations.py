@@ -25,6 +25,7 @@ from bourse.http.admin import (
     RotateKey,
     SettleHold,
 )
+from bourse.http.admin_market import MarketApply, ProductEdit, ProductPut
 from bourse.http.jobs import NewJob
 from bourse.wire.requests import ChatCompletionRequest, CompletionRequest
 from bourse.wire.responses import ResponsesRequest
@@ -365,6 +366,41 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("GET", "/admin/usage.csv"): Operation(
         "Every account's usage records in a time range, as CSV", "admin", auth="admin", answer=None
+    ),
+    ("GET", "/admin/market"): Operation(
+        "The market in force: its version and every product's table (as the config file writes it)",
+        "admin",
+        auth="admin",
+    ),
+    ("POST", "/admin/market"): Operation(
+        "Make these products the market in force on every replica (`dry_run`: only the changes)",
+        "admin",
+        auth="admin",
+        body=MarketApply,
+        example={
+            "products": {"sim-fast": {"deployments": [{"engine": "sim", "floor": 0.5}]}},
+            "dry_run": True,
+        },
+        errors=(409,),
+    ),
+    ("PUT", "/admin/products/{product}"): Operation(
+        "Add a product, or replace it whole, live",
+        "admin",
+        auth="admin",
+        body=ProductPut,
+        example={"product": {"deployments": [{"engine": "sim", "floor": 0.5, "slots": 8}]}, "dry_run": True},
+        errors=(409,),
+    ),
+    ("PATCH", "/admin/products/{product}"): Operation(
+        "Change a product's terms and its deployments' (a floor, slots, a default bid) live",
+        "admin",
+        auth="admin",
+        body=ProductEdit,
+        example={"set": {"default_bid": 1.5}, "deployments": {"sim-fast/0": {"floor": 0.5}}, "dry_run": True},
+        errors=(409,),
+    ),
+    ("DELETE", "/admin/products/{product}"): Operation(
+        "Take a product off the exchange (what runs there finishes)", "admin", auth="admin", errors=(409,)
     ),
     ("POST", "/admin/operators"): Operation(
         "Add an operator with a role (owner only); its key (`bo_…`) is shown once",

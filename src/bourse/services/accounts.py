@@ -84,8 +84,8 @@ class AdminService(KeyAdmin, Adjustments, OperatorAdmin):
     ) -> None:
         self.store = store
         self.auth = auth
-        self.products = frozenset(products)
-        """The configured products: a key may be limited to these only."""
+        self.products = products
+        """The products on the exchange now (a live view): a key may be limited to these only."""
         self.audit = audit
 
     async def create_account(self, account_id: str, credit_usd: float, actor: str = SYSTEM) -> dict[str, Any]:

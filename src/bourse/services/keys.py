@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict
 from typing import Any, Protocol
 
@@ -75,8 +75,8 @@ class KeyAdmin:
 
     store: KeyAdminStore
     auth: Authenticator
-    products: frozenset[str]
-    """The configured products: a key may be limited to these only."""
+    products: Collection[str]
+    """The products on the exchange now: a key may be limited to these only."""
 
     def now(self) -> float:
         """Now on the database's clock (the authenticator's): a key's expiry and grace are
@@ -138,7 +138,7 @@ class KeyAdmin:
         return {"key": secret, **view, "webhook_secret": webhook_secret}
 
     def _check_products(self, products: list[str] | None) -> None:
-        unknown = sorted(set(products or ()) - self.products)
+        unknown = sorted(set(products or ()) - set(self.products))
         if unknown:
             raise invalid_request(
                 f"products: no product {', '.join(repr(p) for p in unknown)} "

@@ -49,6 +49,7 @@ from bourse.storage import audit as audit_rows
 from bourse.storage import usage as usage_rows
 from bourse.storage.batching import Coalescer
 from bourse.storage.executor import Executor, IntegrityError
+from bourse.storage.market import MarketTables
 from bourse.storage.schema import migrations
 from bourse.storage.sealing import Sealer
 
@@ -88,7 +89,7 @@ def _reseal_audited(db: Executor, box: Sealer, now: float, audit: AuditEntry | N
     return report
 
 
-class SqlStore:
+class SqlStore(MarketTables):
     """All storage ports over one database. Subclasses provide the database thread."""
 
     single_node: bool = True

@@ -29,7 +29,7 @@ def routes(services: Services) -> list[Route]:
     guard = Guard(dash.sessions)
     return [
         *assets.routes(),
-        *signin.routes(guard, list(markets), services.max_json_depth),
+        *signin.routes(guard, markets.keys(), services.max_json_depth),
         *streams.routes(guard, dash, markets),
         *api.routes(guard, dash, markets, services.max_json_depth),
     ]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -28,7 +29,7 @@ from bourse.wire.requests import parse_json
 MAX_SIGN_IN_BYTES = 4096
 
 
-def whoami(sessions: Sessions, s: Session, products: list[str]) -> dict[str, Any]:
+def whoami(sessions: Sessions, s: Session, products: Collection[str]) -> dict[str, Any]:
     return {
         "signed_in": True,
         "role": s.role,
@@ -36,7 +37,7 @@ def whoami(sessions: Sessions, s: Session, products: list[str]) -> dict[str, Any
         "key_id": s.key_id,
         "expires_at": s.expires_at,
         "csrf": sessions.csrf_token(s),
-        "products": products,
+        "products": list(products),
     }
 
 
@@ -51,7 +52,7 @@ def _key_from(raw: bytes, form: bool, max_depth: int) -> str:
     return key
 
 
-def routes(guard: Guard, products: list[str], max_depth: int) -> list[Route]:
+def routes(guard: Guard, products: Collection[str], max_depth: int) -> list[Route]:
     sessions = guard.sessions
 
     async def current(request: Request) -> Response:
