@@ -136,7 +136,8 @@ def _query_id(request: Request, name: str) -> str | None:
     return optional_id(request.query_params.get(name), name)
 
 
-def _expiry(body: NewKey, now: float) -> float | None:
+def key_expiry(body: NewKey, now: float) -> float | None:
+    """A new key's expiry: ``expires_at``, or ``expires_in_s`` from ``now`` (one of the two)."""
     if body.expires_at is not None and body.expires_in_s is not None:
         raise invalid_request("expires_at, expires_in_s: give one of the two", param="expires_in_s")
     if body.expires_in_s is not None:
@@ -212,7 +213,7 @@ class _AdminRoutes:
         body = await json_model(request, NewKey, self.max_depth)
         out = await self.admin.create_key(
             body.account, body.products, body.rpm, body.tpm, body.max_streams,
-            name=body.name, expires_at=_expiry(body, self.admin.now()), spend_cap_usd=body.spend_cap_usd,
+            name=body.name, expires_at=key_expiry(body, self.admin.now()), spend_cap_usd=body.spend_cap_usd,
             spend_cap_period=body.spend_cap_period, actor=actor,
         )  # fmt: skip
         return JSON(out, status_code=201)

@@ -68,6 +68,11 @@ class Dashboard:
             else f"dashboard:user:{s.account_id} session {s.sid}"
         )
 
+    @classmethod
+    def actor(cls, s: Session) -> str:
+        """The audit log's actor of what the session does (the admin use cases take it)."""
+        return cls._actor(s)
+
     # -- money ----------------------------------------------------------------------
 
     async def accounts(self, s: Session) -> Sequence[Account]:

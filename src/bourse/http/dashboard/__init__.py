@@ -9,6 +9,8 @@ package; no other origin is ever contacted) and the routes it calls:
 - :mod:`.guard`: the session, origin and CSRF checks around every data route;
 - :mod:`.api`: markets, money (accounts, holds, spend; settle and release),
   requests, jobs (cancel), the CSV download;
+- :mod:`.manage`: accounts and keys managed by an operator (the admin API's use cases;
+  who may do which: :mod:`.roles`);
 - :mod:`.streams`: the live market and requests feeds (server-sent events).
 
 The use cases behind them are :class:`bourse.services.dashboard.Dashboard`.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from bourse.http.dashboard import api, assets, signin, streams
+from bourse.http.dashboard import api, assets, manage, signin, streams
 from bourse.http.dashboard.guard import Guard
 from bourse.http.deps import Services
 
@@ -32,4 +34,5 @@ def routes(services: Services) -> list[Route]:
         *signin.routes(guard, markets.keys(), services.max_json_depth),
         *streams.routes(guard, dash, markets),
         *api.routes(guard, dash, markets, services.max_json_depth),
+        *manage.routes(guard, dash, services.max_json_depth),
     ]

@@ -1,11 +1,13 @@
 // The money page: balances, spend over time by account or by key, open and
 // reconciling holds; an operator settles or releases a reconciling hold (each
-// action confirmed in a dialog; the server writes it to the audit log).
+// action confirmed in a dialog; the server writes it to the audit log), and manages
+// accounts and keys (./manage.js).
 
 import { get, post, query } from "./api.js";
 import { dollars, timeChart } from "./charts.js";
 import { $, h, notice, replaceRows, short, stamp, td, usd } from "./dom.js";
 import { confirmAction } from "./confirm.js";
+import * as manage from "./manage.js";
 
 const REFRESH_MS = 5000;
 
@@ -17,10 +19,11 @@ export function mount(ctx) {
   const state = { chart: null, labels: "" };
   let timer = null;
   let alive = true;
+  const forms = manage.mount(() => accounts(forms));
 
   const refresh = async () => {
     try {
-      await Promise.all([accounts(), holds(operator, refresh), spend(state, win.value, by.value)]);
+      await Promise.all([accounts(forms), holds(operator, refresh), spend(state, win.value, by.value)]);
       updateCsv(win.value);
     } catch (err) {
       notice(err.message);
@@ -42,6 +45,7 @@ export function mount(ctx) {
   return () => {
     alive = false;
     clearTimeout(timer);
+    forms.unmount();
     win.removeEventListener("change", onChange);
     by.removeEventListener("change", onChange);
     if (state.chart) state.chart.destroy();
@@ -54,13 +58,15 @@ function updateCsv(windowValue) {
   $("#money-csv").setAttribute("href", "/dashboard/api/usage.csv" + query({ since }));
 }
 
-async function accounts() {
+async function accounts(forms) {
   const doc = await get("/dashboard/api/accounts");
+  forms.update(doc);
   replaceRows(
     $("#accounts tbody"),
     doc.data.map((a) =>
-      h("tr", { "data-account": a.id },
-        td(a.id),
+      h("tr", { "data-account": a.id, "data-status": a.status },
+        forms.cell(a.id),
+        td(a.status, "status"),
         td(usd(a.balance_micros), "num balance"),
         td(usd(a.open_holds_micros), "num"),
         td(usd(a.reconciling_micros), "num reconciling"),
