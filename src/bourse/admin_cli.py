@@ -112,6 +112,16 @@ def add_parser(sub: Any) -> None:
     c = leaf(acc, "create", "create an account")
     c.add_argument("id")
     c.add_argument("--credit-usd", type=float, default=0.0)
+    c.add_argument("--cap-usd", type=float,
+                   help="spend cap: at most this much held or charged by all its keys per period")  # fmt: skip
+    c.add_argument("--cap-period", choices=CAP_PERIODS, default="total",
+                   help="of the cap: total, or the calendar day, week (from Monday) or month in UTC")  # fmt: skip
+    c = leaf(acc, "update", "set or remove an account's spend cap, or change its period")
+    c.add_argument("id")
+    c.add_argument("--cap-usd", type=_or_none("none", float), default=argparse.SUPPRESS,
+                   help="a new spend cap in USD, or 'none' (no cap)")  # fmt: skip
+    c.add_argument("--cap-period", choices=CAP_PERIODS, default=argparse.SUPPRESS,
+                   help="a new period for the cap (its count starts at zero)")  # fmt: skip
     c = leaf(acc, "credit", "add credit to an account")
     c.add_argument("id")
     c.add_argument("--amount-usd", type=float, required=True)
@@ -227,7 +237,14 @@ def _page_params(args: argparse.Namespace, **extra: str | None) -> dict[str, str
 def _accounts(args: argparse.Namespace) -> Request:
     act = args.action
     if act == "create":
-        return "POST", "/admin/accounts", {"id": args.id, "credit_usd": args.credit_usd}, None
+        body: dict[str, Any] = {"id": args.id, "credit_usd": args.credit_usd}
+        if args.cap_usd is not None:
+            body |= {"spend_cap_usd": args.cap_usd, "spend_cap_period": args.cap_period}
+        return "POST", "/admin/accounts", body, None
+    if act == "update":
+        edit = {field: getattr(args, dest) for dest, field in _EDIT_OPTIONS.items() if dest.startswith("cap_")
+                and hasattr(args, dest)}  # fmt: skip
+        return "PATCH", f"/admin/accounts/{args.id}", edit, None
     if act == "credit":
         return "POST", f"/admin/accounts/{args.id}/credit", {"amount_usd": args.amount_usd}, None
     if act in ("debit", "refund"):
@@ -423,6 +440,7 @@ COLUMNS: dict[str, list[Column]] = {
         _col("SPENT", "spent_micros", _usd),
         _col("CREDITED", "credited_micros", _usd),
         _col("CREATED", "created_at", _time),
+        ("SPEND CAP", _cap),
     ],
     "keys": [
         _col("ID", "id"),

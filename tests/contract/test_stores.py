@@ -154,6 +154,15 @@ async def test_the_account_totals_migration_fills_them_from_the_ledger(tmp_path:
             db.execute(f"ALTER TABLE accounts DROP COLUMN {column}")
         db.execute("DROP TABLE operators")  # version 13's
         db.execute("DROP TABLE market_versions")  # version 14's
+        for column in (
+            "spend_cap_micros",
+            "spend_cap_period",
+            "spend_micros",
+            "spend_period",
+        ):  # version 15's
+            db.execute(f"ALTER TABLE accounts DROP COLUMN {column}")
+        db.execute("ALTER TABLE holds DROP COLUMN account_period")
+        db.execute("DROP TABLE pruned_account_spend")
         db.execute("DELETE FROM schema_migrations WHERE version >= 10")
     store = SqliteStore(path)
     await store.open()

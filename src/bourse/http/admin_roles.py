@@ -34,6 +34,7 @@ LEAST_ROLE: dict[tuple[str, str], Role] = {
     ("POST", "/admin/holds/{hold_id}/settle"): "billing",
     ("POST", "/admin/holds/{hold_id}/release"): "billing",
     ("POST", "/admin/accounts"): "admin",
+    ("PATCH", "/admin/accounts/{account_id}"): "admin",
     ("POST", "/admin/accounts/{account_id}/suspend"): "admin",
     ("POST", "/admin/accounts/{account_id}/resume"): "admin",
     ("POST", "/admin/accounts/{account_id}/close"): "admin",

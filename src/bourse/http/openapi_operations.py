@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from bourse.domain.values import immutable
 from bourse.http.admin import (
     PAGE_MAX,
+    AccountEdit,
     AccountStatusChange,
     Adjustment,
     Credit,
@@ -35,7 +36,7 @@ Auth = Literal["key", "admin", "none"]
 ERROR_CODES: dict[int, str] = {
     400: "a bad body or parameter (`param` names it)",
     401: "no key or an unknown key",
-    402: "the balance cannot cover the hold",
+    402: "the balance, the key's spend cap or the account's cannot cover the hold",
     403: "the key may not use this product or route",
     404: "no such product, route or record",
     408: "the order waited its timeout in the book",
@@ -211,13 +212,23 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "admin",
         auth="admin",
         body=NewAccount,
-        example={"id": "acme", "credit_usd": 10.0},
+        example={"id": "acme", "credit_usd": 10.0, "spend_cap_usd": 50, "spend_cap_period": "month"},
         ok=201,
         answer="AdminAccount",
         errors=(409,),
     ),
     ("GET", "/admin/accounts/{account_id}"): Operation(
         "An account", "admin", auth="admin", answer="AdminAccount"
+    ),
+    ("PATCH", "/admin/accounts/{account_id}"): Operation(
+        "Set an account's spend cap (spend_cap_usd, null removes it) and its period (total, "
+        "or the UTC day, week or month); 402 account_budget_exceeded past it",
+        "admin",
+        auth="admin",
+        body=AccountEdit,
+        example={"spend_cap_usd": 100, "spend_cap_period": "month"},
+        answer="AdminAccount",
+        errors=(409,),
     ),
     ("POST", "/admin/accounts/{account_id}/credit"): Operation(
         "Add credit to an account",

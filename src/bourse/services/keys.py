@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import usd_to_micros
-from bourse.domain.periods import CAP_PERIODS, CapPeriod, cap_period
+from bourse.domain.periods import CAP_PERIODS, CapPeriod, spent_now
 from bourse.ports.stores import (
     AccountClosed,
     ApiKey,
@@ -49,15 +49,14 @@ def key_view(key: ApiKey, now: float) -> dict[str, Any]:
     view = asdict(key)
     view.pop("grace_until")
     view.pop("account_status")
+    view.pop("account_cap_period")
     state = "active"
     if key.revoked_at is not None:
         state = "revoked"
     elif key.expires_at is not None and now >= key.expires_at:
         state = "expired"
     view["state"] = state
-    period = key.spend_cap_period
-    current = period is not None and key.spend_period == cap_period(period, now)
-    view["spend_micros"] = key.spend_micros if current else 0
+    view["spend_micros"] = spent_now(key.spend_cap_period, key.spend_period, key.spend_micros, now)
     view.pop("spend_period")
     return view
 
