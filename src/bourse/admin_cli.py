@@ -15,6 +15,7 @@ import argparse
 import json
 import re
 import sys
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -113,6 +114,16 @@ def add_parser(sub: Any) -> None:
     c = leaf(acc, "create", "create an account")
     c.add_argument("id")
     c.add_argument("--credit-usd", type=float, default=0.0)
+    c.add_argument("--cap-usd", type=float,
+                   help="spend cap: at most this much held or charged by all its keys per period")  # fmt: skip
+    c.add_argument("--cap-period", choices=CAP_PERIODS, default="total",
+                   help="of the cap: total, or the calendar day, week (from Monday) or month in UTC")  # fmt: skip
+    c = leaf(acc, "update", "set or remove an account's spend cap, or change its period")
+    c.add_argument("id")
+    c.add_argument("--cap-usd", type=_or_none("none", float), default=argparse.SUPPRESS,
+                   help="a new spend cap in USD, or 'none' (no cap)")  # fmt: skip
+    c.add_argument("--cap-period", choices=CAP_PERIODS, default=argparse.SUPPRESS,
+                   help="a new period for the cap (its count starts at zero)")  # fmt: skip
     c = leaf(acc, "credit", "add credit to an account")
     c.add_argument("id")
     c.add_argument("--amount-usd", type=float, required=True)
@@ -190,12 +201,29 @@ def add_parser(sub: Any) -> None:
     o = leaf(ops, "revoke", "revoke an operator's key for good (owner only)")
     o.add_argument("id")
 
-    ak = objs.add_parser("admin-key").add_subparsers(dest="action", required=True)
-    r = leaf(ak, "rotate", "give the admin key a new value (shown once); the old one works for the grace")
-    r.add_argument(
-        "--grace-s", type=duration, default=3600.0,
-        help="how long the old admin key still works, in seconds (or 15m, 12h; default 3600; 0: stops now)",
-    )  # fmt: skip
+    r = leaf(objs.add_parser("admin-key").add_subparsers(dest="action", required=True), "rotate",
+             "give the admin key a new value (shown once); the old one works for the grace")  # fmt: skip
+    r.add_argument("--grace-s", type=duration, default=3600.0,
+                   help="how long the old admin key still works: 90, 15m, 12h (default 3600; 0: stops now)")  # fmt: skip
+
+    conf = objs.add_parser("config").add_subparsers(dest="action", required=True)
+    f = leaf(
+        conf, "apply", "make a config file's products the market in force on every replica (shows the diff)"
+    )
+    f.add_argument("file", type=Path)
+    f.add_argument("--dry-run", action="store_true", help="show what it would change, change nothing")
+    leaf(conf, "show", "the market in force: its version and every product's table")
+    prods = objs.add_parser("products").add_subparsers(dest="action", required=True)
+    f = leaf(prods, "set", 'change a product\'s terms live (KEY=VALUE, VALUE in TOML: 2.5, "text", null)')
+    f.add_argument("product")
+    f.add_argument("terms", nargs="+", metavar="KEY=VALUE")
+    f = leaf(prods, "remove", "take a product off the exchange (what runs there finishes)")
+    f.add_argument("product")
+    f = leaf(objs.add_parser("deployments").add_subparsers(dest="action", required=True), "set",
+             "change a deployment's terms live: floor=2.5 slots=8 (null: back to the default)")  # fmt: skip
+    f.add_argument("product")
+    f.add_argument("deployment")
+    f.add_argument("terms", nargs="+", metavar="KEY=VALUE")
 
     audit = objs.add_parser("audit").add_subparsers(dest="action", required=True)
     u = leaf(audit, "list", "the audit log of admin actions, newest first")
@@ -216,7 +244,14 @@ def _page_params(args: argparse.Namespace, **extra: str | None) -> dict[str, str
 def _accounts(args: argparse.Namespace) -> Request:
     act = args.action
     if act == "create":
-        return "POST", "/admin/accounts", {"id": args.id, "credit_usd": args.credit_usd}, None
+        body: dict[str, Any] = {"id": args.id, "credit_usd": args.credit_usd}
+        if args.cap_usd is not None:
+            body |= {"spend_cap_usd": args.cap_usd, "spend_cap_period": args.cap_period}
+        return "POST", "/admin/accounts", body, None
+    if act == "update":
+        edit = {field: getattr(args, dest) for dest, field in _EDIT_OPTIONS.items() if dest.startswith("cap_")
+                and hasattr(args, dest)}  # fmt: skip
+        return "PATCH", f"/admin/accounts/{args.id}", edit, None
     if act == "credit":
         return "POST", f"/admin/accounts/{args.id}/credit", {"amount_usd": args.amount_usd}, None
     if act in ("debit", "refund"):
@@ -302,22 +337,61 @@ def _operators(args: argparse.Namespace) -> Request:
     return "POST", f"/admin/operators/{args.id}/revoke", {}, None
 
 
-def _admin_key_request(args: argparse.Namespace) -> Request:
-    return "POST", "/admin/admin_key/rotate", {"grace_s": args.grace_s}, None
-
-
 def _audit(args: argparse.Namespace) -> Request:
     return "GET", "/admin/audit", None, _page_params(args, action=args.audit_action, target=args.target)
 
 
+def terms(pairs: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs, each VALUE a TOML value (``null``: back to the default)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected KEY=VALUE, got {pair!r}")
+        if value.strip() == "null":
+            out[key.strip()] = None
+            continue
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value  # a bare word: a string
+    return out
+
+
+def _config(args: argparse.Namespace) -> Request:
+    if args.action == "show":
+        return "GET", "/admin/market", None, None
+    try:
+        doc = tomllib.loads(args.file.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{args.file}: {exc}") from None
+    if not isinstance(doc.get("products"), dict):
+        raise ValueError(f"{args.file}: no [products] table")
+    return "POST", "/admin/market", {"products": doc["products"], "dry_run": args.dry_run}, None
+
+
+def _products(args: argparse.Namespace) -> Request:
+    if args.action == "remove":
+        return "DELETE", f"/admin/products/{args.product}", None, None
+    return "PATCH", f"/admin/products/{args.product}", {"set": terms(args.terms)}, None
+
+
+def _deployments(args: argparse.Namespace) -> Request:
+    body = {"deployments": {args.deployment: terms(args.terms)}}
+    return "PATCH", f"/admin/products/{args.product}", body, None
+
+
 _REQUESTS: dict[str, Callable[[argparse.Namespace], Request]] = {
+    "config": _config,
+    "products": _products,
+    "deployments": _deployments,
     "accounts": _accounts,
     "keys": _keys,
     "holds": _holds,
     "audit": _audit,
     "operators": _operators,
     "webhook-secrets": _webhook_secrets,
-    "admin-key": _admin_key_request,
+    "admin-key": lambda args: ("POST", "/admin/admin_key/rotate", {"grace_s": args.grace_s}, None),
 }
 
 
@@ -374,6 +448,7 @@ COLUMNS: dict[str, list[Column]] = {
         _col("SPENT", "spent_micros", _usd),
         _col("CREDITED", "credited_micros", _usd),
         _col("CREATED", "created_at", _time),
+        ("SPEND CAP", _cap),
     ],
     "keys": [
         _col("ID", "id"),
@@ -423,8 +498,7 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> str:
     )
 
 
-_SECRET_NAMES = {"operator": "operator key", "bourse.admin_key": "admin key"}
-"""What the ``key`` of an answer is, by the answer's ``object`` (else an API key)."""
+_SECRET_NAMES = {"operator": "operator key", "bourse.admin_key": "admin key"}  # by "object"; else an API key
 
 
 def render(obj: str, doc: Mapping[str, Any]) -> str:
@@ -436,6 +510,15 @@ def render(obj: str, doc: Mapping[str, Any]) -> str:
         if doc.get("has_more"):
             out += f"\nmore: --after {doc['next_after']}"
         return out
+    if doc.get("object") == "market":
+        head = (
+            f"market version {doc.get('version')} (by {doc.get('actor')} at {_time(doc.get('created_at'))})"
+        )
+        return "\n".join([head, json.dumps(doc.get("products"), indent=2)])
+    if doc.get("object") == "market.change":
+        done = "applied" if doc.get("applied") else "not applied (a dry run, or nothing to change)"
+        changes = [f"  {line}" for line in doc.get("changes") or []] or ["  (no change)"]
+        return "\n".join([f"market version {doc.get('version')}: {done}", *changes])
     lines: list[str] = []
     if "key" in doc and isinstance(doc["key"], str):
         what = _SECRET_NAMES.get(str(doc.get("object")), "API key")
@@ -492,7 +575,10 @@ def run(args: argparse.Namespace) -> int:
     if not key:
         where = Path(args.data_dir) / "admin_key"
         return _fail(f"no admin key: pass --admin-key, set BOURSE_ADMIN_KEY, or run where {where} exists")
-    method, path, body, params = _request(args)
+    try:
+        method, path, body, params = _request(args)
+    except ValueError as exc:
+        return _fail(str(exc))
     headers = {"authorization": f"Bearer {key}", "x-bourse-actor": args.actor}
     try:
         r = httpx.request(method, url + path, json=body, params=params, headers=headers, timeout=30)

@@ -15,22 +15,21 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import Any, assert_never
+from typing import Any
 
 from starlette.types import ASGIApp
 
 from bourse.coordination.book_local import LocalBook
 from bourse.coordination.limits_local import MemoryRateLimiter
-from bourse.domain.availability import Availability
 from bourse.domain.book import Deployment, ProductBook
-from bourse.domain.breaker import CircuitBreaker
 from bourse.http.app import create_app
+from bourse.market_build import MarketBuilder, build_engine
+from bourse.market_desk import MarketDesk
 from bourse.observability import WorkerPeers, build_observer
 from bourse.observability.logs import say
 from bourse.ports.book import BookPort
-from bourse.ports.engine import Engine, Probed
+from bourse.ports.engine import Engine
 from bourse.ports.limits import RateLimiter
 from bourse.ports.observer import NULL_OBSERVER, Observer
 from bourse.ports.reports import ReportStore
@@ -45,77 +44,20 @@ from bourse.services.drain import Drain
 from bourse.services.housekeeping import Housekeeping
 from bourse.services.jobs import JobLimits, JobService
 from bourse.services.market import Market
-from bourse.services.probes import START_RETRY_S, Prober, ProbeTarget
+from bourse.services.probes import Prober
 from bourse.services.request_feed import RequestFeed
 from bourse.services.responses import ResponseLimits, ResponseService
 from bourse.services.sessions import Sessions
 from bourse.services.tape import MarketTape
-from bourse.settings import Config, DeploymentConfig, Environment, deployment_name
+from bourse.settings import Config, Environment
 from bourse.storage.audit import SqlAuditLog
 from bourse.storage.private import SecretBox, key_notices
 from bourse.storage.sql import SqlStore
 from bourse.workers import WorkerLink
 
+__all__ = ["Container", "build", "build_engine", "build_store"]
+
 log = logging.getLogger("bourse")
-
-
-def build_engine(
-    product: str,
-    dep: DeploymentConfig,
-    name: str | None = None,
-    context_length: int = 8192,
-    availability: Availability | None = None,
-) -> tuple[Engine, str]:
-    """The engine of one deployment (``name``: the deployment's, for its log lines;
-    ``context_length``: the product's, which the sim engine enforces) and the model
-    name it expects in requests."""
-    match dep.engine:
-        case "sim":
-            from bourse.engines.sim import SimEngine, SimSettings
-
-            settings = SimSettings.from_mapping({**dep.sim_settings(), "context_length": context_length})
-            return SimEngine(settings, model_name=product), product
-        case "llamacpp":
-            from bourse.engines.llamacpp import LlamaCppEngine
-
-            return LlamaCppEngine(
-                dep.model_path, slots=dep.configured_slots(), n_ctx=dep.n_ctx, n_threads=dep.n_threads,
-                chat_format=dep.chat_format, name=product,
-            ), product  # fmt: skip
-        case "openai":
-            return _openai_engine(product, dep, name, availability)
-        case _:  # the config admits no other kind; one that got past it is refused, named
-            assert_never(dep.engine)
-
-
-def _openai_engine(
-    product: str, dep: DeploymentConfig, name: str | None, availability: Availability | None
-) -> tuple[Engine, str]:
-    from bourse.engines.openai_http import OpenAIHTTPEngine
-
-    assert dep.base_url is not None and dep.model is not None
-    tokens = None
-    if dep.tokenizer is not None:
-        from bourse.engines.upstream_tokens import GGUFTokens
-
-        tokens = GGUFTokens(dep.tokenizer, n_ctx=dep.upstream_n_ctx(), chat_format=dep.upstream_chat_format(),
-                            name=name or product)  # fmt: skip
-    engine = OpenAIHTTPEngine(
-        dep.base_url,
-        dep.model,
-        dep.api_key.get_secret_value() if dep.api_key is not None else None,
-        connect_timeout_s=dep.connect_timeout_s,
-        first_byte_timeout_s=dep.first_byte_timeout_s,
-        read_timeout_s=dep.read_timeout_s,
-        max_connections=dep.max_connections,
-        unary=not dep.always_stream,
-        name=name or product,
-        api=dep.api,
-        flavor=dep.flavor,
-        availability=availability if dep.probe_interval_s > 0 else None,
-        tokens=tokens,
-    )
-    return engine, dep.model
 
 
 def build_store(database: str | None, data_dir: Path, unavailable_timeout_s: float = 5.0) -> SqlStore:
@@ -164,6 +106,8 @@ class Container:
     """Under ``serve --workers``: where this worker answers the others' scrapes."""
     demo: DemoRule = field(default=DemoRule.OFF, kw_only=True)
     """Whether the start makes the ``demo`` account (set by ``bourse serve``: :func:`demo_rule`)."""
+    desk: MarketDesk = field(kw_only=True)
+    """The live market configuration: its versions in the database, applied here."""
     config_path: str | None = field(default=None, kw_only=True)
     """The config file ``bourse serve`` read (None: the built-in defaults): SIGHUP reads it again."""
     admin_key_hash: str = field(default="", kw_only=True)
@@ -202,6 +146,7 @@ class Container:
         for m in self.completions.markets.values():
             await m.book.start()
         await self.prober.start()  # each upstream checked before the first request
+        await self.desk.start(self.config.source)  # the database's market, or the file as its next version
         await self.billing.start()
         resumed = await self.jobs.start()
         if resumed:
@@ -243,6 +188,7 @@ class Container:
             )  # fmt: skip
 
     async def stop(self) -> None:
+        await self.desk.stop()
         await self.prober.stop()
         await self.dashboard.stop()
         await self.housekeeping.stop()
@@ -266,11 +212,9 @@ class Container:
         self.observer.close()
 
     async def reload(self) -> None:
-        """SIGHUP: the config file's live terms applied (:mod:`bourse.live_terms`)."""
-        from bourse import live_terms
-
-        markets, audit = self.completions.markets, self.admin.audit
-        self.config = await live_terms.reload(self.config, self.config_path, markets, self.prober, audit)
+        """SIGHUP: the config file's products written as the market's next version
+        (:meth:`bourse.market_desk.MarketDesk.reload_file`)."""
+        await self.desk.reload_file(self.config_path)
 
     def app(self) -> ASGIApp:
         return create_app(self, cors_origins=self.config.server.cors_origins)
@@ -421,51 +365,11 @@ def build(
     engines: dict[str, Engine] = {}
     models: dict[str, str] = {}
     prober = Prober()
+    builder = MarketBuilder(observer, prober, make_book, engines, models)
     for pname, pconf in config.products.items():
-        deployments = []
-        market_engines: dict[str, Engine] = {}
-        for i, dconf in enumerate(pconf.deployments):
-            name = deployment_name(pname, i, dconf)
-            availability = Availability(
-                hold_s=max(5.0, 3 * (dconf.probe_interval_s or START_RETRY_S)),
-                on_change=partial(prober.changed, pname, name),
-            )
-            engine, model = build_engine(pname, dconf, name, pconf.context_length, availability)
-            engines[name] = market_engines[name] = engine
-            models[name] = model
-            deployment = Deployment(
-                name,
-                dconf.floor,
-                dconf.configured_slots(),
-                breaker=CircuitBreaker(
-                    threshold=dconf.breaker_threshold,
-                    cooldown_s=dconf.cooldown_s,
-                    on_change=partial(observer.breaker_changed, pname, name),
-                ),
-                availability=availability,
-            )
-            deployments.append(deployment)
-            if isinstance(engine, Probed):
-                prober.add(ProbeTarget(pname, deployment, engine, dconf.probe_interval_s, dconf.slots))
-        book = make_book(pname, deployments, pconf.max_waiting)
-        markets[pname] = Market(
-            pname,
-            book,
-            market_engines,
-            config.policy_for(pname),
-            default_bid=pconf.default_bid,  # None: the lowest available floor, order by order
-            context_length=pconf.context_length,
-            max_output_tokens=pconf.max_output_tokens,
-            supports_tools=pconf.supports_tools
-            if pconf.supports_tools is not None
-            else all(d.engine != "llamacpp" for d in pconf.deployments),
-            description=pconf.description,
-            breakers=[d.breaker for d in deployments],
-            deployments=deployments,
-            observer=observer,
-            sim_overrides=pconf.takes_sim_overrides(),
-            stall_timeout_s=pconf.stall_timeout_s,
-        )
+        markets[pname], targets = builder.market(pname, pconf, config.policy_for(pname))
+        for target in targets:
+            prober.add(target)
     prober.bind(markets)
     store.secret_box = SecretBox.for_folder(data, env.secret_key)
     admin_hash, generated = admin_key_hash(data, env.admin_key)
@@ -485,8 +389,14 @@ def build(
     )
     key_file = None if env.admin_key else data / "admin_key"
     admin = AdminService(
-        store, auth, products=config.products.keys(), audit=SqlAuditLog(store), admin_key_file=key_file
+        store, auth, products=markets.keys(), audit=SqlAuditLog(store), admin_key_file=key_file
     )
+    notes = None
+    if hub is not None:
+        from bourse.coordination.market_notes import RedisMarketNotes
+
+        notes = RedisMarketNotes(hub)
+    desk = MarketDesk(config, markets, builder, prober, store, notes)
     from bourse.outbound.webhook_http import HttpWebhookSender
 
     j = config.jobs
@@ -533,5 +443,5 @@ def build(
         housekeeping=housekeeping, engines=engines, generated_admin_key=generated, hub=hub,
         admin_key_hash=admin_hash, admin_key_source="BOURSE_ADMIN_KEY" if env.admin_key else str(key_file),
         reports=reports, dashboard=dashboard, observer=observer, responses=responses, prober=prober,
-        worker_peers=observer.metrics.peers if observer.metrics is not None else None,
+        worker_peers=observer.metrics.peers if observer.metrics is not None else None, desk=desk,
     )  # fmt: skip

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 
 from bourse.http.dashboard.guard import CSP
 from tests.browser.conftest import ADMIN_KEY, USER, Floor
-from tests.support.browser import artifacts_dir
+from tests.support.browser import Watch, artifacts_dir
 from tests.support.usage_rows import assert_row_is_record, parse_csv
 
 WAIT_MS = 20_000
@@ -234,3 +235,154 @@ def test_pages_are_usable_on_a_phone(floor: Floor, page: Any) -> None:
     assert width <= 390, f"the money page scrolls sideways on a phone ({width}px)"
     _shot(page, "phone-money")
     assert httpx.get(floor.url + "/healthz").status_code == 200
+
+
+def test_operator_creates_an_account_credits_it_and_gives_it_a_key(
+    floor: Floor, page: Any, browser: tuple[Any, Watch]
+) -> None:
+    _open(page, floor, "money", ADMIN_KEY)
+    page.fill("#account-new-id", "carol")
+    page.click("#account-new button[type=submit]")
+    page.wait_for_selector("#account-panel:not([hidden])")
+    page.wait_for_selector("#accounts tr[data-account='carol']")
+    assert page.inner_text("#panel-account") == "carol"
+    assert page.inner_text("#accounts tr[data-account='carol'] .balance") == _usd(0)
+    # the API's refusal shows in the form: a debit needs a reason
+    page.select_option("#money-kind", "debit")
+    page.fill("#money-amount", "1")
+    page.click("#money-form button[type=submit]")
+    page.wait_for_selector("#money-form .error:not([hidden])")
+    assert "reason" in page.inner_text("#money-form .error")
+    _, watch = browser
+    assert len(watch.console_errors) == 1 and "400" in watch.console_errors[0], watch.console_errors
+    watch.console_errors.clear()  # the browser logs the refused request itself
+    # a credit: the table and the panel show it
+    page.select_option("#money-kind", "credit")
+    page.fill("#money-amount", "3.5")
+    page.click("#money-form button[type=submit]")
+    balance = "#accounts tr[data-account='carol'] .balance"
+    page.wait_for_function(
+        f"() => document.querySelector(\"{balance}\").textContent === '{_usd(3_500_000)}'", timeout=WAIT_MS
+    )
+    assert page.is_hidden("#money-form .error")
+    assert _usd(3_500_000) in page.inner_text("#panel-kv [data-field='balance']")
+    # a key: its secret shown once
+    page.fill("#key-new input[name='name']", "laptop")
+    page.fill("#key-new input[name='rpm']", "60")
+    page.click("#key-new button[type=submit]")
+    page.wait_for_selector("#secret-box:not([hidden])")
+    secret = page.inner_text("#secret-key")
+    assert secret.startswith("bk_")
+    page.wait_for_selector("#keys tr[data-key][data-state='active']")
+    row = page.query_selector("#keys tr[data-key]")
+    key_id = row.get_attribute("data-key")
+    assert "laptop" in row.inner_text()
+    _shot(page, "manage-key")
+    # the key works with the OpenAI SDK against the same gateway
+    with openai.OpenAI(base_url=floor.url + "/v1", api_key=secret, max_retries=0) as client:
+        out = client.chat.completions.create(model="sim-fast", messages=USER, max_tokens=5)  # type: ignore[arg-type]
+    assert out.choices[0].message.content
+    # dismissed, the secret is gone from the page
+    page.click("#secret-done")
+    assert page.is_hidden("#secret-box")
+    assert secret not in page.content()
+    assert page.evaluate("() => document.querySelector('#secret-key').textContent") == ""
+    # the request's charge shows in the balance
+    charged = floor.admin("GET", "/admin/accounts/carol").json()
+    assert charged["spent_micros"] > 0 and charged["balance_micros"] == 3_500_000 - charged["spent_micros"]
+    page.wait_for_function(
+        f"() => document.querySelector(\"{balance}\").textContent === '{_usd(charged['balance_micros'])}'",
+        timeout=WAIT_MS,
+    )
+    audit = floor.admin("GET", "/admin/audit", params={"target": "carol"}).json()["data"]
+    assert [e["action"] for e in audit] == ["account.credit", "account.create"], audit
+    audit += floor.admin("GET", "/admin/audit", params={"target": key_id}).json()["data"]
+    assert [e["action"] for e in audit][2:] == ["key.create"], audit
+    assert all(e["actor"] == "admin:dashboard" for e in audit), audit
+    assert all(secret not in str(e) for e in audit)
+
+
+def _confirm(page: Any, expect: str) -> None:
+    page.wait_for_selector("#confirm[open]")
+    assert expect in page.inner_text("#confirm-text"), page.inner_text("#confirm-text")
+    page.click("#confirm-yes")
+
+
+def test_operator_edits_rotates_and_revokes_a_key_and_closes_the_account(floor: Floor, page: Any) -> None:
+    assert floor.admin("POST", "/admin/accounts", json={"id": "dave", "credit_usd": 2.0}).status_code == 201
+    made = floor.admin("POST", "/admin/keys", json={"account": "dave", "name": "ci"}).json()
+    _open(page, floor, "money", ADMIN_KEY)
+    page.click("#accounts tr[data-account='dave'] button[data-action='manage']")
+    page.wait_for_selector(f"#keys tr[data-key='{made['id']}']")
+    # edit: limits, products, a weekly cap, an expiry
+    page.click(f"#keys tr[data-key='{made['id']}'] button[data-action='key']")
+    page.wait_for_selector("#key-panel:not([hidden])")
+    page.fill("#key-edit input[name='rpm']", "30")
+    page.fill("#key-edit input[name='products']", "sim-fast")
+    page.fill("#key-edit input[name='spend_cap_usd']", "0.5")
+    page.select_option("#key-edit select[name='spend_cap_period']", "week")
+    page.fill("#key-edit input[name='expires_at']", "2099-01-02T03:04")
+    page.click("#key-edit button[type=submit]")
+    page.wait_for_function(
+        f"() => document.querySelector(\"#keys tr[data-key='{made['id']}']\").textContent.includes('/ week')",
+        timeout=WAIT_MS,
+    )
+    key = floor.admin("GET", "/admin/keys", params={"account": "dave"}).json()["data"][0]
+    assert (key["rpm"], key["products"], key["spend_cap_micros"], key["spend_cap_period"]) == (
+        30, ["sim-fast"], 500_000, "week"
+    ), key  # fmt: skip
+    assert key["expires_at"] == 4_071_006_240  # 2099-01-02 03:04 UTC
+    # emptied, a field is cleared; left alone, kept
+    page.fill("#key-edit input[name='rpm']", "")
+    page.click("#key-edit button[type=submit]")
+    page.wait_for_function(
+        "() => document.querySelector('#notice').textContent.includes('saved')", timeout=WAIT_MS
+    )
+    key = floor.admin("GET", "/admin/keys", params={"account": "dave"}).json()["data"][0]
+    assert (key["rpm"], key["spend_cap_period"]) == (None, "week"), key
+    # rotate, with grace: the new secret shown once, both work
+    page.fill("#key-rotate input[name='grace_s']", "600")
+    page.click("#key-rotate button[type=submit]")
+    _confirm(page, "600 more seconds")
+    page.wait_for_selector("#secret-box:not([hidden])")
+    rotated = page.inner_text("#secret-key")
+    assert rotated.startswith("bk_") and rotated != made["key"]
+    for secret in (rotated, made["key"]):
+        r = httpx.post(floor.url + "/v1/chat/completions", headers={"authorization": f"Bearer {secret}"},
+                       json={"model": "sim-fast", "messages": USER, "max_tokens": 5}, timeout=30)  # fmt: skip
+        assert r.status_code == 200, r.text
+    page.click("#secret-done")
+    assert rotated not in page.content()
+    # revoke
+    page.fill("#key-revoke input[name='reason']", "laptop lost")
+    page.click("#key-revoke button[type=submit]")
+    _confirm(page, made["id"])
+    page.wait_for_selector(f"#keys tr[data-key='{made['id']}'][data-state='revoked']", timeout=WAIT_MS)
+    assert page.is_hidden("#key-panel")
+    r = httpx.post(floor.url + "/v1/chat/completions", headers={"authorization": f"Bearer {rotated}"},
+                   json={"model": "sim-fast", "messages": USER, "max_tokens": 5}, timeout=30)  # fmt: skip
+    assert r.status_code == 401, r.text
+    # suspend, resume, close (the balance reported)
+    page.fill("#status-reason", "unpaid invoice")
+    page.click("#status-form button[data-status='suspend']")
+    _confirm(page, "Suspend account dave")
+    page.wait_for_selector("#accounts tr[data-account='dave'][data-status='suspended']", timeout=WAIT_MS)
+    assert page.inner_text("#panel-status") == "suspended"
+    assert "unpaid invoice" in page.inner_text("#panel-kv")
+    page.click("#status-form button[data-status='resume']")
+    page.wait_for_selector("#accounts tr[data-account='dave'][data-status='active']", timeout=WAIT_MS)
+    page.click("#status-form button[data-status='close']")
+    _confirm(page, "for good")
+    page.wait_for_selector("#accounts tr[data-account='dave'][data-status='closed']", timeout=WAIT_MS)
+    balance = floor.admin("GET", "/admin/accounts/dave").json()["balance_micros"]
+    assert f"closed: its balance is {_usd(balance)}" in page.inner_text("#notice")
+    assert page.is_hidden("#status-form") and page.is_hidden("#key-new")
+    _shot(page, "manage-closed")
+    actions = [
+        e["action"] for e in floor.admin("GET", "/admin/audit", params={"target": "dave"}).json()["data"]
+    ]
+    assert actions[:3] == ["account.close", "account.resume", "account.suspend"], actions
+    actions = [
+        e["action"] for e in floor.admin("GET", "/admin/audit", params={"target": made["id"]}).json()["data"]
+    ]
+    assert actions == ["key.revoke", "key.rotate", "key.update", "key.update", "key.create"], actions

@@ -153,6 +153,16 @@ async def test_the_account_totals_migration_fills_them_from_the_ledger(tmp_path:
         for column in ("pending_micros", "posted_micros", "credited_micros", "status", "status_reason"):
             db.execute(f"ALTER TABLE accounts DROP COLUMN {column}")
         db.execute("DROP TABLE operators")  # version 13's
+        db.execute("DROP TABLE market_versions")  # version 14's
+        for column in (
+            "spend_cap_micros",
+            "spend_cap_period",
+            "spend_micros",
+            "spend_period",
+        ):  # version 15's
+            db.execute(f"ALTER TABLE accounts DROP COLUMN {column}")
+        db.execute("ALTER TABLE holds DROP COLUMN account_period")
+        db.execute("DROP TABLE pruned_account_spend")
         db.execute("DROP TABLE admin_keys")  # version 16's
         db.execute("DROP TABLE dashboard_secret")
         db.execute("DELETE FROM schema_migrations WHERE version >= 10")

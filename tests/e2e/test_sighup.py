@@ -1,7 +1,8 @@
-"""SIGHUP on a served gateway (issue 37): the config file read again, its live terms
-(a floor, slots, a default bid) applied while a stream runs on to ``[DONE]``, each
-change logged and audited; a file that cannot be used changes nothing; what only a
-restart applies is named. Before, SIGHUP killed the gateway and cut the stream."""
+"""SIGHUP on a served gateway (issue 37): the config file read again and its products
+written as the market's next version (a floor changed while a stream runs on to
+``[DONE]``; an engine's setting rebuilds its deployment), each change logged and
+audited; a file that cannot be used changes nothing; what only a restart applies
+(``[server]``) is named. Before, SIGHUP killed the gateway and cut the stream."""
 
 from __future__ import annotations
 
@@ -82,15 +83,15 @@ def test_sighup_changes_a_floor_while_a_stream_runs_to_done(tmp_path: Path) -> N
                            json={"model": "slow", "messages": USER, "max_tokens": 2, "max_price": 5.0})  # fmt: skip
         assert after.status_code == 200, after.text
         assert after.json()["usage"]["x_market"]["cleared_price"] == 2.0
-        audit = _admin(url, "GET", "/admin/audit", params={"action": "market.floor"}).json()["data"]
-        assert [(e["actor"], e["target"], e["detail"]["old"], e["detail"]["new"]) for e in audit] == [
-            ("sighup", "slow/slow-a", 1.0, 2.0)
+        audit = _admin(url, "GET", "/admin/audit", params={"action": "market.change"}).json()["data"]
+        assert [(e["actor"], e["target"], e["detail"]["changes"]) for e in audit] == [
+            ("sighup", "market", ["slow/slow-a floor: 1 -> 2"])
         ], audit
     log = (tmp_path / "hup-0.log").read_text()
     assert "SIGHUP: slow/slow-a floor: 1 -> 2" in log, log
 
 
-def test_a_file_that_cannot_be_used_changes_nothing_and_a_restart_only_change_is_named(
+def test_a_file_that_cannot_be_used_changes_nothing_and_a_server_change_is_named(
     tmp_path: Path,
 ) -> None:
     data = tmp_path / "data"
@@ -103,9 +104,10 @@ def test_a_file_that_cannot_be_used_changes_nothing_and_a_restart_only_change_is
         assert proc.poll() is None and _deployment(url)["floor"] == 1.0
 
         config.write_text(CONFIG.format(floor=1.0).replace("tokens_per_s = 20", "tokens_per_s = 30")
-                          .replace("slots = 1", "slots = 3"))  # fmt: skip
+                          .replace("slots = 1", "slots = 3").replace('"info"', '"info"\nbook_timeout_s = 9'))  # fmt: skip
         proc.send_signal(signal.SIGHUP)
         _until(lambda: _deployment(url)["slots"] == 3)
-        _until(lambda: "tokens_per_s changed: needs a restart" in log.read_text())
+        _until(lambda: "SIGHUP: [server] changed: needs a restart" in log.read_text())
+        assert "SIGHUP: deployment slow/slow-a: tokens_per_s changed" in log.read_text()
         assert proc.poll() is None
         assert httpx.get(url + "/readyz", timeout=10).status_code == 200

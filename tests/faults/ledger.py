@@ -16,7 +16,8 @@ gateway's database after every fault test (tests/faults/conftest.py):
 3. no charge above its hold;
 4. every charge has its usage record of that cost, and every charged usage record its charge;
 5. no request charged twice;
-6. each capped key's spend counter = what its holds of the current period hold or charged;
+6. each capped key's spend counter = what its holds of the current period hold or charged,
+   and each capped account's = what its holds counted on its cap in its period do;
 7. job and hold states agree (a finished job's hold is not open; a job's hold is of its request);
 8. each usage record's document says the cost of its column;
 9. a settled hold's charge is a whole number of micro-USD at or above 0 (no hold amount below 0);
@@ -25,8 +26,8 @@ gateway's database after every fault test (tests/faults/conftest.py):
 
 Records deleted by retention (``[storage] retention_s``) count through the sums kept in
 their place: ``pruned`` (per account: its charges are revenue, its usage costs usage
-records' costs) and ``pruned_key_spend`` (per capped key and period: charges its spend
-counter still counts).
+records' costs), ``pruned_key_spend`` and ``pruned_account_spend`` (per capped key or
+account and period: charges its spend counter still counts).
 """
 
 from __future__ import annotations
@@ -175,6 +176,14 @@ KEY_CAPS = (
     "AND p.spend_period = k.spend_period), 0) "
     "FROM api_keys k WHERE k.spend_cap_micros IS NOT NULL"
 )
+ACCOUNT_CAPS = (
+    "SELECT a.id, a.spend_micros, COALESCE((SELECT SUM(CASE WHEN h.state IN ('open', 'reconciling') "
+    "THEN h.amount_micros WHEN h.state = 'settled' THEN h.charged_micros ELSE 0 END) FROM holds h "
+    "WHERE h.account_id = a.id AND h.account_period = a.spend_period), 0) "
+    "+ COALESCE((SELECT charged_micros FROM pruned_account_spend p WHERE p.account_id = a.id "
+    "AND p.spend_period = a.spend_period), 0) "
+    "FROM accounts a WHERE a.spend_cap_micros IS NOT NULL"
+)
 FINISHED_JOB_HOLDS = (
     "SELECT j.id, j.status, h.state, h.request_id, j.request_id FROM jobs j JOIN holds h ON h.id = j.hold_id "
     "WHERE (j.status NOT IN ('queued', 'running') AND h.state = 'open') OR h.request_id <> j.request_id"
@@ -218,6 +227,10 @@ def violations(cur: Any) -> tuple[list[str], list[str]]:
     for key, counter, counted in cur.fetchall():
         if int(counter) != int(counted):
             out.append(f"6: key {key} spend counter {counter} != its holds' {counted}")
+    cur.execute(ACCOUNT_CAPS)
+    for account, counter, counted in cur.fetchall():
+        if int(counter) != int(counted):
+            out.append(f"6: account {account} spend counter {counter} != its holds' {counted}")
     cur.execute(FINISHED_JOB_HOLDS)
     for job, status, state, hold_request, job_request in cur.fetchall():
         if hold_request != job_request:

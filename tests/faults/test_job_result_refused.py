@@ -139,7 +139,9 @@ def test_a_refused_job_result_gives_its_charge_back_with_the_failure(served: Ser
 
 
 def test_a_capped_keys_spend_is_given_back_too(served: Served) -> None:
-    r = served.admin("POST", "/admin/accounts", json={"id": "capped", "credit_usd": CREDIT_USD})
+    """And its account's: the account is capped by the day as well."""
+    r = served.admin("POST", "/admin/accounts", json={"id": "capped", "credit_usd": CREDIT_USD,
+                                                      "spend_cap_usd": 1.0, "spend_cap_period": "day"})  # fmt: skip
     assert r.status_code == 201, r.text
     r = served.admin(
         "POST", "/admin/keys", json={"account": "capped", "spend_cap_usd": 1.0, "spend_cap_period": "total"}
@@ -156,3 +158,5 @@ def test_a_capped_keys_spend_is_given_back_too(served: Served) -> None:
         if k["id"] == key_id
     ]
     assert view["spend_micros"] == 0, view
+    account = served.admin("GET", "/admin/accounts/capped").json()
+    assert (account["spend_cap_period"], account["spend_micros"]) == ("day", 0), account

@@ -1,6 +1,6 @@
 """The ledger check the fault suite runs after every test (:func:`tests.faults.ledger.check_ledger`)
 finds each of its ten invariants broken: a served gateway's real books (a charged
-chat completion, a capped key's spend, a finished job), copied, then damaged one way at
+chat completion, a capped key's spend and a capped account's, a finished job), copied, then damaged one way at
 a time in the copy. The untouched copy passes.
 
 And the suite runs it on every database a fault test uses, however the test made it:
@@ -53,6 +53,7 @@ DAMAGE = {
     "'settled', owner, note, created_at, updated_at FROM holds WHERE state = 'settled' AND charged_micros > 0 "
     "LIMIT 1",
     "6: key": "UPDATE api_keys SET spend_micros = spend_micros + 1 WHERE spend_cap_micros IS NOT NULL",
+    "6: account": "UPDATE accounts SET spend_micros = spend_micros + 1 WHERE spend_cap_micros IS NOT NULL",
     "7: job": "UPDATE holds SET state = 'open', charged_micros = 0 WHERE id = (SELECT hold_id FROM jobs LIMIT 1)",
     "10: account": "UPDATE accounts SET pending_micros = pending_micros + 1 WHERE id = (SELECT MIN(id) FROM accounts)",
     "8: usage record": "UPDATE usage SET record = replace(record, '\"cost_micros\":', '\"cost_micros\":1') "
@@ -79,6 +80,10 @@ def books(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def _fill(gw: Gateway) -> None:
     gw.new_account("bystander", 1.0)  # a second account, for the damage that moves a credit
+    capped = gw.admin(
+        "PATCH", f"/admin/accounts/{gw.account}", json={"spend_cap_usd": 50, "spend_cap_period": "month"}
+    )
+    assert capped.status_code == 200, capped.text
     key = gw.new_key(gw.account, spend_cap_usd=5)
     body = {"model": "chat", "messages": [{"role": "user", "content": "rivers"}], "max_tokens": 8}
     auth = {"authorization": f"Bearer {key}"}
@@ -110,9 +115,10 @@ def test_real_books_pass(books: Path, tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "bourse.db") as db:
         kinds = db.execute(
             "SELECT (SELECT COUNT(*) FROM usage WHERE cost_micros > 0), (SELECT COUNT(*) FROM jobs), "
-            "(SELECT COUNT(*) FROM api_keys WHERE spend_cap_micros IS NOT NULL AND spend_micros > 0)"
+            "(SELECT COUNT(*) FROM api_keys WHERE spend_cap_micros IS NOT NULL AND spend_micros > 0), "
+            "(SELECT COUNT(*) FROM accounts WHERE spend_cap_micros IS NOT NULL AND spend_micros > 0)"
         ).fetchone()
-    assert kinds[0] >= 2 and kinds[1] == 1 and kinds[2] == 1, kinds
+    assert kinds[0] >= 2 and kinds[1] == 1 and kinds[2] == 1 and kinds[3] == 1, kinds
     check_ledger(tmp_path, None, settle_s=0)
 
 

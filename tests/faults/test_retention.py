@@ -90,6 +90,11 @@ def test_old_records_are_pruned_recent_kept_and_the_books_balance(served: Served
     r = served.admin("POST", "/admin/keys", json={"account": "ret-0", "spend_cap_usd": 4.0})
     assert r.status_code == 201, r.text
     keys.append(r.json()["key"])
+    # and a capped account: its counter too, counted on every one of its keys' holds
+    r = served.admin(
+        "PATCH", "/admin/accounts/ret-1", json={"spend_cap_usd": 4.0, "spend_cap_period": "month"}
+    )
+    assert r.status_code == 200, r.text
     old = _requests(served, keys)
     served.at_rest(30)
     before = _holds_by_request(served)
@@ -122,7 +127,9 @@ def test_old_records_are_pruned_recent_kept_and_the_books_balance(served: Served
 
     books = served.books()
     books.assert_balanced()
-    check_ledger(served.data_dir, served.dsn)  # the ten invariants, the capped key's counter included
+    check_ledger(
+        served.data_dir, served.dsn
+    )  # the ten invariants, the capped key's and account's counters too
     served.assert_served_books(books, "ret", 2)
     pruned = _pruned(served)
     assert pruned["holds"] == 3 * len(keys) and pruned["charged"] > 0, pruned

@@ -48,6 +48,7 @@ from hypothesis import strategies as st
 
 from bourse.container import build
 from bourse.http import dashboard
+from bourse.http.dashboard.roles import ACTIONS
 from bourse.settings import Environment, parse_config
 from tests.faults.ledger import read_books
 from tests.support.gateway import ADMIN_KEY, Gateway, running_gateway
@@ -74,7 +75,9 @@ EXAMPLES = 10
 GENERATION = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 EVENT_STREAMS = ("/dashboard/api/markets/{product}/events", "/dashboard/api/requests/events")
 """Dashboard routes that stream until the client leaves: their head is read, not their body."""
-DASHBOARD_BODIES = {("POST", "/dashboard/api/session"), ("POST", "/dashboard/api/holds/{hold_id}/settle")}
+DASHBOARD_BODIES = {("POST", "/dashboard/api/session"), ("POST", "/dashboard/api/holds/{hold_id}/settle")} | {
+    (a.method, a.path) for a in ACTIONS if a.method != "GET" and not a.name.startswith("hold.")
+}
 """The dashboard routes that read a JSON body (the document's routes say so themselves)."""
 DOCUMENTED_503 = {"no_capacity", "draining"}
 FIELDS: dict[str, list[str]] = {

@@ -12,7 +12,8 @@ import pytest
 
 from bourse.coordination.book_local import LocalBook
 from bourse.domain.book import Admission, Deployment, ProductBook
-from bourse.live_terms import Change, compare, in_force
+from bourse.live_terms import Change, sections_changed
+from bourse.market_desk import Plan, parse_products, plan, products_doc
 from bourse.settings import parse_config
 
 
@@ -23,53 +24,61 @@ def _config(floor: float = 1.0, slots: int | None = 2, **product: Any) -> Any:
     return parse_config({"products": {"p": {**product, "deployments": [dep]}}}, "test", env={})
 
 
+def _plan(old: Any, new: Any) -> Plan:
+    return plan(dict(old.products), dict(new.products))
+
+
 def test_floors_slots_and_default_bids_are_live_terms() -> None:
-    found = compare(_config(), _config(floor=2.5, slots=1, default_bid=3.0))
-    assert set(found.changes) == {
+    found = _plan(_config(), _config(floor=2.5, slots=1, default_bid=3.0))
+    assert set(found.changed["p"].terms) == {
         Change("p", "a", "floor", 1.0, 2.5),
         Change("p", "a", "slots", 2, 1),
         Change("p", None, "default_bid", None, 3.0),
     }
-    assert found.restart == ()
+    assert not found.added and not found.removed and not found.changed["p"].rebuilt
     assert Change("p", "a", "slots", 2, None).line() == "p/a slots: 2 -> unset"
     assert Change("p", "a", "floor", 1.0, 2.5).line() == "p/a floor: 1 -> 2.5"
 
 
-def test_everything_else_is_named_as_needing_a_restart() -> None:
+def test_products_deployments_and_engines_are_planned_each_as_what_changes_them() -> None:
     live = _config()
     edited = parse_config(
         {
             "server": {"book_timeout_s": 12},
             "products": {
-                "p": {"policy": "hips", "deployments": [{"engine": "sim", "name": "a", "tokens_per_s": 9}]},
+                "p": {"policy": "hips", "deployments": [{"engine": "sim", "name": "a", "tokens_per_s": 9},
+                                                        {"engine": "sim", "name": "b"}]},
                 "q": {"deployments": [{"engine": "sim"}]},
             },
         },
         "test",
         env={},
-    )
-    found = compare(live, edited)
-    assert set(found.restart) == {
-        "[server] changed",
+    )  # fmt: skip
+    found = _plan(live, edited)
+    assert set(found.lines(dict(edited.products))) == {
         "product q added",
         "product p: policy changed",
+        "deployment p/b added",
         "deployment p/a: tokens_per_s changed",
-    }, found.restart
-    assert set(found.changes) == {Change("p", "a", "floor", 1.0, 0.0), Change("p", "a", "slots", 2, None)}
+    }, found.lines(dict(edited.products))
+    assert sections_changed(live, edited) == ["[server] changed"]
+    back = _plan(edited, live)
+    assert back.removed == ["q"] and back.changed["p"].removed == ["b"]
 
 
-def test_the_config_in_force_takes_the_live_terms_only() -> None:
-    live = _config()
-    edited = parse_config(
-        {"products": {"p": {"default_bid": 4.0, "deployments": [{"engine": "sim", "name": "a", "floor": 3.0,
-                                                                   "tokens_per_s": 9}]}}},
+def test_a_product_table_round_trips_through_the_database_form() -> None:
+    cfg = parse_config(
+        {"products": {"p": {"policy": "hips", "quiet_interval_s": 3.0, "default_bid": 2.0,
+                            "deployments": [{"engine": "sim", "name": "a", "floor": 1.5, "n_ctx": 512}]}}},
         "test",
         env={},
     )  # fmt: skip
-    now = in_force(live, edited)
-    assert now.products["p"].default_bid == 4.0 and now.products["p"].deployments[0].floor == 3.0
-    again = compare(now, edited)
-    assert again.changes == () and again.restart == ("deployment p/a: tokens_per_s changed",)
+    doc = products_doc(cfg.products)
+    assert doc == {"p": {"policy": "hips", "quiet_interval_s": 3.0, "default_bid": 2.0,
+                         "deployments": [{"engine": "sim", "name": "a", "floor": 1.5, "n_ctx": 512}]}}  # fmt: skip
+    again = parse_products(doc, "test")
+    assert again == dict(cfg.products) and not _plan(cfg, cfg).changed
+    assert again["p"].deployments[0].model_fields_set == cfg.products["p"].deployments[0].model_fields_set
 
 
 def _book(slots: int, floor: float = 1.0) -> tuple[LocalBook, Deployment]:
@@ -132,3 +141,43 @@ async def test_a_new_floor_prices_the_orders_admitted_after_it_and_not_those_bef
 def test_slots_cannot_go_under_one() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Deployment("a", 0.0, 2).resize(0)
+
+
+@pytest.mark.anyio
+async def test_a_retired_deployment_takes_no_order_and_its_running_ones_finish() -> None:
+    book, _ = _book(2)
+    b = Deployment("b", 3.0, 1)
+    book.add_deployment(b)
+    futs = await _orders(book, [5.0, 5.0, 5.0, 5.0])
+    running = [f.result() for f in futs[:3]]
+    assert sorted(r.deployment for r in running) == ["a", "a", "b"] and not futs[3].done()
+    book.retire_deployment("a")
+    book.book.check()
+    assert book.book.busy_slots() == 3 and book.held_on("a") == 2
+    for adm in running:
+        if adm.deployment == "a":
+            book.release(adm)
+            book.book.check()
+            assert not futs[3].done(), "an order went to a retired deployment"
+    assert book.held_on("a") == 0 and [d.name for d in book.book.deployments] == ["b"]
+    book.release(next(r for r in running if r.deployment == "b"))
+    assert futs[3].done() and futs[3].result().deployment == "b"
+    with pytest.raises(ValueError, match="at least one"):
+        book.retire_deployment("b")
+
+
+@pytest.mark.anyio
+async def test_a_deployment_built_again_takes_over_the_slots_of_the_one_it_replaces() -> None:
+    book, _ = _book(2)
+    futs = await _orders(book, [5.0, 5.0, 5.0])
+    running = [f.result() for f in futs[:2]]
+    book.retire_deployment("a", replacing=True)
+    again = Deployment("a", 1.0, 1)
+    book.add_deployment(again)
+    book.book.check()
+    assert (again.busy, again.excess) == (2, 1)  # over its one slot while they run
+    book.release(running[0])
+    assert not futs[2].done()
+    book.release(running[1])
+    assert futs[2].done() and again.busy == 1
+    book.book.check()

@@ -93,6 +93,21 @@ class LocalBook:
     def report_failure(self, deployment: str, order: Order | None = None) -> None:
         self.book.report_failure(deployment, self.now(), order)
 
+    def add_deployment(self, deployment: Deployment) -> None:
+        self.book.add_deployment(deployment)
+        self.min_floor = self.book.min_floor
+        self._dispatch()
+
+    def retire_deployment(self, deployment: str, *, replacing: bool = False) -> None:
+        self.book.retire_deployment(deployment, replacing=replacing)
+        self.min_floor = self.book.min_floor
+
+    def waiting_here(self) -> int:
+        return self.book.waiting
+
+    def held_on(self, deployment: str) -> int:
+        return self.book.busy_on(deployment)
+
     def deployment_changed(self, deployment: str) -> None:
         self.book.retuned()  # its floor may have changed
         self.min_floor = self.book.min_floor

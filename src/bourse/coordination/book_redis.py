@@ -350,10 +350,40 @@ class RedisBook:
         if was_open:
             self.hub.spawn(self._call("COOL", deployment, 0))
 
+    def add_deployment(self, deployment: Deployment) -> None:
+        if deployment.name in {d.name for d in self.deployments}:
+            raise ValueError(f"product {self.product!r} has a deployment {deployment.name!r} already")
+        self.deployments.append(deployment)
+        self._by_name[deployment.name] = deployment
+        self._breakers[deployment.name] = deployment.breaker
+        self.deployment_changed(deployment.name)
+
+    def retire_deployment(self, deployment: str, *, replacing: bool = False) -> None:
+        """Out of the scripts' deployments: no order goes there; the slots held there
+        (in the shared ``busy`` hash, by name) come back as their orders finish."""
+        d = self._by_name[deployment]
+        if len(self.deployments) == 1 and not replacing:
+            raise ValueError(f"product {self.product!r} keeps at least one deployment")
+        self.deployments.remove(d)
+        if replacing:
+            return  # added again at once
+        self._head = self._make_head()
+        self.min_floor = min(x.floor for x in self.deployments)
+        self.hub.spawn(self._call("STANDING", ""))
+
+    def waiting_here(self) -> int:
+        return len(self._waiting)
+
+    def held_on(self, deployment: str) -> int:
+        return sum(1 for a in self._held.values() if a.deployment == deployment)
+
     def deployment_changed(self, deployment: str) -> None:
         self._head = self._make_head()  # its slots or floor may have changed
         self.min_floor = min(d.floor for d in self.deployments)
-        d = self._by_name[deployment]
+        d = self._by_name.get(deployment)
+        if d is None or d not in self.deployments:  # probed before it is added, or retired
+            self.hub.spawn(self._call("STANDING", ""))
+            return
         if not d.availability.ok:
             self._held_out.add(deployment)
             cool_for = max(1, int(d.availability.hold_s * 1000))  # on Redis's clock

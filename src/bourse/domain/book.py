@@ -151,6 +151,9 @@ class ProductBook:
         if not self.deployments:
             raise ValueError(f"product {product!r} has no deployment")
         self._by_name = {d.name: d for d in self.deployments}
+        self._retired: dict[str, Deployment] = {}
+        """Deployments taken out of the book whose running orders have not all finished:
+        no order goes to them; each is forgotten when its last slot comes back."""
         self.max_waiting = max_waiting
         self._orders: SortedKeyList[Order, tuple[float, int]] = SortedKeyList(key=Order.rank)
         self._seq = 0
@@ -159,6 +162,37 @@ class ProductBook:
     def retuned(self) -> None:
         """A deployment's floor or slots changed: the lowest floor read again."""
         self.min_floor = min(d.floor for d in self.deployments)
+
+    def add_deployment(self, d: Deployment) -> None:
+        """A deployment from now on. Its name may be one retired with orders still
+        running there: it takes their slots over (they count against its ``slots``)."""
+        if any(x.name == d.name for x in self.deployments):
+            raise ValueError(f"product {self.product!r} has a deployment {d.name!r} already")
+        old = self._retired.pop(d.name, None)
+        if old is not None:
+            d.busy = old.busy
+            d.excess = max(0, d.busy - d.slots)
+        self.deployments.append(d)
+        self._by_name[d.name] = d
+        self.retuned()
+
+    def retire_deployment(self, name: str, *, replacing: bool = False) -> Deployment:
+        """Take ``name`` out: no order goes to it from now on; the ones running there
+        finish (their slots come back through :meth:`release`). Not the last one, unless
+        ``replacing``: a deployment of that name is added at once."""
+        d = self._by_name[name]
+        if d not in self.deployments:
+            raise KeyError(name)
+        if len(self.deployments) == 1 and not replacing:
+            raise ValueError(f"product {self.product!r} keeps at least one deployment")
+        self.deployments.remove(d)
+        if d.busy:
+            self._retired[name] = d
+        else:
+            del self._by_name[name]
+        if self.deployments:
+            self.retuned()
+        return d
 
     # -- orders ---------------------------------------------------------------
 
@@ -214,6 +248,8 @@ class ProductBook:
         if d.excess:
             d.excess -= 1
         d.breaker.trial_running = False
+        if self._retired and d.busy == 0 and self._retired.get(name) is d:
+            del self._retired[name], self._by_name[name]
 
     def report_failure(self, name: str, now: float, order: Order | None = None) -> None:
         """A failure on ``name``; of ``order``: counted as :func:`counts_against` says. An
@@ -277,8 +313,14 @@ class ProductBook:
             return max(self._orders[0].bid, self.min_floor)
         return self.min_floor
 
+    def busy_on(self, name: str) -> int:
+        """Slots in use on ``name`` (0 for a name this book does not know)."""
+        d = self._by_name.get(name)
+        return 0 if d is None else d.busy
+
     def busy_slots(self) -> int:
-        return sum(d.busy for d in self.deployments)
+        """Slots in use, on retired deployments too."""
+        return sum(d.busy for d in self._by_name.values())
 
     def total_slots(self) -> int:
         return sum(d.slots for d in self.deployments)
@@ -288,5 +330,7 @@ class ProductBook:
         for d in self.deployments:
             assert 0 <= d.busy <= d.slots + d.excess, (d.name, d.busy, d.slots, d.excess)
             assert d.excess == 0 or d.busy > d.slots, (d.name, d.busy, d.slots, d.excess)
+        for name, d in self._retired.items():  # no order goes there; the running ones finish
+            assert d.busy > 0 and self._by_name[name] is d and d not in self.deployments, name
         ranks = [o.rank() for o in self._orders]
         assert ranks == sorted(ranks)

@@ -11,7 +11,11 @@ from bourse.domain.money import micros_to_usd
 from bourse.http import usage_csv
 from bourse.http.deps import Services, page_limit, unix_time
 from bourse.http.responses import JSON
+from bourse.services.budgets import account_view
 from bourse.wire.requests import check_id, optional_id
+
+_CAP_FIELDS = ("spend_cap_micros", "spend_cap_period", "spend_micros", "spend_cap_resets_at")
+"""The account's spend cap, as the admin API shows it (what its period has taken, when it ends)."""
 
 
 def routes(services: Services) -> list[Route]:
@@ -25,6 +29,7 @@ def routes(services: Services) -> list[Route]:
         if acc is None:
             raise GatewayError(404, "not_found", "This key's account no longer exists.")
         holds = await admin.store.holds("reconciling", p.account_id, 100)
+        budget = account_view(acc, auth.clock())
         return JSON(
             {
                 "object": "bourse.account",
@@ -35,6 +40,7 @@ def routes(services: Services) -> list[Route]:
                 "reconciling_micros": acc.reconciling_micros,
                 "spent_micros": acc.spent_micros,
                 "credited_micros": acc.credited_micros,
+                **{k: budget[k] for k in _CAP_FIELDS},
                 "reconciling_holds": [
                     {"id": h.id, "request_id": h.request_id, "amount_micros": h.amount_micros, "note": h.note}
                     for h in holds

@@ -1,7 +1,7 @@
 """The admin API (the admin key or an operator key, each route with its least role:
-:mod:`bourse.http.admin_roles`): accounts, credit, keys (created, edited, revoked,
-rotated), webhook secrets, holds, operators, the admin key (rotated with a grace
-period), the audit log.
+:mod:`bourse.http.admin_roles`): accounts (their spend cap too), credit, keys (created,
+edited, revoked, rotated), webhook secrets, holds, operators, the admin key (rotated
+with a grace period), the audit log.
 
 Every action is audited under the actor ``operator:<name>``, or for the admin key
 ``admin`` (``admin:<name>`` when the caller names itself in the ``x-bourse-actor``
@@ -41,6 +41,19 @@ class _In(BaseModel):
 class NewAccount(_In):
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@:-]+$")
     credit_usd: float = Field(default=0.0, ge=0, le=1e9, allow_inf_nan=False)
+    spend_cap_usd: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    """At most this much held or charged by all the account's keys per ``spend_cap_period`` (402 beyond)."""
+    spend_cap_period: CapPeriod = "total"
+
+
+class AccountEdit(_In):
+    """The fields to change: the spend cap (``null`` removes it) and its period (not null)."""
+
+    spend_cap_usd: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    spend_cap_period: CapPeriod | None = None
+
+    def changes(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.model_fields_set}
 
 
 class Credit(_In):
@@ -143,7 +156,8 @@ def _query_id(request: Request, name: str) -> str | None:
     return optional_id(request.query_params.get(name), name)
 
 
-def _expiry(body: NewKey, now: float) -> float | None:
+def key_expiry(body: NewKey, now: float) -> float | None:
+    """A new key's expiry: ``expires_at``, or ``expires_in_s`` from ``now`` (one of the two)."""
     if body.expires_at is not None and body.expires_in_s is not None:
         raise invalid_request("expires_at, expires_in_s: give one of the two", param="expires_in_s")
     if body.expires_in_s is not None:
@@ -166,7 +180,20 @@ class _AdminRoutes:
     async def create_account(self, request: Request) -> Response:
         actor = await self.guard(request)
         body = await json_model(request, NewAccount, self.max_depth)
-        return JSON(await self.admin.create_account(body.id, body.credit_usd, actor), status_code=201)
+        out = await self.admin.create_account(
+            body.id,
+            body.credit_usd,
+            actor,
+            spend_cap_usd=body.spend_cap_usd,
+            spend_cap_period=body.spend_cap_period,
+        )
+        return JSON(out, status_code=201)
+
+    async def update_account(self, request: Request) -> Response:
+        actor = await self.guard(request)
+        account = check_id(request.path_params["account_id"], "account_id")
+        body = await json_model(request, AccountEdit, self.max_depth)
+        return JSON(await self.admin.update_account(account, body.changes(), actor))
 
     async def list_accounts(self, request: Request) -> Response:
         await self.guard(request)
@@ -219,7 +246,7 @@ class _AdminRoutes:
         body = await json_model(request, NewKey, self.max_depth)
         out = await self.admin.create_key(
             body.account, body.products, body.rpm, body.tpm, body.max_streams,
-            name=body.name, expires_at=_expiry(body, self.admin.now()), spend_cap_usd=body.spend_cap_usd,
+            name=body.name, expires_at=key_expiry(body, self.admin.now()), spend_cap_usd=body.spend_cap_usd,
             spend_cap_period=body.spend_cap_period, actor=actor,
         )  # fmt: skip
         return JSON(out, status_code=201)
@@ -324,6 +351,7 @@ def routes(services: Services) -> list[Route]:
         Route("/admin/accounts", a.create_account, methods=["POST"]),
         Route("/admin/accounts", a.list_accounts, methods=["GET"]),
         Route("/admin/accounts/{account_id}", a.get_account, methods=["GET"]),
+        Route("/admin/accounts/{account_id}", a.update_account, methods=["PATCH"]),
         Route("/admin/accounts/{account_id}/credit", a.credit, methods=["POST"]),
         Route("/admin/accounts/{account_id}/debit", a.debit, methods=["POST"]),
         Route("/admin/accounts/{account_id}/refund", a.refund, methods=["POST"]),

@@ -1,13 +1,13 @@
 """Which operator role may call which admin route: :data:`LEAST_ROLE`, the one table
-(method and route -> the least role), and the guard every admin route runs first; and
-which role each dashboard action needs (:data:`DASHBOARD_ACTIONS`: the admin route it
-does the work of, so the same least role).
+(method and route -> the least role), and the guard every admin route runs first.
+The dashboard's actions take their roles from this table too
+(:mod:`bourse.http.dashboard.roles`).
 
 Roles rank ``viewer`` < ``billing`` < ``admin`` < ``owner``. Every read is
 ``viewer``; money (credit, debit, refund, settling or releasing a hold) is
 ``billing``; accounts, keys and webhook secrets are ``admin``; operators and the
-admin key are ``owner``. The admin key is an owner. A route missing from the table cannot be
-built (:func:`needing` raises), so no admin route goes unguarded.
+admin key are ``owner``. The admin key is an owner. A route missing from the table
+cannot be built (:func:`needing` raises), so no admin route goes unguarded.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ LEAST_ROLE: dict[tuple[str, str], Role] = {
     ("POST", "/admin/holds/{hold_id}/settle"): "billing",
     ("POST", "/admin/holds/{hold_id}/release"): "billing",
     ("POST", "/admin/accounts"): "admin",
+    ("PATCH", "/admin/accounts/{account_id}"): "admin",
     ("POST", "/admin/accounts/{account_id}/suspend"): "admin",
     ("POST", "/admin/accounts/{account_id}/resume"): "admin",
     ("POST", "/admin/accounts/{account_id}/close"): "admin",
@@ -45,35 +46,15 @@ LEAST_ROLE: dict[tuple[str, str], Role] = {
     ("PATCH", "/admin/keys/{key_id}"): "admin",
     ("POST", "/admin/keys/{key_id}/revoke"): "admin",
     ("POST", "/admin/keys/{key_id}/rotate"): "admin",
+    ("GET", "/admin/market"): "viewer",
+    ("POST", "/admin/market"): "admin",
+    ("PUT", "/admin/products/{product}"): "admin",
+    ("PATCH", "/admin/products/{product}"): "admin",
+    ("DELETE", "/admin/products/{product}"): "admin",
     ("POST", "/admin/operators"): "owner",
     ("POST", "/admin/operators/{operator_id}/revoke"): "owner",
     ("POST", "/admin/admin_key/rotate"): "owner",
 }
-
-DASHBOARD_ACTIONS: dict[tuple[str, str], tuple[str, str] | Role] = {
-    ("POST", "/dashboard/api/holds/{hold_id}/settle"): ("POST", "/admin/holds/{hold_id}/settle"),
-    ("POST", "/dashboard/api/holds/{hold_id}/release"): ("POST", "/admin/holds/{hold_id}/release"),
-    ("POST", "/dashboard/api/jobs/{job_id}/cancel"): "admin",
-    ("POST", "/dashboard/api/session/end"): "viewer",
-}
-"""Each dashboard action (method and route) -> the admin route whose least role it needs
-in :data:`LEAST_ROLE` (the same rule as the admin API), or a role for an action with
-no admin route. A dashboard action missing here cannot be built
-(:func:`dashboard_rule` raises)."""
-
-DASHBOARD_USER_ACTIONS = frozenset(
-    {("POST", "/dashboard/api/jobs/{job_id}/cancel"), ("POST", "/dashboard/api/session/end")}
-)
-"""The dashboard actions a user session (an API key) may take too, on its own account;
-every other one is for the admin key and operators only (403 ``admin_only``)."""
-
-
-def dashboard_rule(method: str, path: str) -> tuple[Role, bool]:
-    """The least role of a dashboard action, and whether a user session may take it."""
-    need = DASHBOARD_ACTIONS[(method, path)]
-    role = LEAST_ROLE[need] if isinstance(need, tuple) else need
-    return role, (method, path) in DASHBOARD_USER_ACTIONS
-
 
 _NEED = "bourse.least_role"
 Endpoint = Callable[[Request], Awaitable[Response]]

@@ -25,6 +25,7 @@ from bourse.domain.errors import GatewayError, internal_error
 from bourse.http import (
     account,
     admin,
+    admin_market,
     completions,
     dashboard,
     jobs,
@@ -137,6 +138,7 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
         *account.routes(services),
         *jobs.routes(services),
         *admin.routes(services),
+        *admin_market.routes(services),
         *usage_csv.routes(services),
         *dashboard.routes(services),
         Route("/healthz", healthz, methods=["GET"]),

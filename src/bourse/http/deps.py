@@ -10,6 +10,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from bourse.domain.errors import invalid_request
 from bourse.http import edge
+from bourse.ports.market import MarketAdmin
 from bourse.ports.observer import Observer
 from bourse.ports.reports import ReportStore
 from bourse.ports.stores import IdempotencyStore, UsageStore
@@ -36,6 +37,8 @@ class Services(Protocol):
     def auth(self) -> Authenticator: ...
     @property
     def admin(self) -> AdminService: ...
+    @property
+    def desk(self) -> MarketAdmin: ...
     @property
     def jobs(self) -> JobService: ...
     @property

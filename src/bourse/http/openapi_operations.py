@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from bourse.domain.values import immutable
 from bourse.http.admin import (
     PAGE_MAX,
+    AccountEdit,
     AccountStatusChange,
     Adjustment,
     Credit,
@@ -26,6 +27,7 @@ from bourse.http.admin import (
     RotateKey,
     SettleHold,
 )
+from bourse.http.admin_market import MarketApply, ProductEdit, ProductPut
 from bourse.http.jobs import NewJob
 from bourse.wire.requests import ChatCompletionRequest, CompletionRequest
 from bourse.wire.responses import ResponsesRequest
@@ -35,7 +37,7 @@ Auth = Literal["key", "admin", "none"]
 ERROR_CODES: dict[int, str] = {
     400: "a bad body or parameter (`param` names it)",
     401: "no key or an unknown key",
-    402: "the balance cannot cover the hold",
+    402: "the balance, the key's spend cap or the account's cannot cover the hold",
     403: "the key may not use this product or route",
     404: "no such product, route or record",
     408: "the order waited its timeout in the book",
@@ -211,13 +213,23 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "admin",
         auth="admin",
         body=NewAccount,
-        example={"id": "acme", "credit_usd": 10.0},
+        example={"id": "acme", "credit_usd": 10.0, "spend_cap_usd": 50, "spend_cap_period": "month"},
         ok=201,
         answer="AdminAccount",
         errors=(409,),
     ),
     ("GET", "/admin/accounts/{account_id}"): Operation(
         "An account", "admin", auth="admin", answer="AdminAccount"
+    ),
+    ("PATCH", "/admin/accounts/{account_id}"): Operation(
+        "Set an account's spend cap (spend_cap_usd, null removes it) and its period (total, "
+        "or the UTC day, week or month); 402 account_budget_exceeded past it",
+        "admin",
+        auth="admin",
+        body=AccountEdit,
+        example={"spend_cap_usd": 100, "spend_cap_period": "month"},
+        answer="AdminAccount",
+        errors=(409,),
     ),
     ("POST", "/admin/accounts/{account_id}/credit"): Operation(
         "Add credit to an account",
@@ -366,6 +378,41 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("GET", "/admin/usage.csv"): Operation(
         "Every account's usage records in a time range, as CSV", "admin", auth="admin", answer=None
+    ),
+    ("GET", "/admin/market"): Operation(
+        "The market in force: its version and every product's table (as the config file writes it)",
+        "admin",
+        auth="admin",
+    ),
+    ("POST", "/admin/market"): Operation(
+        "Make these products the market in force on every replica (`dry_run`: only the changes)",
+        "admin",
+        auth="admin",
+        body=MarketApply,
+        example={
+            "products": {"sim-fast": {"deployments": [{"engine": "sim", "floor": 0.5}]}},
+            "dry_run": True,
+        },
+        errors=(409,),
+    ),
+    ("PUT", "/admin/products/{product}"): Operation(
+        "Add a product, or replace it whole, live",
+        "admin",
+        auth="admin",
+        body=ProductPut,
+        example={"product": {"deployments": [{"engine": "sim", "floor": 0.5, "slots": 8}]}, "dry_run": True},
+        errors=(409,),
+    ),
+    ("PATCH", "/admin/products/{product}"): Operation(
+        "Change a product's terms and its deployments' (a floor, slots, a default bid) live",
+        "admin",
+        auth="admin",
+        body=ProductEdit,
+        example={"set": {"default_bid": 1.5}, "deployments": {"sim-fast/0": {"floor": 0.5}}, "dry_run": True},
+        errors=(409,),
+    ),
+    ("DELETE", "/admin/products/{product}"): Operation(
+        "Take a product off the exchange (what runs there finishes)", "admin", auth="admin", errors=(409,)
     ),
     ("POST", "/admin/operators"): Operation(
         "Add an operator with a role (owner only); its key (`bo_…`) is shown once",

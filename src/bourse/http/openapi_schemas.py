@@ -30,6 +30,7 @@ def _const(value: str) -> dict[str, Any]:
 _INT = {"type": "integer"}
 _STRING = {"type": "string"}
 _NULLABLE_STRING = {"type": ["string", "null"]}
+_NULLABLE_INT = {"type": ["integer", "null"]}
 
 ANSWERS: dict[str, dict[str, Any]] = {
     "ErrorEnvelope": {
@@ -171,7 +172,12 @@ ANSWERS: dict[str, dict[str, Any]] = {
         deployments={"type": "array"},
     ),
     "Account": _obj(
-        ["object", "id", "balance_micros"], object=_const("bourse.account"), id=_STRING, balance_micros=_INT
+        ["object", "id", "balance_micros"],
+        object=_const("bourse.account"),
+        id=_STRING,
+        balance_micros=_INT,
+        spend_cap_micros=_NULLABLE_INT,
+        spend_micros=_INT,
     ),
     "Usage": _obj(
         ["id", "object", "model", "usage"],
@@ -186,6 +192,10 @@ ANSWERS: dict[str, dict[str, Any]] = {
         balance_micros=_INT,
         status={"enum": ["active", "suspended", "closed"]},
         status_reason=_NULLABLE_STRING,
+        spend_cap_micros=_NULLABLE_INT,
+        spend_cap_period={"enum": ["total", "day", "week", "month", None]},
+        spend_micros=_INT,
+        spend_cap_resets_at={"type": ["number", "null"]},
     ),
     "KeyCreated": _obj(["key", "id", "account_id"], key=_STRING, id=_STRING, account_id=_STRING),
     "WebhookSecret": _obj(

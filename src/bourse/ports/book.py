@@ -33,7 +33,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from bourse.domain.book import Admission, Order
+from bourse.domain.book import Admission, Deployment, Order
 from bourse.domain.values import immutable
 
 
@@ -124,6 +124,25 @@ class BookPort(Protocol):
         """A deployment's availability or slots changed (its probes): clear the book
         again, and in a shared book tell the other replicas (an unavailable deployment
         is held out for its ``availability.hold_s``, renewed by each call)."""
+        ...
+
+    def add_deployment(self, deployment: Deployment) -> None:
+        """A deployment from now on (a name new to the book, or one retired whose
+        running orders have not all finished: their slots count against it)."""
+        ...
+
+    def retire_deployment(self, deployment: str, *, replacing: bool = False) -> None:
+        """No order goes to ``deployment`` from now on; the ones running there finish.
+        ValueError for the last deployment, unless ``replacing`` (one of that name is
+        added at once)."""
+        ...
+
+    def waiting_here(self) -> int:
+        """Orders of this replica waiting in the book."""
+        ...
+
+    def held_on(self, deployment: str) -> int:
+        """Slots this replica holds on ``deployment`` now (its engine may close at 0)."""
         ...
 
     def level(self) -> float: ...

@@ -7,6 +7,7 @@ An API key may carry a spend cap: what its holds take (while open or reconciling
 and what they charge, per period (``total``, or the UTC ``day``, ``week`` or ``month``
 of :mod:`bourse.domain.periods`), is counted on the key in the same transaction as
 the hold, so concurrent requests can never take more than the cap; a closed hold gives back what it did not charge.
+An account may carry one too, counted the same way in the same transaction.
 
 Admin actions are written to an audit log in the same transaction as the change
 they record (the ``audit`` argument of the methods that take one).
@@ -33,6 +34,7 @@ from typing import Any, Literal, Protocol
 
 from bourse.domain.periods import CapPeriod
 from bourse.domain.values import immutable
+from bourse.ports.budgets import KeyBudgetExceeded as KeyBudgetExceeded  # where it was first
 
 HoldState = Literal["open", "settled", "released", "reconciling"]
 AccountStatus = Literal["active", "suspended", "closed"]
@@ -50,6 +52,10 @@ class Account:
     status: AccountStatus = "active"
     """``suspended``: its keys are refused new requests; ``closed``: for good."""
     status_reason: str | None = None  # the operator's note, never shown to its callers
+    spend_cap_micros: int | None = None
+    spend_cap_period: CapPeriod | None = None
+    spend_micros: int = 0  # what its holds took in spend_period (as a key's: ApiKey.spend_micros)
+    spend_period: int = 0
 
 
 @immutable
@@ -69,6 +75,8 @@ class Hold:
     spend_period: int | None = None
     """The period of its key's spend cap this hold counts against (``spend_period``
     of :func:`~bourse.domain.periods.cap_period`); None when the key has no cap."""
+    account_period: int | None = None
+    """The period of its account's spend cap it counts against; None: the account has none."""
 
 
 @immutable
@@ -95,6 +103,8 @@ class ApiKey:
     """Set when the key was found by a secret a rotation replaced: it works until then."""
     account_status: AccountStatus = "active"
     """Its account's status (read with the key by ``key_by_hash``; elsewhere ``active``)."""
+    account_cap_period: CapPeriod | None = None
+    """Its account's spend cap period (read with the key by ``key_by_hash`` and ``key``): None, no cap."""
 
 
 @immutable
@@ -148,16 +158,6 @@ class InsufficientFunds(Exception):
     def __init__(self, balance_micros: int) -> None:
         super().__init__(f"balance {balance_micros} micro-USD")
         self.balance_micros = balance_micros
-
-
-class KeyBudgetExceeded(Exception):
-    """The hold would take the key past its spend cap."""
-
-    def __init__(self, cap_micros: int, spent_micros: int, period: CapPeriod) -> None:
-        super().__init__(f"spend cap {cap_micros} micro-USD per {period}, {spent_micros} taken")
-        self.cap_micros = cap_micros
-        self.spent_micros = spent_micros
-        self.period: CapPeriod = period
 
 
 class UnknownAccount(Exception):
@@ -226,8 +226,9 @@ class StoreUnavailable(Exception):
 
 class LedgerStore(Protocol):
     async def create_account(
-        self, account_id: str, credit_micros: int, now: float, *, audit: AuditEntry | None = None
-    ) -> Account: ...
+        self, account_id: str, credit_micros: int, now: float, *, audit: AuditEntry | None = None,
+        spend_cap_micros: int | None = None, spend_cap_period: CapPeriod = "total",
+    ) -> Account: ...  # fmt: skip
     async def credit(
         self,
         account_id: str,
@@ -257,7 +258,8 @@ class LedgerStore(Protocol):
         """Move ``hold.amount_micros`` from the balance into an open hold, atomically;
         InsufficientFunds (with the balance) when it cannot be covered. With a
         ``spend_period``, the amount is also counted on the key's spend cap in the same
-        transaction: KeyBudgetExceeded when it would pass it."""
+        transaction: KeyBudgetExceeded when it would pass it; with an ``account_period``, on
+        the account's: AccountBudgetExceeded (both in :mod:`bourse.ports.budgets`)."""
         ...
 
     async def settle(

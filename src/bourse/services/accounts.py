@@ -1,7 +1,7 @@
 """Operator use cases behind the admin API: accounts (created, credited, suspended,
-resumed, closed), credit, keys (:mod:`bourse.services.keys`), operators
-(:mod:`bourse.services.operators`), the admin key (:mod:`bourse.services.admin_key`),
-holds, the audit log.
+resumed, closed, their spend cap: :mod:`bourse.services.budgets`), credit, keys
+(:mod:`bourse.services.keys`), operators (:mod:`bourse.services.operators`), the admin
+key (:mod:`bourse.services.admin_key`), holds, the audit log.
 
 Every action that changes something (an account created or credited, a key created,
 revoked or rotated, a hold settled or released) writes an audit entry naming its
@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import charge, micros_to_usd, price_units, usd_to_micros
+from bourse.domain.periods import CapPeriod
 from bourse.ports.admin_keys import AdminKeyStore
 from bourse.ports.operators import OperatorStore
 from bourse.ports.stores import (
@@ -49,6 +50,7 @@ from bourse.ports.stores import (
 from bourse.services.adjustments import Adjustments, AdjustmentStore
 from bourse.services.admin_key import AdminKeyAdmin
 from bourse.services.auth import Authenticator, hash_key, new_secret
+from bourse.services.budgets import AccountCaps, AccountCapStore, account_view, cap_micros
 from bourse.services.keys import SYSTEM, KeyAdmin, account_closed
 from bourse.services.operators import OperatorAdmin
 
@@ -65,6 +67,7 @@ class AdminStore(
     WebhookSecretStore,
     AdjustmentStore,
     OperatorStore,
+    AccountCapStore,
     AdminKeyStore,
     Protocol,
 ):
@@ -86,7 +89,7 @@ def audit_view(entry: AuditEntry) -> dict[str, Any]:
     return {**asdict(entry), "detail": dict(entry.detail)}
 
 
-class AdminService(KeyAdmin, Adjustments, OperatorAdmin, AdminKeyAdmin):
+class AdminService(KeyAdmin, AccountCaps, Adjustments, OperatorAdmin, AdminKeyAdmin):
     store: AdminStore
 
     def __init__(
@@ -103,25 +106,41 @@ class AdminService(KeyAdmin, Adjustments, OperatorAdmin, AdminKeyAdmin):
         self.admin_key_file = admin_key_file
         """The data folder's ``admin_key`` when the configured admin key came from it
         (a rotation writes the new key there)."""
-        self.products = frozenset(products)
-        """The configured products: a key may be limited to these only."""
+        self.products = products
+        """The products on the exchange now (a live view): a key may be limited to these only."""
         self.audit = audit
 
-    async def create_account(self, account_id: str, credit_usd: float, actor: str = SYSTEM) -> dict[str, Any]:
+    async def create_account(
+        self,
+        account_id: str,
+        credit_usd: float,
+        actor: str = SYSTEM,
+        *,
+        spend_cap_usd: float | None = None,
+        spend_cap_period: CapPeriod = "total",
+    ) -> dict[str, Any]:
+        """A new account with its opening credit and, if given, a spend cap of
+        ``spend_cap_usd`` per ``spend_cap_period`` (:mod:`bourse.services.budgets`)."""
         if not account_id or len(account_id) > 128:
             raise invalid_request("id: expected 1 to 128 characters", param="id")
         if credit_usd < 0:
             raise invalid_request("credit_usd: must not be negative", param="credit_usd")
         micros = usd_to_micros(credit_usd)
+        cap = cap_micros(spend_cap_usd)
         now = self.now()
-        entry = audit_entry(actor, "account.create", account_id, {"credit_micros": micros}, now)
+        detail: dict[str, Any] = {"credit_micros": micros}
+        if cap is not None:
+            detail |= {"spend_cap_micros": cap, "spend_cap_period": spend_cap_period}
+        entry = audit_entry(actor, "account.create", account_id, detail, now)
         try:
-            acc = await self.store.create_account(account_id, micros, now, audit=entry)
+            acc = await self.store.create_account(
+                account_id, micros, now, audit=entry, spend_cap_micros=cap, spend_cap_period=spend_cap_period
+            )
         except AccountExists:
             raise GatewayError(409, "account_exists", f"The account '{account_id}' exists already.") from None
         except SealingKeyMissing as exc:
             raise _sealing_key_missing(exc) from None
-        return asdict(acc)
+        return account_view(acc, now)
 
     async def new_webhook_secret(self, account_id: str, actor: str = SYSTEM) -> dict[str, Any]:
         """A new webhook secret for the account (shown once here; it signs every delivery
@@ -166,7 +185,7 @@ class AdminService(KeyAdmin, Adjustments, OperatorAdmin, AdminKeyAdmin):
             acc = await self.store.credit(account_id, micros, now, "admin credit", audit=entry)
         except UnknownAccount:
             raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
-        return asdict(acc)
+        return account_view(acc, now)
 
     async def suspend_account(
         self, account_id: str, reason: str | None, actor: str = SYSTEM
@@ -203,7 +222,7 @@ class AdminService(KeyAdmin, Adjustments, OperatorAdmin, AdminKeyAdmin):
             revoked,
             acc.balance_micros,
         )
-        return {**asdict(acc), "revoked_keys": revoked}
+        return {**account_view(acc, now), "revoked_keys": revoked}
 
     async def _set_status(
         self, account_id: str, status: AccountStatus, reason: str | None, actor: str
@@ -219,16 +238,17 @@ class AdminService(KeyAdmin, Adjustments, OperatorAdmin, AdminKeyAdmin):
         except AccountClosed:
             raise account_closed(account_id) from None
         self.auth.forget_account(account_id)
-        return asdict(acc)
+        return account_view(acc, now)
 
     async def accounts(self, limit: int, after: str | None) -> list[dict[str, Any]]:
-        return [asdict(a) for a in await self.store.accounts_page(limit=limit, after=after)]
+        now = self.now()
+        return [account_view(a, now) for a in await self.store.accounts_page(limit=limit, after=after)]
 
     async def account(self, account_id: str) -> dict[str, Any]:
         acc = await self.store.account(account_id)
         if acc is None:
             raise GatewayError(404, "not_found", f"No account '{account_id}'.")
-        return asdict(acc)
+        return account_view(acc, self.now())
 
     async def audit_log(
         self, action: str | None, target: str | None, limit: int, after: str | None

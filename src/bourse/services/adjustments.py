@@ -13,7 +13,6 @@ with its reason, each a ledger entry and an audit entry written in one transacti
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 from typing import Any, Protocol
 
 from bourse.domain.errors import GatewayError, invalid_request
@@ -27,6 +26,7 @@ from bourse.ports.stores import (
     UsageRecord,
     audit_entry,
 )
+from bourse.services.budgets import account_view
 
 MAX_REASON = 500
 """The longest reason an adjustment keeps (characters)."""
@@ -82,7 +82,7 @@ class Adjustments:
             ) from None  # fmt: skip
         acc = await store.account(account_id)
         assert acc is not None
-        return {**asdict(acc), "debit": {"request_id": request_id, "amount_micros": micros}}
+        return {**account_view(acc, now), "debit": {"request_id": request_id, "amount_micros": micros}}
 
     async def refund(self, account_id: str, amount_usd: float, reason: str, actor: str) -> dict[str, Any]:
         """Give ``amount_usd`` back to the account, for ``reason``: a credit, audited as a refund."""
@@ -96,7 +96,7 @@ class Adjustments:
             acc = await store.credit(account_id, micros, now, f"refund: {reason}", audit=entry)
         except UnknownAccount:
             raise GatewayError(404, "not_found", f"No account '{account_id}'.") from None
-        return asdict(acc)
+        return account_view(acc, now)
 
 
 def _checked(amount_usd: float, reason: str) -> tuple[int, str]:

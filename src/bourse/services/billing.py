@@ -7,7 +7,8 @@ never sees the run itself.
 - The quote is a conservative upper bound (prompt UTF-8 bytes, an allowance per
   message, the whole output budget) priced at the bid; the hold is the quote. A key
   with a spend cap has the hold counted on its cap in the same transaction (402
-  ``key_budget_exceeded`` when it would pass it).
+  ``key_budget_exceeded`` when it would pass it), and so has an account with one
+  (402 ``account_budget_exceeded``, saying when the period starts again).
 - Settlement charges actual tokens at the cleared price, never more than the hold,
   following the outcome x policy table of :mod:`bourse.domain.charging` (SPEC
   sections 7, 8, 12), and writes the usage record in the same transaction. The run
@@ -41,9 +42,10 @@ from bourse.domain.money import (
     price_units,
     quote_tokens,
 )
-from bourse.domain.periods import cap_period, per_period
+from bourse.domain.periods import cap_period, per_period, period_end
 from bourse.domain.policy import Policy
 from bourse.domain.values import immutable
+from bourse.ports.budgets import AccountBudgetExceeded, KeyBudgetExceeded
 from bourse.ports.engine import Kind
 from bourse.ports.observer import NULL_OBSERVER, Observer
 from bourse.ports.stores import (
@@ -52,7 +54,6 @@ from bourse.ports.stores import (
     Hold,
     HoldNotOpen,
     InsufficientFunds,
-    KeyBudgetExceeded,
     LedgerStore,
     StoreUnavailable,
     UnknownAccount,
@@ -99,6 +100,26 @@ def budget_exceeded(exc: KeyBudgetExceeded, quote: Quote) -> GatewayError:
         f"This API key's spend cap is {exc.cap_micros} micro-USD {per}; {exc.spent_micros} micro-USD of it "
         f"is spent or held, which leaves {left}, less than this request's hold of {quote.micros} micro-USD "
         f"({quote.tokens} tokens at {quote.bid:g} USD per 1M). Lower max_tokens, or ask for a higher cap.",
+    )
+
+
+def account_budget_exceeded(exc: AccountBudgetExceeded, quote: Quote, now: float) -> GatewayError:
+    """The 402 of a hold that would take its account past its spend cap: how much of it
+    is left, and when the period (on the database's clock, ``now``) starts it again."""
+    left = max(0, exc.cap_micros - exc.spent_micros)
+    end = period_end(exc.period, now)
+    if end is None:
+        when = "The cap counts in total: it does not start again. Lower max_tokens, or ask for a higher cap."
+    else:
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end))
+        when = (f"It starts again at {at} (the next UTC {exc.period}). Lower max_tokens, wait for it, "
+                "or ask for a higher cap.")  # fmt: skip
+    return GatewayError(
+        402,
+        "account_budget_exceeded",
+        f"This account's spend cap is {exc.cap_micros} micro-USD {per_period(exc.period)}, for all its keys; "
+        f"{exc.spent_micros} micro-USD of it is spent or held, which leaves {left}, less than this request's "
+        f"hold of {quote.micros} micro-USD ({quote.tokens} tokens at {quote.bid:g} USD per 1M). {when}",
     )
 
 
@@ -208,12 +229,14 @@ class Billing:
         self, quote: Quote, *, account_id: str, request_id: str, product: str, key: ApiKey | None = None
     ) -> str:
         """Hold ``quote`` on ``account_id`` (counted on ``key``'s spend cap if it has
-        one); the hold's id. 402 if the balance or the cap cannot cover it."""
+        one, and on its account's); the hold's id. 402 if the balance or a cap cannot cover it."""
         hold_id = "hold_" + os.urandom(12).hex()
         now = self.clock.now()
-        period = None
+        period = account_period = None
         if key is not None and key.spend_cap_period is not None and key.spend_cap_micros is not None:
             period = cap_period(key.spend_cap_period, now)
+        if key is not None and key.account_cap_period is not None:
+            account_period = cap_period(key.account_cap_period, now)
         t = time.perf_counter()
         sweeper = self.sweeper
         sweeper.placing(hold_id)
@@ -230,11 +253,15 @@ class Billing:
                     created_at=now,
                     key_id=None if key is None else key.id,
                     spend_period=period,
+                    account_period=account_period,
                 )
             )
         except KeyBudgetExceeded as exc:
             sweeper.done(hold_id)
             raise budget_exceeded(exc, quote) from None
+        except AccountBudgetExceeded as exc:
+            sweeper.done(hold_id)
+            raise account_budget_exceeded(exc, quote, now) from None
         except InsufficientFunds as exc:
             sweeper.done(hold_id)
             can = affordable_tokens(exc.balance_micros, price_units(quote.bid))

@@ -70,6 +70,11 @@ class Dashboard:
             return "operator:" + s.operator_name
         return "admin:dashboard" if s.operator else f"dashboard:user:{s.account_id}"
 
+    @classmethod
+    def actor(cls, s: Session) -> str:
+        """The audit log's actor of what the session does (the admin use cases take it)."""
+        return cls._actor(s)
+
     # -- money ----------------------------------------------------------------------
 
     async def accounts(self, s: Session) -> Sequence[Account]:

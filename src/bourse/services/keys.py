@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict
 from typing import Any, Protocol
 
 from bourse.domain.errors import GatewayError, invalid_request
 from bourse.domain.money import usd_to_micros
-from bourse.domain.periods import CAP_PERIODS, CapPeriod, cap_period
+from bourse.domain.periods import CAP_PERIODS, CapPeriod, spent_now
 from bourse.ports.stores import (
     AccountClosed,
     ApiKey,
@@ -49,15 +49,14 @@ def key_view(key: ApiKey, now: float) -> dict[str, Any]:
     view = asdict(key)
     view.pop("grace_until")
     view.pop("account_status")
+    view.pop("account_cap_period")
     state = "active"
     if key.revoked_at is not None:
         state = "revoked"
     elif key.expires_at is not None and now >= key.expires_at:
         state = "expired"
     view["state"] = state
-    period = key.spend_cap_period
-    current = period is not None and key.spend_period == cap_period(period, now)
-    view["spend_micros"] = key.spend_micros if current else 0
+    view["spend_micros"] = spent_now(key.spend_cap_period, key.spend_period, key.spend_micros, now)
     view.pop("spend_period")
     return view
 
@@ -75,8 +74,8 @@ class KeyAdmin:
 
     store: KeyAdminStore
     auth: Authenticator
-    products: frozenset[str]
-    """The configured products: a key may be limited to these only."""
+    products: Collection[str]
+    """The products on the exchange now: a key may be limited to these only."""
 
     def now(self) -> float:
         """Now on the database's clock (the authenticator's): a key's expiry and grace are
@@ -138,7 +137,7 @@ class KeyAdmin:
         return {"key": secret, **view, "webhook_secret": webhook_secret}
 
     def _check_products(self, products: list[str] | None) -> None:
-        unknown = sorted(set(products or ()) - self.products)
+        unknown = sorted(set(products or ()) - set(self.products))
         if unknown:
             raise invalid_request(
                 f"products: no product {', '.join(repr(p) for p in unknown)} "

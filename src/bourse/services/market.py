@@ -59,6 +59,8 @@ class Market:
         self.book = book
         self.engines = engines
         self._counters = [e for e in engines.values() if isinstance(e, TokenCounter)]
+        self.retired_engines: dict[str, Engine] = {}
+        """Engines of deployments retired while orders ran there, until closed."""
         self.policy = policy
         self._default_bid = default_bid
         """The product's ``default_bid`` as set, or None: the lowest available floor."""
@@ -175,6 +177,85 @@ class Market:
         d = self._deployment(deployment)
         d.resize(slots)
         self.book.deployment_changed(deployment)
+
+    def retune(
+        self,
+        policy: Policy,
+        *,
+        context_length: int,
+        max_output_tokens: int,
+        supports_tools: bool,
+        sim_overrides: bool,
+        stall_timeout_s: float,
+        max_waiting: int,
+        description: str | None,
+    ) -> None:
+        """The product's terms from now on (a request already admitted keeps the ones it
+        was admitted under where it read them already)."""
+        self.policy = policy
+        self._context_length = context_length
+        self.max_output_tokens = max_output_tokens
+        self.supports_tools = supports_tools
+        self.sim_overrides = sim_overrides
+        self.stall_timeout_s = stall_timeout_s
+        self.book.max_waiting = max_waiting
+        self.description = description
+
+    def add_deployment(self, deployment: Deployment, engine: Engine) -> None:
+        """A deployment from now on, with its engine (its name not in use here)."""
+        self.engines[deployment.name] = engine
+        self._deployments = (*self._deployments, deployment)
+        self._breakers = (*self._breakers, deployment.breaker)
+        self._counters = [e for e in self.engines.values() if isinstance(e, TokenCounter)]
+        self.book.add_deployment(deployment)
+
+    def replace_deployment(self, deployment: Deployment, engine: Engine) -> Engine:
+        """``deployment`` (a new build of one of the same name) and its engine from now
+        on; the old engine is returned (closed by the caller once nothing runs on it):
+        the orders running there finish on it, and their slots count against the new."""
+        old = self._deployment(deployment.name)
+        self.book.retire_deployment(deployment.name, replacing=True)
+        self.book.add_deployment(deployment)
+        self._deployments = tuple(deployment if x is old else x for x in self._deployments)
+        self._breakers = tuple(deployment.breaker if b is old.breaker else b for b in self._breakers)
+        self._engine_contexts.pop(deployment.name, None)
+        previous = self.engines[deployment.name]
+        self.engines[deployment.name] = engine
+        self.retired_engines[deployment.name] = previous
+        self._counters = [e for e in self.engines.values() if isinstance(e, TokenCounter)]
+        return previous
+
+    def retire_deployment(self, name: str) -> Engine:
+        """No order goes to ``name`` from now on; its running ones finish on its engine,
+        returned (the caller closes it once :meth:`held_on` says nothing runs there)."""
+        d = self._deployment(name)
+        self.book.retire_deployment(name)  # ValueError for the last one: nothing changed
+        self._deployments = tuple(x for x in self._deployments if x is not d)
+        self._breakers = tuple(b for b in self._breakers if b is not d.breaker)
+        self._engine_contexts.pop(name, None)
+        engine = self.engines.pop(name)
+        self.retired_engines[name] = engine
+        self._counters = [e for e in self.engines.values() if isinstance(e, TokenCounter)]
+        return engine
+
+    def held_on(self, deployment: str) -> int:
+        """Slots this replica holds on ``deployment``."""
+        return self.book.held_on(deployment)
+
+    def engine_for(self, deployment: str) -> Engine:
+        """The engine an order admitted on ``deployment`` runs on: its own, or the one it
+        had when it was admitted if the deployment was retired since."""
+        engine = self.engines.get(deployment)
+        return self.retired_engines[deployment] if engine is None else engine
+
+    def closed_engine(self, deployment: str, engine: Engine) -> None:
+        """A retired engine was closed: forgotten."""
+        if self.retired_engines.get(deployment) is engine:
+            del self.retired_engines[deployment]
+
+    @property
+    def deployment_names(self) -> list[str]:
+        return [d.name for d in self._deployments]
 
     def _deployment(self, name: str) -> Deployment:
         for d in self._deployments:

@@ -70,6 +70,7 @@ class Prober:
         self._targets: list[ProbeTarget] = []
         self._markets: Mapping[str, Market] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._task_targets: dict[asyncio.Task[None], ProbeTarget] = {}
 
     def add(self, target: ProbeTarget) -> None:
         self._targets.append(target)
@@ -174,15 +175,38 @@ class Prober:
 
     async def start(self) -> None:
         """The start probes, all at once (the gateway serves after them), then the loops."""
-        probes = await asyncio.gather(*(self._probe(t) for t in self._targets))
-        for target, probe in zip(self._targets, probes, strict=True):
+        await self._begin(list(self._targets))
+
+    async def add_live(self, targets: list[ProbeTarget]) -> None:
+        """Targets of a product or deployment added while serving: probed at once (their
+        deployments take no order before), then looped as at start."""
+        self._targets.extend(targets)
+        await self._begin(targets)
+
+    def remove(self, product: str, deployment: str | None = None) -> None:
+        """Stop probing ``product``'s ``deployment`` (None: every one of the product)."""
+
+        def gone(t: ProbeTarget) -> bool:
+            return t.product == product and deployment in (None, t.deployment.name)
+
+        self._targets = [t for t in self._targets if not gone(t)]
+        for task in [t for t in self._tasks if gone(self._task_targets[t])]:
+            task.cancel()
+            self._tasks.remove(task)
+            del self._task_targets[task]
+
+    async def _begin(self, targets: list[ProbeTarget]) -> None:
+        probes = await asyncio.gather(*(self._probe(t) for t in targets))
+        for target, probe in zip(targets, probes, strict=True):
             self.apply(target, probe)
             d = target.deployment
             state = "available" if probe.reason is None else f"unavailable: {probe.reason}"
             log.info("deployment %s of %s: flavour %s, %d slots, %s",
                      d.name, target.product, probe.flavor, d.slots, state)  # fmt: skip
             if target.interval_s > 0 or probe.reason is not None:
-                self._tasks.append(asyncio.create_task(self._loop(target), name=f"probe {d.name}"))
+                task = asyncio.create_task(self._loop(target), name=f"probe {d.name}")
+                self._tasks.append(task)
+                self._task_targets[task] = target
 
     async def _loop(self, target: ProbeTarget) -> None:
         """Every ``interval_s``; with periodic probes off, every ``retry_s`` until one passes."""
@@ -212,6 +236,7 @@ class Prober:
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []
+        self._task_targets.clear()
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -430,7 +430,7 @@ class Run:
             span.set("bourse.deployment", adm.deployment)
             span.set("bourse.attempt", order.requeues)
             traceparent = span.traceparent or traceparent
-        engine = m.engines[adm.deployment]
+        engine = m.engine_for(adm.deployment)
         it = engine.generate(
             GenerationRequest(
                 terms.request_id, terms.ask.kind, body, attempt=order.requeues, stream=terms.engine_stream,

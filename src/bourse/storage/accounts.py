@@ -1,7 +1,8 @@
 """Accounts and their API keys (tables ``accounts``, ``credits``, ``api_keys``,
 ``api_key_grace``): an account's row with its totals, credits, and a key's life
 (created, found by its hash, rotated with a grace period for the old one, revoked).
-A key's spend cap is counted by the ledger's transactions (:mod:`bourse.storage.ledger`).
+A key's spend cap and an account's are counted by the ledger's transactions
+(:mod:`bourse.storage.ledger`); here they are set.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from bourse.domain.periods import CapPeriod
 from bourse.ports.stores import (
     Account,
     AccountClosed,
@@ -27,7 +29,7 @@ from bourse.storage.executor import Executor, Row, new_id
 
 _ACCOUNTS = (
     "SELECT a.id, a.balance_micros, a.created_at, a.pending_micros, a.posted_micros, a.credited_micros, "
-    "a.status, a.status_reason, "
+    "a.status, a.status_reason, a.spend_cap_micros, a.spend_cap_period, a.spend_micros, a.spend_period, "
     "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE account_id = a.id AND state = 'reconciling'), 0) AS rec_m "
     "FROM accounts a"
 )
@@ -53,6 +55,10 @@ def _account_row(row: Row) -> Account:
         created_at=float(row["created_at"]),
         status=row["status"],
         status_reason=row["status_reason"],
+        spend_cap_micros=None if row["spend_cap_micros"] is None else int(row["spend_cap_micros"]),
+        spend_cap_period=row["spend_cap_period"],
+        spend_micros=int(row["spend_micros"]),
+        spend_period=int(row["spend_period"]),
     )
 
 
@@ -86,14 +92,21 @@ def close_account(db: Executor, account_id: str, reason: str | None, now: float)
 
 
 def create_account(
-    db: Executor, account_id: str, credit_micros: int, now: float, seal: Callable[[Executor, str], str]
+    db: Executor,
+    account_id: str,
+    credit_micros: int,
+    now: float,
+    seal: Callable[[Executor, str], str],
+    cap: tuple[int, CapPeriod] | None = None,
 ) -> Account:
+    """A new account with its opening credit and, if given, its spend cap (micro-USD, period)."""
     if db.fetchrow("SELECT id FROM accounts WHERE id = $1", account_id) is not None:
         raise AccountExists(account_id)
     db.execute(
-        "INSERT INTO accounts (id, balance_micros, credited_micros, created_at, webhook_secret) "
-        "VALUES ($1, $2, $2, $3, $4)",
+        "INSERT INTO accounts (id, balance_micros, credited_micros, created_at, webhook_secret, "
+        "spend_cap_micros, spend_cap_period) VALUES ($1, $2, $2, $3, $4, $5, $6)",
         account_id, credit_micros, now, seal(db, new_webhook_secret()),
+        None if cap is None else cap[0], None if cap is None else cap[1],
     )  # fmt: skip
     if credit_micros:
         db.execute(
@@ -145,7 +158,12 @@ def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def key_row(row: Row, grace_until: float | None = None, account_status: AccountStatus = "active") -> ApiKey:
+def key_row(
+    row: Row,
+    grace_until: float | None = None,
+    account_status: AccountStatus = "active",
+    account_cap_period: CapPeriod | None = None,
+) -> ApiKey:
     products = row["products"]
     cap = row["spend_cap_micros"]
     return ApiKey(
@@ -166,22 +184,31 @@ def key_row(row: Row, grace_until: float | None = None, account_status: AccountS
         spend_period=int(row["spend_period"]),
         grace_until=grace_until,
         account_status=account_status,
+        account_cap_period=account_cap_period,
     )
 
 
-_ACCOUNT_STATUS = "(SELECT a.status FROM accounts a WHERE a.id = k.account_id) AS account_status"
+_ACCOUNT_STATUS = (
+    "(SELECT a.status FROM accounts a WHERE a.id = k.account_id) AS account_status, "
+    "(SELECT a.spend_cap_period FROM accounts a WHERE a.id = k.account_id) AS account_cap_period"
+)
+"""What a key is read with of its account: its status, and its spend cap's period (a
+hold of the key is counted on the account's cap when it has one)."""
 _KEY_BY_HASH = (
     f"SELECT k.*, NULL AS grace_until, {_ACCOUNT_STATUS} FROM api_keys k WHERE k.key_hash = $1 "
     f"UNION ALL SELECT k.*, g.valid_until AS grace_until, {_ACCOUNT_STATUS} FROM api_key_grace g "
     "JOIN api_keys k ON k.id = g.key_id WHERE g.key_hash = $1"
 )
+KEY_BY_ID = f"SELECT k.*, {_ACCOUNT_STATUS} FROM api_keys k WHERE k.id = $1"
 
 
 def key_by_hash(db: Executor, key_hash: str) -> ApiKey | None:
     row = db.fetchrow(_KEY_BY_HASH, key_hash)
     if row is None:
         return None
-    return key_row(row, _opt_float(row["grace_until"]), row["account_status"] or "active")
+    return key_row(
+        row, _opt_float(row["grace_until"]), row["account_status"] or "active", row["account_cap_period"]
+    )
 
 
 def keys_page(db: Executor, account_id: str | None, limit: int, after: str | None) -> list[ApiKey]:
@@ -243,6 +270,30 @@ def update_key(db: Executor, key_id: str, changes: Mapping[str, Any]) -> ApiKey:
     if db.fetchrow("SELECT id FROM api_keys WHERE id = $1", key_id) is None:
         raise UnknownKey(key_id)
     raise KeyRevoked(key_id)
+
+
+ACCOUNT_EDITABLE = ("spend_cap_micros", "spend_cap_period")
+"""The columns of ``accounts`` an edit may set."""
+
+
+def update_account(db: Executor, account_id: str, changes: Mapping[str, Any]) -> Account:
+    """Set the given columns (of :data:`ACCOUNT_EDITABLE`) of an account not closed; its
+    spend counter stays as it is (as :func:`update_key`'s). UnknownAccount, AccountClosed."""
+    cols = [c for c in ACCOUNT_EDITABLE if c in changes]
+    sets = ", ".join(f"{c} = ${n}" for n, c in enumerate(cols, 2))
+    if changes.get("spend_cap_micros") is not None and "spend_cap_period" not in changes:
+        sets += ", spend_cap_period = COALESCE(spend_cap_period, 'total')"  # a first cap: total
+    n = db.execute(
+        f"UPDATE accounts SET {sets} WHERE id = $1 AND status <> 'closed'",
+        account_id,
+        *(changes[c] for c in cols),
+    )
+    acc = account(db, account_id)
+    if acc is None:
+        raise UnknownAccount(account_id)
+    if n != 1:
+        raise AccountClosed(account_id)
+    return acc
 
 
 def rotate_key(db: Executor, key_id: str, new_hash: str, old_valid_until: float, now: float) -> ApiKey:

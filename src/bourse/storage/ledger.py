@@ -1,9 +1,10 @@
 """Holds and the ledger (tables ``holds``, ``instances``, the balance on ``accounts``
-and the spend count on ``api_keys``): a hold placed (counted on its key's cap, the
-account debited), closed (settled, released, reconciling: the unused amount given
-back), a settled charge reversed, and one account's holds and closes group-committed
-in one transaction (:func:`ledger_batch`). Every ledger transaction locks in one
-order: the hold rows, the capped keys' rows (in key order), the account's row last.
+and the spend counts on ``api_keys`` and ``accounts``): a hold placed (counted on its
+key's cap and its account's, the account debited), closed (settled, released,
+reconciling: the unused amount given back), a settled charge reversed, and one
+account's holds and closes group-committed in one transaction (:func:`ledger_batch`).
+Every ledger transaction locks in one order: the hold rows, the capped keys' rows (in
+key order), the account's row last (its cap counted there too).
 
 A new hold's row is written once, in :data:`NEW_HOLD_ROW`: the single insert here,
 the batch insert, and PostgreSQL's one-statement batch (:mod:`bourse.storage.postgres`)
@@ -18,13 +19,13 @@ from typing import Any
 
 import orjson
 
+from bourse.ports.budgets import AccountBudgetExceeded, BudgetExceeded, KeyBudgetExceeded
 from bourse.ports.stores import (
     ChargeAboveHold,
     Hold,
     HoldNotOpen,
     HoldState,
     InsufficientFunds,
-    KeyBudgetExceeded,
     Totals,
     UnknownAccount,
     UsageRecord,
@@ -34,7 +35,7 @@ from bourse.storage.usage import put_usage, put_usages
 
 HOLD_PARAMS = ("id", "account_id", "request_id", "amount_micros", "owner", "product", "created_at", "key_id")
 """The :class:`Hold` fields a new hold's row is inserted with, in their parameters' order
-(a single insert passes the spend period it counted the hold in next)."""
+(a single insert passes the spend periods it counted the hold in next: its key's, its account's)."""
 NEW_HOLD_ROW = (
     ("id", "id"),
     ("account_id", "account_id"),
@@ -49,28 +50,37 @@ NEW_HOLD_ROW = (
     ("updated_at", "created_at"),
     ("key_id", "key_id"),
     ("spend_period", "spend_period"),
+    ("account_period", "account_period"),
 )
 """Every column of ``holds``, and what a new hold's row has in it: a parameter (named by
-its field in :data:`HOLD_PARAMS`, or ``spend_period``) or an SQL value."""
+its field in :data:`HOLD_PARAMS`, ``spend_period`` or ``account_period``) or an SQL value."""
 HOLD_COLUMNS = ", ".join(column for column, _ in NEW_HOLD_ROW)
 HOLD_ACCOUNT_PARAM = HOLD_PARAMS.index("account_id") + 1
 """The number of the account's parameter in a new hold's (``$n``, ``column<n>``)."""
 
 
-def new_hold_values(param: Callable[[int], str], spend_period: str) -> str:
+def new_hold_values(param: Callable[[int], str], spend_period: str, account_period: str) -> str:
     """The values of a new hold's row as a SELECT list: the parameter ``n`` of
-    :data:`HOLD_PARAMS` (from 1) spelled ``param(n)``, the spend period ``spend_period``."""
-    named = {name: param(n) for n, name in enumerate(HOLD_PARAMS, 1)} | {"spend_period": spend_period}
+    :data:`HOLD_PARAMS` (from 1) spelled ``param(n)``, the spend periods ``spend_period``
+    (its key's) and ``account_period``."""
+    periods = {"spend_period": spend_period, "account_period": account_period}
+    named = {name: param(n) for n, name in enumerate(HOLD_PARAMS, 1)} | periods
     return ", ".join(named.get(value, value) for _, value in NEW_HOLD_ROW)
 
 
+def counted(hold: Hold) -> bool:
+    """Counted on a spend cap (its key's or its account's): such a hold closes alone
+    (:func:`close_hold`, which gives back to the caps), never in a batch of closes."""
+    return hold.spend_period is not None or hold.account_period is not None
+
+
 _hold_params = operator.attrgetter(*HOLD_PARAMS)
-_ONE_HOLD = new_hold_values("${}".format, f"${len(HOLD_PARAMS) + 1}")
+_ONE_HOLD = new_hold_values("${}".format, f"${len(HOLD_PARAMS) + 1}", f"${len(HOLD_PARAMS) + 2}")
 _INSERT_HOLD = (
     f"INSERT INTO holds ({HOLD_COLUMNS}) SELECT {_ONE_HOLD} "
     f"WHERE EXISTS (SELECT 1 FROM accounts WHERE id = ${HOLD_ACCOUNT_PARAM}) ON CONFLICT DO NOTHING"
 )
-_VALUES_HOLD = new_hold_values("column{}".format, "NULL")  # uncapped: no spend period
+_VALUES_HOLD = new_hold_values("column{}".format, "NULL", "NULL")  # uncapped: no spend period
 HOLDS_FROM_VALUES = f"INSERT INTO holds ({HOLD_COLUMNS}) SELECT {_VALUES_HOLD} FROM (VALUES {{values}}) AS v "
 """The head of a multi-row insert of uncapped holds (``{values}``: a :func:`values_list`
 of :data:`HOLD_PARAMS`, aliased ``v``): its WHERE and what follows come next."""
@@ -91,60 +101,86 @@ def hold_row(row: Row) -> Hold:
         note=row["note"],
         key_id=row["key_id"],
         spend_period=None if row["spend_period"] is None else int(row["spend_period"]),
+        account_period=None if row["account_period"] is None else int(row["account_period"]),
     )
 
 
 _SPEND_IN_PERIOD = "(CASE WHEN spend_period = $2 THEN spend_micros ELSE 0 END)"
+_CAPPED: dict[str, type[BudgetExceeded]] = {"api_keys": KeyBudgetExceeded, "accounts": AccountBudgetExceeded}
+"""The tables whose rows carry a spend cap (the same four columns), and the refusal of each."""
 
 
-def _count_on_cap(db: Executor, key_id: str, period: int, amount: int) -> bool:
-    """Count ``amount`` on the key's spend cap in ``period``, or KeyBudgetExceeded; False
-    when the key has no cap (nothing counted). One conditional UPDATE: concurrent holds
-    of one key queue on its row and each sees the others' amounts."""
+def _count_on_cap(db: Executor, table: str, row_id: str, period: int, amount: int) -> bool:
+    """Count ``amount`` on the spend cap of the key or account (``table``) in ``period``,
+    or KeyBudgetExceeded / AccountBudgetExceeded; False when it has no cap (nothing
+    counted). One conditional UPDATE: concurrent holds on one row queue on it and each
+    sees the others' amounts."""
     n = db.execute(
-        f"UPDATE api_keys SET spend_micros = {_SPEND_IN_PERIOD} + $3, spend_period = $2 "
+        f"UPDATE {table} SET spend_micros = {_SPEND_IN_PERIOD} + $3, spend_period = $2 "
         f"WHERE id = $1 AND spend_cap_micros IS NOT NULL AND {_SPEND_IN_PERIOD} + $3 <= spend_cap_micros",
-        key_id, period, amount,
+        row_id, period, amount,
     )  # fmt: skip
     if n == 1:
         return True
     row = db.fetchrow(
-        "SELECT spend_cap_micros, spend_cap_period, spend_micros, spend_period FROM api_keys WHERE id = $1",
-        key_id,
+        f"SELECT spend_cap_micros, spend_cap_period, spend_micros, spend_period FROM {table} WHERE id = $1",
+        row_id,
     )
     if row is None or row["spend_cap_micros"] is None:
         return False
     spent = int(row["spend_micros"]) if int(row["spend_period"]) == period else 0
-    raise KeyBudgetExceeded(int(row["spend_cap_micros"]), spent, row["spend_cap_period"])
+    raise _CAPPED[table](int(row["spend_cap_micros"]), spent, row["spend_cap_period"])
 
 
-def _new_hold(db: Executor, hold: Hold) -> None:
-    """The hold's row, counted on its key's cap: the key's row first (only a capped
-    key's row is locked), the hold row next; the caller debits the account last, so
-    the account's row lock (every request of an account takes it) is held for one
-    statement and the commit. Raises without an SQL error (the transaction stays
-    usable for a batch's other holds), having undone its cap count."""
+def _count_on_key(db: Executor, hold: Hold) -> int | None:
+    """Count the hold on its key's cap (KeyBudgetExceeded); the period counted, or None
+    (no cap: not counted). The key's row is locked (only a capped key's)."""
     period = hold.spend_period
-    if period is not None and (
-        hold.key_id is None or not _count_on_cap(db, hold.key_id, period, hold.amount_micros)
+    if (
+        period is None
+        or hold.key_id is None
+        or not _count_on_cap(db, "api_keys", hold.key_id, period, hold.amount_micros)
     ):
-        period = None
-    n = db.execute(_INSERT_HOLD, *_hold_params(hold), period)
+        return None
+    return period
+
+
+def _new_hold(db: Executor, hold: Hold, key_period: int | None) -> None:
+    """The hold's row, counted on its account's cap (its key's counted already, in
+    ``key_period``): the account's row after the key's (only a capped account's is
+    locked here), the hold row next; the caller debits the account last, so an
+    uncapped account's row lock (every request of an account takes it) is held for one
+    statement and the commit. Raises without an SQL error (the transaction stays
+    usable for a batch's other holds), having undone its cap counts."""
+    amount = hold.amount_micros
+    account_period = hold.account_period
+    try:
+        if account_period is not None and not _count_on_cap(
+            db, "accounts", hold.account_id, account_period, amount
+        ):
+            account_period = None
+    except AccountBudgetExceeded:
+        _uncount(db, "api_keys", hold.key_id, key_period, amount)
+        raise
+    n = db.execute(_INSERT_HOLD, *_hold_params(hold), key_period, account_period)
     if n == 1:
         return
-    if period is not None:
-        _uncount(db, hold.key_id, period, hold.amount_micros)
+    _uncount(db, "api_keys", hold.key_id, key_period, amount)
+    _uncount(db, "accounts", hold.account_id, account_period, amount)
     if db.fetchrow("SELECT 1 AS x FROM accounts WHERE id = $1", hold.account_id) is None:
         raise UnknownAccount(hold.account_id)
     raise IntegrityError(f"hold {hold.id} exists")
 
 
-def _uncount(db: Executor, key_id: Any, period: Any, amount: int) -> None:
-    """Give back ``amount`` to the key's cap (if still in ``period``)."""
+def _uncount(db: Executor, table: str, row_id: Any, period: Any, amount: int) -> None:
+    """Give back ``amount`` to the cap of the key or account (if still in ``period``;
+    nothing when the period or the id is None: not counted)."""
+    if period is None or row_id is None or not amount:
+        return
     db.execute(
-        "UPDATE api_keys SET spend_micros = CASE WHEN spend_micros > $3 THEN spend_micros - $3 ELSE 0 END "
+        f"UPDATE {table} SET spend_micros = CASE WHEN spend_micros > $3 THEN spend_micros - $3 ELSE 0 END "
         "WHERE id = $1 AND spend_period = $2",
-        key_id, period, amount,
+        row_id, period, amount,
     )  # fmt: skip
 
 
@@ -168,7 +204,7 @@ def _debit(db: Executor, account_id: str, amount: int) -> bool:
 
 
 def place_hold(db: Executor, hold: Hold) -> None:
-    _new_hold(db, hold)
+    _new_hold(db, hold, _count_on_key(db, hold))
     if not _debit(
         db, hold.account_id, hold.amount_micros
     ):  # the transaction rolls back, the hold row with it
@@ -199,9 +235,30 @@ def _insert_holds(db: Executor, holds: list[Hold]) -> set[str]:
     return {r["id"] for r in rows}
 
 
+def _new_capped(db: Executor, holds: list[Hold], out: list[Exception | None]) -> None:
+    """The rows of a batch's holds counted on a cap and not refused yet (``out[i]`` None):
+    each counted on its key in key order, then on its account and inserted; a refusal
+    into ``out``. Every key's count comes before any account's (the lock order): a hold
+    the account's cap then refuses gives its key count back, and may have made another
+    hold of its key in the batch refused (never one more taken than the cap)."""
+    capped = [i for i, h in enumerate(holds) if out[i] is None and counted(h)]
+    key_periods: dict[int, int | None] = {}
+    for i in sorted(capped, key=lambda i: holds[i].key_id or ""):
+        try:
+            key_periods[i] = _count_on_key(db, holds[i])
+        except KeyBudgetExceeded as exc:
+            out[i] = exc
+    for i in capped:
+        if i in key_periods:
+            try:
+                _new_hold(db, holds[i], key_periods[i])
+            except (BudgetExceeded, UnknownAccount, IntegrityError) as exc:
+                out[i] = exc
+
+
 def _new_holds(db: Executor, holds: list[Hold]) -> list[Exception | None]:
-    """The rows of a batch's holds (the capped ones in key order, the others in one
-    statement), each hold's refusal or None; the caller debits the accounts."""
+    """The rows of a batch's holds (the capped ones first, :func:`_new_capped`; the
+    others in one statement), each hold's refusal or None; the caller debits the accounts."""
     out: list[Exception | None] = [None] * len(holds)
     seen: set[str] = set()
     for i, h in enumerate(holds):  # one row per id: a second hold of an id in the batch is refused
@@ -213,14 +270,8 @@ def _new_holds(db: Executor, holds: list[Hold]) -> list[Exception | None]:
             for i, h in enumerate(holds):
                 if h.account_id == account_id:
                     out[i] = UnknownAccount(account_id)
-    capped = [i for i, h in enumerate(holds) if out[i] is None and h.spend_period is not None]
-    for i in sorted(capped, key=lambda i: holds[i].key_id or ""):
-        try:
-            _new_hold(db, holds[i])
-        except (KeyBudgetExceeded, UnknownAccount, IntegrityError) as exc:
-            out[i] = exc
-            continue
-    plain = [i for i, h in enumerate(holds) if out[i] is None and h.spend_period is None]
+    _new_capped(db, holds, out)
+    plain = [i for i, h in enumerate(holds) if out[i] is None and not counted(h)]
     inserted = _insert_holds(db, [holds[i] for i in plain]) if plain else set()
     for i in plain:
         if holds[i].id not in inserted:
@@ -275,11 +326,12 @@ def _unused(row: Row) -> int:
     return int(row["amount_micros"]) - int(row["charged_micros"])
 
 
-def _refund_cap(db: Executor, row: Row) -> None:
-    """The key's cap gets back what the hold did not charge (if still in that period)."""
-    unused = _unused(row)
-    if row["spend_period"] is not None and row["key_id"] is not None and unused:
-        _uncount(db, row["key_id"], row["spend_period"], unused)
+def _refund_cap(db: Executor, row: Row, amount: int | None = None) -> None:
+    """The key's cap and the account's get back what the hold did not charge, or
+    ``amount`` (each if still in the period the hold was counted in)."""
+    back = _unused(row) if amount is None else amount
+    _uncount(db, "api_keys", row["key_id"], row["spend_period"], back)
+    _uncount(db, "accounts", row["account_id"], row["account_period"], back)
 
 
 def _closed(db: Executor, row: Row) -> None:
@@ -513,8 +565,7 @@ def reverse_charge(db: Executor, hold_id: str, note: str, now: float) -> int:
             "UPDATE usage SET outcome = 'error', cost_micros = 0, record = $2 WHERE request_id = $1",
             row["request_id"], orjson.dumps(record).decode(),
         )  # fmt: skip
-    if charged and row["spend_period"] is not None and row["key_id"] is not None:
-        _uncount(db, row["key_id"], row["spend_period"], charged)
+    _refund_cap(db, row, charged)
     if charged:
         move(db, row["account_id"], charged, 0, -charged)
     return charged

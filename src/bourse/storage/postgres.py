@@ -60,6 +60,7 @@ from bourse.storage.ledger import (
     Closing,
     LedgerWrite,
     closing_charge,
+    counted,
     hold_row,
     hold_row_args,
     refusal,
@@ -355,8 +356,8 @@ class PostgresStore(SqlStore):
         return self._call(fn, args, False)
 
     async def _write_many(self, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
-        if any(isinstance(i, Hold) and i.spend_period is not None for i in items):
-            return await super()._write_many(items)  # key rows to lock before the account's
+        if any(isinstance(i, Hold) and counted(i) for i in items):
+            return await super()._write_many(items)  # caps to count: keys' rows before the account's
         try:  # one statement: its own transaction
             return await self._call(_write_many, (items,), False)
         except BatchShort:

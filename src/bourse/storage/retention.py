@@ -4,7 +4,9 @@ The unit is a request: its holds and its usage record go together, and only once
 of them are old (the usage record by its created_at, each hold by its updated_at, the
 time it was closed), none of its holds is open or reconciling and no unfinished job
 runs it (a resumed job reads its earlier hold). What they added up to goes to
-``pruned`` in the same transaction, so the ledger's sums still balance.
+``pruned`` in the same transaction, so the ledger's sums still balance (and what they
+charged on a key's or an account's spend cap to ``pruned_key_spend`` and
+``pruned_account_spend``, so each cap's counter is still its period's holds).
 """
 
 from __future__ import annotations
@@ -42,21 +44,23 @@ def prune(db: Executor, request_ids: Sequence[str], age_s: float) -> tuple[int, 
     where = _OLD_ENOUGH.format(h="holds", cutoff=f"({db.clock} - $1)")
     gone = db.fetch(
         f"DELETE FROM holds WHERE request_id IN ({ids}) AND {where} "
-        "RETURNING account_id, request_id, state, charged_micros, key_id, spend_period",
+        "RETURNING account_id, request_id, state, charged_micros, key_id, spend_period, account_period",
         age_s, *request_ids,
     )  # fmt: skip
     if not gone:
         return 0, 0
     sums: dict[str, list[int]] = {}  # account -> [charged, usage cost, holds, usage records]
-    caps: dict[tuple[str, int], int] = {}  # (key, spend period) -> charged
+    caps: dict[tuple[str, str, int], int] = {}  # (table, key or account, spend period) -> charged
     for r in gone:
         charged = int(r["charged_micros"]) if r["state"] == "settled" else 0
         acc = sums.setdefault(str(r["account_id"]), [0, 0, 0, 0])
         acc[0] += charged
         acc[2] += 1
-        if charged and r["key_id"] is not None and r["spend_period"] is not None:
-            cap = (str(r["key_id"]), int(r["spend_period"]))
-            caps[cap] = caps.get(cap, 0) + charged
+        for table, owner, counted in (("pruned_key_spend", "key_id", "spend_period"),
+                                      ("pruned_account_spend", "account_id", "account_period")):  # fmt: skip
+            if charged and r[owner] is not None and r[counted] is not None:
+                cap = (table, str(r[owner]), int(r[counted]))
+                caps[cap] = caps.get(cap, 0) + charged
     done = sorted({str(r["request_id"]) for r in gone})
     used = db.fetch(
         f"DELETE FROM usage WHERE request_id IN ({', '.join(f'${i}' for i in range(1, len(done) + 1))}) "
@@ -77,11 +81,12 @@ def prune(db: Executor, request_ids: Sequence[str], age_s: float) -> tuple[int, 
             "updated_at = excluded.updated_at",
             account_id, charged, cost, holds, records,
         )  # fmt: skip
-    for (key_id, period), charged in caps.items():
+    for (table, owner_id, period), charged in caps.items():
+        owner = "key_id" if table == "pruned_key_spend" else "account_id"
         db.execute(
-            "INSERT INTO pruned_key_spend (key_id, spend_period, charged_micros) VALUES ($1, $2, $3) "
-            "ON CONFLICT (key_id, spend_period) DO UPDATE SET "
-            "charged_micros = pruned_key_spend.charged_micros + excluded.charged_micros",
-            key_id, period, charged,
+            f"INSERT INTO {table} ({owner}, spend_period, charged_micros) VALUES ($1, $2, $3) "
+            f"ON CONFLICT ({owner}, spend_period) DO UPDATE SET "
+            f"charged_micros = {table}.charged_micros + excluded.charged_micros",
+            owner_id, period, charged,
         )  # fmt: skip
     return len(gone), len(used)

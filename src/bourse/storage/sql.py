@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from bourse.domain.periods import CapPeriod
 from bourse.ports.operators import Operator
 from bourse.ports.stores import (
     Account,
@@ -50,6 +51,7 @@ from bourse.storage import usage as usage_rows
 from bourse.storage.admin_keys import AdminKeyTables
 from bourse.storage.batching import Coalescer
 from bourse.storage.executor import Executor, IntegrityError
+from bourse.storage.market import MarketTables
 from bourse.storage.schema import migrations
 from bourse.storage.sealing import Sealer
 
@@ -89,7 +91,7 @@ def _reseal_audited(db: Executor, box: Sealer, now: float, audit: AuditEntry | N
     return report
 
 
-class SqlStore(AdminKeyTables):
+class SqlStore(MarketTables, AdminKeyTables):
     """All storage ports over one database. Subclasses provide the database thread."""
 
     single_node: bool = True
@@ -136,22 +138,24 @@ class SqlStore(AdminKeyTables):
     # -- ledger -----------------------------------------------------------------------
 
     async def create_account(
-        self, account_id: str, credit_micros: int, now: float, *, audit: AuditEntry | None = None
-    ) -> Account:
+        self, account_id: str, credit_micros: int, now: float, *, audit: AuditEntry | None = None,
+        spend_cap_micros: int | None = None, spend_cap_period: CapPeriod = "total",
+    ) -> Account:  # fmt: skip
         if credit_micros < 0:
             raise ValueError("credit cannot be negative")
+        cap = None if spend_cap_micros is None else (spend_cap_micros, spend_cap_period)
         try:
             return await self._run(
-                audit_rows.with_audit,
-                audit,
-                accounts.create_account,
-                account_id,
-                credit_micros,
-                now,
-                sealing.sealer_in(self.secret_box),
-            )
+                audit_rows.with_audit, audit, accounts.create_account, account_id, credit_micros, now,
+                sealing.sealer_in(self.secret_box), cap,
+            )  # fmt: skip
         except IntegrityError:
             raise AccountExists(account_id) from None
+
+    async def update_account(
+        self, account_id: str, changes: Mapping[str, Any], *, audit: AuditEntry | None = None
+    ) -> Account:
+        return await self._run(audit_rows.with_audit, audit, accounts.update_account, account_id, changes)
 
     async def credit(
         self,
@@ -259,7 +263,7 @@ class SqlStore(AdminKeyTables):
             raise ValueError("a hold cannot be negative")
         writes, hold_accounts = self._ledger_writer()
         await writes.submit(hold.account_id, hold)
-        if hold.spend_period is None and len(hold_accounts) < self.HOLD_ACCOUNTS_MAX:
+        if not ledger.counted(hold) and len(hold_accounts) < self.HOLD_ACCOUNTS_MAX:
             hold_accounts[hold.id] = hold.account_id  # (a capped hold closes alone)
 
     def _forget(self, hold_id: str) -> None:
@@ -303,8 +307,8 @@ class SqlStore(AdminKeyTables):
 
     async def debit(self, hold: Hold, usage: UsageRecord, now: float, *, audit: AuditEntry) -> Hold:
         """An operator's debit (:func:`ledger.debit`), with its audit entry, in one transaction."""
-        if hold.amount_micros <= 0 or hold.spend_period is not None:
-            raise ValueError("a debit is a positive amount, on no key's cap")
+        if hold.amount_micros <= 0 or ledger.counted(hold):
+            raise ValueError("a debit is a positive amount, on no spend cap")
         return await self._run(audit_rows.with_audit, audit, ledger.debit, hold, usage, now)
 
     async def release(
@@ -383,8 +387,10 @@ class SqlStore(AdminKeyTables):
 
     async def key(self, key_id: str) -> ApiKey | None:
         def get(db: Executor) -> ApiKey | None:
-            row = db.fetchrow("SELECT * FROM api_keys WHERE id = $1", key_id)
-            return None if row is None else accounts.key_row(row)
+            row = db.fetchrow(accounts.KEY_BY_ID, key_id)
+            return (
+                None if row is None else accounts.key_row(row, account_cap_period=row["account_cap_period"])
+            )
 
         return await self._read(get)
 

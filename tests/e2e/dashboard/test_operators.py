@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bourse.http.admin_roles import DASHBOARD_ACTIONS
+from bourse.http.dashboard.roles import ACTIONS, OWN_ACTIONS
 from tests.e2e.dashboard.conftest import World, _reconciling
 from tests.support.gateway import ADMIN_KEY
 
-SETTLE = "POST /dashboard/api/holds/{hold_id}/settle"
+SETTLE = "hold.settle"
 
 
 def _operator(world: World, name: str, role: str) -> dict[str, str]:
@@ -43,7 +43,7 @@ def test_an_operator_key_signs_in_with_its_name_and_role(
         assert (me["role"], me["operator"], me["operator_id"], me["staff"]) == (
             "viewer", "dash-viewer", ops["viewer"]["id"], True,
         )  # fmt: skip
-        assert me["account"] is None and me["actions"] == ["POST /dashboard/api/session/end"], me
+        assert me["account"] is None and me["actions"] == ["account.read", "key.list"], me
         # a viewer reads everything
         accounts = {a["id"] for a in c.get("/dashboard/api/accounts").json()["data"]}
         assert {"alice", "bob", "test"} <= accounts
@@ -53,11 +53,11 @@ def test_an_operator_key_signs_in_with_its_name_and_role(
     with world.browser(ops["billing"]["key"]) as c:
         me = c.get("/dashboard/api/session").json()
         assert me["role"] == "billing" and SETTLE in me["actions"], me
-        assert "POST /dashboard/api/jobs/{job_id}/cancel" not in me["actions"]
+        assert "job.cancel" not in me["actions"] and "key.create" not in me["actions"]
     with world.browser(ADMIN_KEY) as c:
         me = c.get("/dashboard/api/session").json()
         assert (me["role"], me["operator"]) == ("owner", None)
-        assert sorted(me["actions"]) == sorted(f"{m} {p}" for m, p in DASHBOARD_ACTIONS)
+        assert sorted(me["actions"]) == sorted([a.name for a in ACTIONS] + [a.name for a in OWN_ACTIONS])
 
 
 @pytest.mark.parametrize("verb", ["settle", "release"])
@@ -124,7 +124,7 @@ def test_a_user_key_never_takes_an_operators_action(world: World, verb: str) -> 
     with world.browser(world.keys["bob"]) as c:
         me = c.get("/dashboard/api/session").json()
         assert (me["role"], me["staff"], me["operator"]) == ("user", False, None)
-        assert SETTLE not in me["actions"]
+        assert me["actions"] == ["job.cancel"]
         r = c.post(f"/dashboard/api/holds/{hold}/{verb}", json={})
         assert r.status_code == 403 and r.json()["error"]["code"] == "admin_only", r.text
         # nor any admin route, with the cookie or the key

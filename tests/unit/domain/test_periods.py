@@ -1,7 +1,9 @@
 """The calendar periods of a spend cap (:mod:`bourse.domain.periods`) at their edges, in
 UTC: a week turns at Monday 00:00 (the last second of Sunday is the week before), a
 month at its first second (Dec 31 / Jan 1, the end of February in a leap year and
-not), a day at midnight; ``total`` is one period for ever."""
+not), a day at midnight; ``total`` is one period for ever. When a period ends (what
+an account's cap refusal says) is the first second of the next one, and a counter of
+another period than now's has taken nothing of it."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import calendar
 
 import pytest
 
-from bourse.domain.periods import CAP_PERIODS, MONTHS, WEEKS, cap_period, per_period
+from bourse.domain.periods import CAP_PERIODS, MONTHS, WEEKS, cap_period, per_period, period_end, spent_now
+from bourse.ports.budgets import AccountBudgetExceeded, BudgetExceeded, KeyBudgetExceeded
 
 
 def _at(y: int, mo: int, d: int, h: int = 0, mi: int = 0, s: int = 0) -> float:
@@ -70,3 +73,43 @@ def test_every_period_is_numbered_and_said(period: str) -> None:
 def test_an_unknown_period_is_refused() -> None:
     with pytest.raises(AssertionError):
         cap_period("year", 0.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("period", "now", "end"),
+    [
+        ("day", _at(2026, 12, 31, 23, 59, 59), _at(2027, 1, 1)),
+        ("day", _at(2027, 1, 1), _at(2027, 1, 2)),
+        ("week", _at(2026, 12, 6, 23, 59, 59), _at(2026, 12, 7)),  # Sunday: ends at Monday 00:00
+        ("week", _at(2026, 12, 7), _at(2026, 12, 14)),  # Monday 00:00: a whole week ahead
+        ("week", _at(1970, 1, 1), _at(1970, 1, 5)),  # week 0, from Monday 1969-12-29
+        ("month", _at(2026, 12, 31, 23, 59, 59), _at(2027, 1, 1)),  # December: next year
+        ("month", _at(2028, 2, 29, 12), _at(2028, 3, 1)),  # a leap February
+        ("month", _at(2027, 2, 1), _at(2027, 3, 1)),
+    ],
+)
+def test_a_period_ends_where_the_next_one_is_numbered(period: str, now: float, end: float) -> None:
+    assert period_end(period, now) == end  # type: ignore[arg-type]
+    assert cap_period(period, end) == cap_period(period, now) + 1  # type: ignore[arg-type]
+    assert cap_period(period, end - 0.001) == cap_period(period, now)  # type: ignore[arg-type]
+
+
+def test_total_never_ends() -> None:
+    assert period_end("total", _at(2026, 12, 5)) is None
+
+
+def test_a_counter_of_another_period_has_taken_nothing() -> None:
+    now = _at(2026, 12, 5, 3)
+    today = cap_period("day", now)
+    assert spent_now("day", today, 700, now) == 700
+    assert spent_now("day", today - 1, 700, now) == 0  # yesterday's count
+    assert spent_now("week", today, 700, now) == 0  # a count of another kind of period
+    assert spent_now(None, today, 700, now) == 0  # no cap
+    assert spent_now("total", 0, 700, now) == 700
+
+
+def test_every_cap_refusal_is_a_budget_exceeded() -> None:
+    """The ledger's batch catches both kinds as one; the account's is not the key's."""
+    assert issubclass(KeyBudgetExceeded, BudgetExceeded) and issubclass(AccountBudgetExceeded, BudgetExceeded)
+    assert not issubclass(AccountBudgetExceeded, KeyBudgetExceeded)
+    assert str(AccountBudgetExceeded(5, 3, "day")) == "account's spend cap 5 micro-USD per day, 3 taken"

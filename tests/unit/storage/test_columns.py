@@ -82,13 +82,14 @@ async def test_a_new_holds_row_names_every_column_of_holds() -> None:
     fields = {f.name for f in dataclasses.fields(Hold)}
     assert set(ledger.HOLD_PARAMS) <= fields and set(ledger.HOLD_PARAMS) <= set(columns)
     named = {value for _, value in ledger.NEW_HOLD_ROW if value in fields}
-    assert named == {*ledger.HOLD_PARAMS, "spend_period"}
+    assert named == {*ledger.HOLD_PARAMS, "spend_period", "account_period"}
 
 
-def _expected_values(param: str, spend_period: str) -> list[str]:
+def _expected_values(param: str, spend_period: str, account_period: str) -> list[str]:
     """What each column of a new hold's row should be set to, read off NEW_HOLD_ROW."""
     spelled = {name: param.format(n) for n, name in enumerate(ledger.HOLD_PARAMS, 1)}
     spelled["spend_period"] = spend_period
+    spelled["account_period"] = account_period
     return [spelled.get(value, value) for _, value in ledger.NEW_HOLD_ROW]
 
 
@@ -97,12 +98,16 @@ def test_every_hold_insert_sets_each_column_as_the_new_row_says() -> None:
     single = ledger._INSERT_HOLD
     batch = ledger._INSERT_HOLDS.format(values=values_list(2, n))
     pg_batch = postgres._NEW_HOLDS.format(values=values_list(2, n))
-    assert _insert(single) == ("holds", ledger.HOLD_COLUMNS.split(", "), _expected_values("${}", f"${n + 1}"))
-    for sql in (batch, pg_batch):  # uncapped holds: no spend period
+    assert _insert(single) == (
+        "holds",
+        ledger.HOLD_COLUMNS.split(", "),
+        _expected_values("${}", f"${n + 1}", f"${n + 2}"),
+    )
+    for sql in (batch, pg_batch):  # uncapped holds: no spend period, neither the key's nor the account's
         assert _insert(sql) == (
             "holds",
             ledger.HOLD_COLUMNS.split(", "),
-            _expected_values("column{}", "NULL"),
+            _expected_values("column{}", "NULL", "NULL"),
         )
         assert f"FROM (VALUES {values_list(2, n)}) AS v " in sql
     assert ledger.HOLD_PARAMS[ledger.HOLD_ACCOUNT_PARAM - 1] == "account_id"

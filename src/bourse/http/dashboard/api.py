@@ -1,9 +1,11 @@
 """The dashboard's data routes (``/dashboard/api/…``), each behind the session guard.
 
-Reads: ``markets``, ``accounts``, ``holds``, ``spend``, ``requests`` (and one
-request), ``jobs``, ``usage.csv``. Actions (same origin and CSRF token):
-``holds/{id}/settle``, ``holds/{id}/release`` (operator only, audited) and
-``jobs/{id}/cancel`` (the job's owner or an operator). What a session may see is
+Reads: ``markets``, ``accounts`` (with the operator actions the session may take,
+``allowed``), ``holds``, ``spend``, ``requests`` (and one request), ``jobs``,
+``usage.csv``. Actions (same origin and CSRF token): ``holds/{id}/settle``,
+``holds/{id}/release`` (an operator with the admin route's role, audited) and
+``jobs/{id}/cancel`` (the job's owner or an operator). The management of accounts and
+keys is :mod:`.manage`. What a session may see is
 decided by :class:`~bourse.services.dashboard.Dashboard`.
 """
 
@@ -21,6 +23,7 @@ from starlette.routing import Route
 from bourse.domain.errors import invalid_request
 from bourse.http import usage_csv
 from bourse.http.dashboard.guard import Guard
+from bourse.http.dashboard.roles import API, allowed, needing
 from bourse.http.dashboard.views import account_doc, request_detail, request_row, spend_doc
 from bourse.http.deps import json_model, page_limit, unix_time
 from bourse.http.market import market_view
@@ -35,7 +38,6 @@ from bourse.wire.requests import INT64_MAX, check_id, optional_id
 HOLD_STATES = ("open", "reconciling", "settled", "released")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "canceled", "expired")
 SPEND_BUCKETS_S = (60, 300, 900, 3600, 7200, 86_400)
-API = "/dashboard/api"
 
 
 class SettleBody(BaseModel):
@@ -77,7 +79,8 @@ def _market_routes(guard: Guard, markets: Mapping[str, Market]) -> list[Route]:
 
 def _money_routes(guard: Guard, dash: Dashboard, max_depth: int) -> list[Route]:
     async def accounts(request: Request, s: Session) -> Response:
-        return JSON({"data": [account_doc(a) for a in await dash.accounts(s)], "operator": s.operator})
+        return JSON({"data": [account_doc(a) for a in await dash.accounts(s)], "operator": s.operator,
+                     "allowed": allowed(s)})  # fmt: skip
 
     async def holds(request: Request, s: Session) -> Response:
         state: Any = _choice(request, "state", HOLD_STATES, "reconciling")
@@ -113,8 +116,8 @@ def _money_routes(guard: Guard, dash: Dashboard, max_depth: int) -> list[Route]:
     return [
         Route(f"{API}/accounts", read(accounts), methods=["GET"]),
         Route(f"{API}/holds", read(holds), methods=["GET"]),
-        Route(API + "/holds/{hold_id}/settle", act(settle), methods=["POST"]),
-        Route(API + "/holds/{hold_id}/release", act(release), methods=["POST"]),
+        Route(API + "/holds/{hold_id}/settle", act(needing("hold.settle", settle)), methods=["POST"]),
+        Route(API + "/holds/{hold_id}/release", act(needing("hold.release", release)), methods=["POST"]),
         Route(f"{API}/spend", read(spend), methods=["GET"]),
         Route(f"{API}/usage.csv", read(export), methods=["GET"]),
     ]
@@ -152,5 +155,5 @@ def _job_routes(guard: Guard, dash: Dashboard) -> list[Route]:
 
     return [
         Route(f"{API}/jobs", guard.read(jobs), methods=["GET"]),
-        Route(API + "/jobs/{job_id}/cancel", guard.action(cancel), methods=["POST"]),
+        Route(API + "/jobs/{job_id}/cancel", guard.action(needing("job.cancel", cancel)), methods=["POST"]),
     ]

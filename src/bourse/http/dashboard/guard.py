@@ -5,11 +5,9 @@ A route body is written as ``async def handler(request, session)``; :class:`Guar
 wraps it. Reads need a valid session cookie (every session reads: a user its own
 account, the admin key and every operator role all of them). Actions (POST) also need
 a same-origin request (``Sec-Fetch-Site`` and ``Origin``, when the browser sends
-them), the session's CSRF token in the ``x-csrf-token`` header, and the role the
-action needs (:func:`bourse.http.admin_roles.dashboard_rule`: the least role of the
-admin route doing the same work; 403 ``insufficient_role`` below it, 403
-``admin_only`` for a user session on an operator's action). Without a session the
-answer is 401 ``not_signed_in``; the page then shows the sign-in form.
+them) and the session's CSRF token in the ``x-csrf-token`` header; an operator's
+action also the role it needs (:mod:`bourse.http.dashboard.roles`). Without a
+session the answer is 401 ``not_signed_in``; the page then shows the sign-in form.
 """
 
 from __future__ import annotations
@@ -21,9 +19,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from bourse.domain.errors import GatewayError
-from bourse.http.admin_roles import DASHBOARD_ACTIONS, dashboard_rule
-from bourse.ports.operators import Role
-from bourse.services.auth import check_role
 from bourse.services.sessions import Session, Sessions
 
 COOKIE = "bourse_session"
@@ -58,10 +53,6 @@ SECURITY_HEADERS = {
 
 Handler = Callable[[Request, Session], Awaitable[Response]]
 Endpoint = Callable[[Request], Awaitable[Response]]
-
-SIGN_IN = ("POST", "/dashboard/api/session")
-"""The one POST route that is no action (it makes the session)."""
-_RULE = "bourse.dashboard_rule"
 
 
 def secure(response: Response) -> Response:
@@ -106,41 +97,6 @@ def clear_cookie(response: Response, request: Request) -> None:
     response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict", secure=_https(request))
 
 
-def needing(method: str, path: str, endpoint: Endpoint) -> Endpoint:
-    """``endpoint``, told the role rule of its action (``Guard.action`` checks it);
-    KeyError for an action missing from :data:`~bourse.http.admin_roles.DASHBOARD_ACTIONS`."""
-    rule = dashboard_rule(method, path)
-
-    async def run(request: Request) -> Response:
-        request.scope[_RULE] = rule
-        return await endpoint(request)
-
-    return run
-
-
-def allow_action(session: Session, rule: tuple[Role, bool] | None) -> None:
-    """403 unless ``session`` may take an action of ``rule`` (None: the owner's only)."""
-    need, users = rule if rule is not None else ("owner", False)
-    if session.operator:
-        check_role(session.staff_role, need, session.who, "dashboard action")
-    elif not users:
-        raise GatewayError(
-            403, "admin_only", "This dashboard action is for the admin key and operators, not an API key."
-        )
-
-
-def allowed_actions(session: Session) -> list[str]:
-    """The actions ``session`` may take, as ``"POST /dashboard/api/…"`` (the page shows those)."""
-    out = []
-    for method, path in DASHBOARD_ACTIONS:
-        try:
-            allow_action(session, dashboard_rule(method, path))
-        except GatewayError:
-            continue
-        out.append(f"{method} {path}")
-    return out
-
-
 class Guard:
     def __init__(self, sessions: Sessions) -> None:
         self.sessions = sessions
@@ -168,7 +124,6 @@ class Guard:
             if session is None:
                 raise not_signed_in()
             self.sessions.check_csrf(session, request.headers.get(CSRF_HEADER))
-            allow_action(session, request.scope.get(_RULE))
             return secure(await handler(request, session))
 
         return endpoint

@@ -4,8 +4,9 @@
   fresh page does not log an error): the ``role`` (``owner`` for the admin key, an
   operator's role, ``user`` for an API key), the ``operator``'s name and id (null for
   the admin key and users), ``staff`` (admin key or operator), the ``actions`` the
-  session may take (``"POST /dashboard/api/…"``), the account and key of a user, and
-  the session's CSRF token;
+  session may take (their names in :data:`~bourse.http.dashboard.roles.ACTIONS`:
+  ``hold.settle``, ``key.create``, …), the account and key of a user, and the
+  session's CSRF token;
 - ``POST``: sign in with a key sent in the body, as JSON ``{"key": …}`` (the page's
   script) or as a form field ``key`` (the form alone; answered with a redirect).
   The key travels in the body only, never in a URL, and is not kept;
@@ -15,6 +16,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -23,14 +25,8 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from bourse.domain.errors import GatewayError, invalid_request
-from bourse.http.dashboard.guard import (
-    Guard,
-    allowed_actions,
-    check_same_origin,
-    clear_cookie,
-    secure,
-    set_cookie,
-)
+from bourse.http.dashboard.guard import Guard, check_same_origin, clear_cookie, secure, set_cookie
+from bourse.http.dashboard.roles import allowed
 from bourse.http.deps import read_body
 from bourse.http.responses import JSON
 from bourse.services.sessions import Session, Sessions
@@ -39,19 +35,19 @@ from bourse.wire.requests import parse_json
 MAX_SIGN_IN_BYTES = 4096
 
 
-def whoami(sessions: Sessions, s: Session, products: list[str]) -> dict[str, Any]:
+def whoami(sessions: Sessions, s: Session, products: Collection[str]) -> dict[str, Any]:
     return {
         "signed_in": True,
         "role": s.role,
         "operator": s.operator_name,
         "operator_id": s.operator_id,
         "staff": s.operator,
-        "actions": allowed_actions(s),
+        "actions": allowed(s),
         "account": s.account_id,
         "key_id": s.key_id,
         "expires_at": s.expires_at,
         "csrf": sessions.csrf_token(s),
-        "products": products,
+        "products": list(products),
     }
 
 
@@ -66,7 +62,7 @@ def _key_from(raw: bytes, form: bool, max_depth: int) -> str:
     return key
 
 
-def routes(guard: Guard, products: list[str], max_depth: int) -> list[Route]:
+def routes(guard: Guard, products: Collection[str], max_depth: int) -> list[Route]:
     sessions = guard.sessions
 
     async def current(request: Request) -> Response:

@@ -44,6 +44,7 @@ async function call(method, path, body) {
 
 export const get = (path) => call("GET", path);
 export const post = (path, body) => call("POST", path, body === undefined ? {} : body);
+export const patch = (path, body) => call("PATCH", path, body);
 
 export function query(params) {
   const q = new URLSearchParams();

@@ -9,7 +9,7 @@ const REFRESH_MS = 2000;
 const FINAL = new Set(["succeeded", "failed", "canceled", "expired"]);
 
 export function mount(ctx) {
-  const mayCancel = ctx.session.actions.includes("POST /dashboard/api/jobs/{job_id}/cancel");
+  const mayCancel = ctx.session.actions.includes("job.cancel");
   const status = $("#jobs-status");
   let timer = null;
   let alive = true;

@@ -1,28 +1,31 @@
 // The money page: balances, spend over time by account or by key, open and
 // reconciling holds; the admin key or a billing (or higher) operator settles or
-// releases a reconciling hold (each
-// action confirmed in a dialog; the server writes it to the audit log).
+// releases a reconciling hold (each action confirmed in a dialog; the server writes it
+// to the audit log), and an operator manages accounts and keys as their role allows
+// (./manage.js).
 
 import { get, post, query } from "./api.js";
 import { dollars, timeChart } from "./charts.js";
 import { $, h, notice, replaceRows, short, stamp, td, usd } from "./dom.js";
 import { confirmAction } from "./confirm.js";
+import * as manage from "./manage.js";
 
 const REFRESH_MS = 5000;
 
 export function mount(ctx) {
   const operator = ctx.session.staff;
-  const mayClose = ctx.session.actions.includes("POST /dashboard/api/holds/{hold_id}/settle");
+  const mayClose = ctx.session.actions.includes("hold.settle");
   const win = $("#spend-window");
   const by = $("#spend-by");
   if (!operator) by.value = "key";
   const state = { chart: null, labels: "" };
   let timer = null;
   let alive = true;
+  const forms = manage.mount(() => accounts(forms));
 
   const refresh = async () => {
     try {
-      await Promise.all([accounts(), holds(mayClose, refresh), spend(state, win.value, by.value)]);
+      await Promise.all([accounts(forms), holds(mayClose, refresh), spend(state, win.value, by.value)]);
       updateCsv(win.value);
     } catch (err) {
       notice(err.message);
@@ -44,6 +47,7 @@ export function mount(ctx) {
   return () => {
     alive = false;
     clearTimeout(timer);
+    forms.unmount();
     win.removeEventListener("change", onChange);
     by.removeEventListener("change", onChange);
     if (state.chart) state.chart.destroy();
@@ -56,13 +60,15 @@ function updateCsv(windowValue) {
   $("#money-csv").setAttribute("href", "/dashboard/api/usage.csv" + query({ since }));
 }
 
-async function accounts() {
+async function accounts(forms) {
   const doc = await get("/dashboard/api/accounts");
+  forms.update(doc);
   replaceRows(
     $("#accounts tbody"),
     doc.data.map((a) =>
-      h("tr", { "data-account": a.id },
-        td(a.id),
+      h("tr", { "data-account": a.id, "data-status": a.status },
+        forms.cell(a.id),
+        td(a.status, "status"),
         td(usd(a.balance_micros), "num balance"),
         td(usd(a.open_holds_micros), "num"),
         td(usd(a.reconciling_micros), "num reconciling"),
