@@ -93,6 +93,13 @@ class LocalBook:
     def report_failure(self, deployment: str, order: Order | None = None) -> None:
         self.book.report_failure(deployment, self.now(), order)
 
+    def attempt_failed(self, admission: Admission) -> None:
+        oid, attempt = admission.order.id, admission.order.requeues
+        for clear in reversed(self.recent):  # newest first: it was admitted lately
+            if clear.order_id == oid and clear.attempt == attempt:
+                clear.failed = True
+                return
+
     def add_deployment(self, deployment: Deployment) -> None:
         self.book.add_deployment(deployment)
         self.min_floor = self.book.min_floor
@@ -137,6 +144,8 @@ class LocalBook:
                         adm.order.bid,
                         adm.deployment,
                         max(0.0, now - adm.order.arrived_at),
+                        adm.order.id,
+                        adm.order.requeues,
                     )
                 )
         if self.book.waiting and self._wakeup is None:

@@ -341,6 +341,9 @@ class RedisBook:
         if cool_for:
             self.hub.spawn(self._call("COOL", deployment, cool_for))
 
+    def attempt_failed(self, admission: Admission) -> None:
+        self.hub.spawn(self._call("FAILED", admission.order.id, admission.order.requeues))
+
     def report_success(self, deployment: str) -> None:
         br = self._breakers.get(deployment)
         if br is None:
@@ -433,10 +436,7 @@ class RedisBook:
                 )
             )
         skew = time.time() - float(now_ms) / 1000.0
-        clears = []
-        for r in recent:
-            at, price, bid, dep = r.split("|", 3)
-            clears.append(Clear(float(at) / 1000.0 + skew, float(price), float(bid), dep))
+        clears = [_clear(r, skew) for r in recent]
         if clears:
             self._pace = Pace(len(clears), max(0.0, time.time() - clears[-1].at))
         return BookView(
@@ -507,6 +507,25 @@ class RedisBook:
         self._waiting.clear()
         self._resting.clear()
         self._held.clear()
+
+
+FAILED_MARK = "|x"
+"""Ends a recent entry whose run failed before any output (``lua/book_failed.lua``)."""
+
+
+def _clear(entry: str, skew: float) -> Clear:
+    """A ``recent`` entry ('ms|price|bid|deployment|order_id|attempt', then ``|x`` for a
+    failed attempt; an entry written before has the first four only) as a clear, on
+    this replica's clock (``skew``: its time less Redis's)."""
+    at, price, bid, rest = entry.split("|", 3)
+    failed = rest.endswith(FAILED_MARK)
+    if failed:
+        rest = rest[: -len(FAILED_MARK)]
+    dep, oid, attempt = rest, "", 0
+    parts = rest.rsplit("|", 2)
+    if len(parts) == 3 and parts[2].isdigit():
+        dep, oid, attempt = parts[0], parts[1], int(parts[2])
+    return Clear(float(at) / 1000.0 + skew, float(price), float(bid), dep, None, oid, attempt, failed)
 
 
 def _held_terms(held: str) -> tuple[str, float, float, int]:

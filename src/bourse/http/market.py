@@ -15,7 +15,7 @@ from bourse.domain.book import expected_wait_s
 from bourse.domain.errors import model_not_found
 from bourse.http.deps import Services
 from bourse.http.responses import JSON
-from bourse.ports.book import BookView
+from bourse.ports.book import BookView, cleared
 from bourse.services.market import Market
 from bourse.wire.requests import check_id
 
@@ -106,7 +106,7 @@ def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, A
                 "bid": c.bid,
                 "deployment": c.deployment,
             }
-            for c in v.recent
+            for c in cleared(v.recent)
         ]
     return out
 

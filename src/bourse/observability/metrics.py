@@ -306,7 +306,9 @@ def book_families(views: Mapping[str, BookView]) -> Iterator[Metric]:
         "bourse_book_best_bid_usd_per_million_tokens", "The best bid waiting (absent: none).", labels=p
     )
     cleared = GaugeMetricFamily(
-        "bourse_book_cleared_price_usd_per_million_tokens", "The price of the last admission.", labels=p
+        "bourse_book_cleared_price_usd_per_million_tokens",
+        "The price of the last admission that cleared (a failed attempt, which nobody paid, does not).",
+        labels=p,
     )
     admitted = CounterMetricFamily("bourse_book_admissions", "Orders the book has admitted.", labels=p)
     slots = GaugeMetricFamily(
@@ -329,8 +331,9 @@ def book_families(views: Mapping[str, BookView]) -> Iterator[Metric]:
         level.add_metric([product, c], v.level)
         if v.best_bid is not None:
             best.add_metric([product, c], v.best_bid)
-        if v.recent:
-            cleared.add_metric([product, c], v.recent[0].price)
+        last = next((r for r in v.recent if not r.failed), None)
+        if last is not None:
+            cleared.add_metric([product, c], last.price)
         admitted.add_metric([product, c], v.admitted_total)
         for d in v.deployments:
             slots.add_metric([product, d.name, c], d.slots)

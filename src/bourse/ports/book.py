@@ -20,6 +20,9 @@ The contract (``tests/contract/test_book.py`` runs it over both):
   the order again with its arrival kept, in one step; it and :meth:`report_failure` of
   an order count a failure on the deployment's breaker once per request and
   deployment (:func:`~bourse.domain.book.counts_against`).
+- :meth:`attempt_failed`: the admission's run ended before any output (its engine
+  failed or did not answer in time; requeued or not): its clear is marked ``failed``
+  in the view's ``recent``. Nobody paid it: it is a failed attempt, not a clear.
 - The client is asked at admission (:meth:`~bourse.domain.book.Order.still_wanted`):
   an order whose client has left is not admitted; its wait raises :class:`ClientGone`
   and the slot goes to the next order.
@@ -81,6 +84,13 @@ class Clear:
     deployment: str
     waited_s: float | None = None
     """How long the order waited in the book (``None`` when the adapter does not know)."""
+    order_id: str = ""
+    attempt: int = 0
+    """The order and its attempt (its requeues then) the clear admitted ("" and 0 when
+    the adapter does not know, as in a shared book's entries written before)."""
+    failed: bool = False
+    """The admission's run ended before any output (:meth:`BookPort.attempt_failed`):
+    a failed attempt, which nobody paid; it does not count as cleared."""
 
 
 @dataclass(slots=True)
@@ -93,10 +103,16 @@ class BookView:
     bids: list[float] = field(default_factory=list)
     """The waiting bids, best first (capped by the adapter)."""
     recent: list[Clear] = field(default_factory=list)
-    """The last admissions, newest first."""
+    """The last admissions, newest first, failed attempts among them (marked ``failed``):
+    :func:`cleared` gives the ones that count as cleared."""
     parked: int = 0
     """Waiting orders of a replica gone silent (shared book): kept in their place,
     admitted to nobody until it speaks again; not counted in ``waiting``."""
+
+
+def cleared(recent: list[Clear]) -> list[Clear]:
+    """The admissions of ``recent`` that count as cleared: every one but the failed attempts."""
+    return [c for c in recent if not c.failed]
 
 
 class BookPort(Protocol):
@@ -117,6 +133,11 @@ class BookPort(Protocol):
     async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]: ...
 
     def report_success(self, deployment: str) -> None: ...
+
+    def attempt_failed(self, admission: Admission) -> None:
+        """``admission``'s run ended before any output: its clear is a failed attempt
+        (call it before a :meth:`requeue` of the order)."""
+        ...
 
     def report_failure(self, deployment: str, order: Order | None = None) -> None: ...
 

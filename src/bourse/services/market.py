@@ -267,6 +267,10 @@ class Market:
         """A failure on ``deployment``; of ``order``: counted once per request and deployment."""
         self.book.report_failure(deployment, order)
 
+    def attempt_failed(self, admission: Admission) -> None:
+        """``admission``'s run ended before any output: a failed attempt, not a clear."""
+        self.book.attempt_failed(admission)
+
     # -- views -------------------------------------------------------------------
 
     def level(self) -> float:

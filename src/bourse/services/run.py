@@ -461,6 +461,8 @@ class Run:
                 self.terms.ask, self.terms.prompt, self.terms.request_id, adm.deployment, failure
             )
         self._end_attempt(failure.message)
+        if not streaming:
+            m.attempt_failed(adm)  # nothing came out: nobody paid it, it cleared nothing
         self.host.observer.upstream_failed(
             m.product, adm.deployment, failure.kind, failure.message, self.terms.request_id, failure.upstream
         )

@@ -5,7 +5,9 @@ while someone watches it, and for ``linger_s`` after the last watcher left, so a
 opened again soon finds its charts filled. Each product keeps its last ``keep``
 samples (ten minutes) and its last admissions (the book's recent clears, taken once
 each: the growth of ``admitted_total`` between two samples says how many of the
-newest are new). Nothing runs for a product nobody watches. Per process: every
+newest are new). An admission whose run then fails before any output is marked a
+failed attempt in the book's later views; each sample carries the mark over to the
+admission kept (by its order and attempt), so the page shows it apart. Nothing runs for a product nobody watches. Per process: every
 replica samples the book it sees (the shared book, with ``[cluster] redis_url``).
 """
 
@@ -114,8 +116,10 @@ class MarketTape:
     def _record(self, feed: _Feed, view: BookView) -> None:
         new = len(view.recent) if feed.admitted is None else view.admitted_total - feed.admitted
         feed.admitted = view.admitted_total
-        for clear in reversed(view.recent[: max(0, min(new, len(view.recent)))]):
+        fresh = max(0, min(new, len(view.recent)))
+        for clear in reversed(view.recent[:fresh]):
             feed.clears.appendleft(clear)
+        _mark_failed(feed.clears, view.recent[fresh:])
         feed.samples.append(Sample(self._clock(), view))
 
     async def aclose(self) -> None:
@@ -125,3 +129,14 @@ class MarketTape:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _mark_failed(kept: deque[Clear], seen: list[Clear]) -> None:
+    """Carry the failed marks of the admissions ``seen`` again (newest first) over to
+    the copies ``kept`` (newest first; the same objects with the in-process book)."""
+    failed = {(c.order_id, c.attempt) for c in seen if c.failed and c.order_id}
+    if not failed:
+        return
+    for clear in kept:  # a few hundred, and only while the book shows a failed attempt
+        if not clear.failed and (clear.order_id, clear.attempt) in failed:
+            clear.failed = True

@@ -105,6 +105,16 @@ async def test_counters_and_histograms_are_read_back_by_the_prometheus_parser() 
     assert got[("bourse_request_duration_seconds_sum", (("product", "p"),))] == pytest.approx(1000.31)
 
 
+async def test_a_failed_attempt_is_not_the_cleared_price() -> None:
+    view = _view()
+    view.recent.insert(0, Clear(2.0, 0.1, 0.5, "p/1", None, "r9", 0, failed=True))  # nobody paid it
+    got = await _scrape(_metrics({"p": _Book(view)}))
+    assert got[("bourse_book_cleared_price_usd_per_million_tokens", (("product", "p"), CLUSTER))] == 0.3
+    view.recent = [c for c in view.recent if c.failed]
+    got = await _scrape(_metrics({"p": _Book(view)}))
+    assert ("bourse_book_cleared_price_usd_per_million_tokens", (("product", "p"), CLUSTER)) not in got
+
+
 async def test_every_family_is_exposed_even_before_anything_was_counted() -> None:
     body, _ = await _metrics().scrape(None)
     names = {fam.name for fam in text_string_to_metric_families(body.decode())}

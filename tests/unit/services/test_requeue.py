@@ -44,6 +44,12 @@ async def test_requeues_up_to_max_requeues(
         assert (await exchange.hold(run)).state == "released"
     assert isinstance(fin, Finished)
     assert await exchange.busy(model) == (0, 0)
+    # each attempt that failed before any output is a failed attempt in the book's view
+    # (nobody paid it), the one that ran a clear
+    view = await exchange.completions.markets[model].view()
+    attempts = [(c.attempt, c.failed) for c in view.recent if c.order_id == run.order.id]
+    failed = failures if succeeds else requeues + 1
+    assert attempts == ([(failed, False)] if succeeds else []) + [(a, True) for a in reversed(range(failed))]
 
 
 async def test_a_failure_after_output_is_final(exchange: Exchange) -> None:
@@ -53,3 +59,5 @@ async def test_a_failure_after_output_is_final(exchange: Exchange) -> None:
     assert fin.outcome == "error" and fin.error is not None and fin.error.status == 502
     assert run.order is not None and run.order.requeues == 0
     assert await exchange.busy("default") == (0, 0)
+    view = await exchange.completions.markets["default"].view()
+    assert [c.failed for c in view.recent if c.order_id == run.order.id] == [False], "it ran: paid, cleared"

@@ -19,7 +19,9 @@
 --   busy    HASH   deployment -> slots in use
 --   cool    HASH   deployment -> cooling until (ms, Redis's clock), set by a replica's breaker
 --   stats   HASH   'admitted' -> admissions ever; 'swept' -> last sweep of parked orders (ms)
---   recent  LIST   'ms|price|bid|deployment', newest first, 32 kept
+--   recent  LIST   'ms|price|bid|deployment|order_id|attempt', newest first, 32 kept;
+--                  '|x' appended marks a failed attempt (FAILED: its run ended before
+--                  any output; no clear)
 --   seq     STRING arrival counter (at least the arrival time in µs, so arrivals stay
 --                  ordered across a Redis restart)
 --   offer   HASH   order_id -> 'orders entry#recent entry': an admission published to
@@ -271,6 +273,7 @@ local function admit(oid, member, raw, best, floor_s)
   local rec = now .. '|' .. price_s .. '|' .. bid_s .. '|' .. best
   redis.call('HSET', held, oid, best .. '|' .. replica .. '|' .. price_s .. '|' .. lvl .. '|' .. attempt)
   redis.call('HINCRBY', stats, 'admitted', 1)
+  rec = rec .. '|' .. oid .. '|' .. attempt   -- which admission: FAILED finds it so
   redis.call('LPUSH', recent, rec)
   redis.call('LTRIM', recent, 0, 31)
   if oid == quiet then
