@@ -434,9 +434,11 @@ def build(
     from bourse.storage.reports import SqlReports
 
     reports = SqlReports(store)
+    feed = RequestFeed(service, store)
+    observer.on_refused.append(feed.refused)  # the requests refused before the book, listed
     dashboard = Dashboard(
         sessions=Sessions(store, auth, store, clock=clock.now), reports=reports, admin=admin, jobs=jobs,
-        tape=MarketTape(markets), feed=RequestFeed(service, store),
+        tape=MarketTape(markets), feed=feed,
     )  # fmt: skip
     return Container(
         config, service, auth, admin, store, billing, jobs,

@@ -184,7 +184,7 @@ class Pipeline(Generic[R]):
         services, adapter = self.services, self.adapter
         head = read_head(scope, caller)
         principal = await services.auth.user(head.authorization)
-        caller.key_id = principal.key.id
+        caller.key_id, caller.account_id = principal.key.id, principal.account_id
         head.idempotency_key = idempotency.scoped(principal, head.idempotency_key)
         raw = await read_body(receive, head.length, self.max_body_bytes)
         req = adapter.parse(raw, self.max_json_depth)

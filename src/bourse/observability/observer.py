@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bourse.observability.access_log import (
@@ -130,6 +131,8 @@ class Observability:
         self._ledger: dict[str, list[float]] = {}
         self._cached_for: tuple[Instruments | None, AccessLog | None] = (None, None)
         """The instruments and access log the cached kinds and ledger series are of."""
+        self.on_refused: list[Callable[[Caller, int, str], None]] = []
+        """Told of each request refused before it became a run (the dashboard's list)."""
 
     # -- tracing ----------------------------------------------------------------------
 
@@ -213,6 +216,8 @@ class Observability:
         if self.access is not None:
             seconds = time.perf_counter() - caller.started
             self.access.write(refused_fields(caller, status, code, seconds))
+        for hook in self.on_refused:
+            hook(caller, status, code)
 
     def responded(self, method: str, route: str, status: int, seconds: float, caller: Caller | None) -> None:
         if self.instruments is not None:

@@ -75,6 +75,8 @@ class Caller:
     """The client's W3C ``traceparent`` header."""
     key_id: str | None = None
     """The API key's public id (``key_…``), once authenticated; never the secret."""
+    account_id: str | None = None
+    """The key's account, once authenticated."""
     product: str | None = None
     """The product asked for, once known to be one."""
 

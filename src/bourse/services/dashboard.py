@@ -14,7 +14,7 @@ the admin key.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from bourse.domain.errors import GatewayError
@@ -22,7 +22,7 @@ from bourse.ports.reports import ReportStore, SpendPoint, UsageFilter
 from bourse.ports.stores import Account, HoldState, JobStatus, UsageRecord
 from bourse.services.accounts import AdminService
 from bourse.services.jobs import JobService
-from bourse.services.request_feed import RequestFeed
+from bourse.services.request_feed import REFUSED, RequestFeed
 from bourse.services.sessions import Session, Sessions
 from bourse.services.tape import MarketTape
 
@@ -111,11 +111,37 @@ class Dashboard:
         return await self.reports.usage_rows(scoped, limit=limit, after=after)
 
     async def request(self, s: Session, request_id: str, account: str | None) -> UsageRecord:
+        """A request's usage record, or a refusal this process keeps (:meth:`refusals`)."""
         owner = self.scope(s, account)
         rec = None if owner is None else await self.admin.store.usage(owner, request_id)
         if rec is None:
+            where = UsageFilter(account_id=account)
+            rec = next(iter(self.refusals(s, where, 1, lambda r: r.request_id == request_id)), None)
+        if rec is None:
             raise GatewayError(404, "not_found", f"No usage record '{request_id}' here.")
         return rec
+
+    def refusals(
+        self, s: Session, where: UsageFilter, limit: int, also: Callable[[UsageRecord], bool] | None = None
+    ) -> list[UsageRecord]:
+        """The requests this process refused before the book (newest first; kept in
+        memory, :class:`~bourse.services.request_feed.RequestFeed`) that the session may
+        see and ``where`` takes: none when it asks for another outcome."""
+        if where.outcome not in (None, REFUSED):
+            return []
+        account = self.scope(s, where.account_id)
+
+        def match(r: UsageRecord) -> bool:
+            return (
+                (account is None or r.account_id == account)
+                and (where.key_id is None or r.record.get("key_id") == where.key_id)
+                and (where.product is None or r.product == where.product)
+                and (where.since is None or r.created_at >= where.since)
+                and (where.until is None or r.created_at <= where.until)
+                and (also is None or also(r))
+            )
+
+        return self.feed.refusals(match, limit)
 
     # -- jobs -----------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Finished requests as they are recorded: the dashboard's live tail.
+"""Finished requests as they are recorded, and the requests refused before the book:
+the dashboard's live tail.
 
 The feed listens to the completion service's ``on_settled`` hook. When a request of
 this process is settled and someone watches (the usage record is written with the
@@ -7,6 +8,15 @@ stored record to every watcher whose filter takes it. Each watcher has a bounded
 queue: a watcher too slow to keep up loses the oldest records, never blocks a
 request. The page lists earlier records (and those of other replicas) from the
 store; the tail adds this process's new ones as they land.
+
+A request refused before it became a run (401, 402, 403, 404, 429, a full book's
+503, …: the observer's ``refused``) has no usage record: it never reached the book,
+holds no money and is written to no table. The feed keeps the last ``keep_refused``
+of this process in memory, as records of outcome ``refused`` (cost 0, the status and
+the error code in ``record``), lists them (:meth:`refusals`) and hands each new one
+to the watchers like a finished request. They are per process: a replica (or a
+worker of ``serve --workers``) lists the refusals it answered, and forgets them when
+it stops. The ledger never sees them.
 """
 
 from __future__ import annotations
@@ -14,8 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 
+from bourse.ports.observer import Caller
 from bourse.ports.stores import UsageRecord, UsageStore
 from bourse.services.billing import Closing
 from bourse.services.completion import CompletionService
@@ -25,13 +38,24 @@ log = logging.getLogger("bourse.dashboard")
 
 Match = Callable[[UsageRecord], bool]
 
+REFUSED = "refused"
+"""The outcome of a request refused before the book (never a usage record's)."""
+
 
 class RequestFeed:
-    def __init__(self, completions: CompletionService, usage: UsageStore, *, queue_max: int = 256) -> None:
+    def __init__(
+        self,
+        completions: CompletionService,
+        usage: UsageStore,
+        *,
+        queue_max: int = 256,
+        keep_refused: int = 1000,
+    ) -> None:
         self._completions = completions
         self._usage = usage
         self._queue_max = queue_max
         self._watchers: list[tuple[Match, asyncio.Queue[UsageRecord]]] = []
+        self._refused: deque[UsageRecord] = deque(maxlen=keep_refused)
         completions.on_settled.append(self._settled)
 
     def _settled(self, closing: Closing, fin: Finished) -> None:
@@ -46,6 +70,31 @@ class RequestFeed:
             return
         if record is not None:
             self.publish(record)
+
+    def refused(self, caller: Caller, status: int, code: str) -> None:
+        """The observer's word of a request refused before it became a run: kept, and
+        handed to the watchers."""
+        created = time.time() - max(0.0, time.perf_counter() - caller.started)
+        doc = {"id": caller.request_id, "object": "bourse.refusal", "created": int(created),
+               "model": caller.product, "endpoint": caller.route, "outcome": REFUSED, "status": status,
+               "error": {"code": code}, "key_id": caller.key_id}  # fmt: skip
+        if caller.correlation_id is not None:
+            doc["correlation_id"] = caller.correlation_id
+        rec = UsageRecord(
+            caller.request_id, caller.account_id or "", caller.product or "", created, REFUSED, 0, doc
+        )
+        self._refused.append(rec)
+        self.publish(rec)
+
+    def refusals(self, match: Match, limit: int) -> list[UsageRecord]:
+        """The refusals kept that ``match`` takes, newest first (at most ``limit``)."""
+        out: list[UsageRecord] = []
+        for rec in reversed(self._refused):
+            if match(rec):
+                out.append(rec)
+                if len(out) >= limit:
+                    break
+        return out
 
     def publish(self, record: UsageRecord) -> None:
         for match, queue in list(self._watchers):

@@ -4,12 +4,14 @@ the request feed's subscriptions."""
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import aclosing
 from typing import Any, cast
 
 import pytest
 
 from bourse.ports.book import BookView, Clear, DeploymentView
+from bourse.ports.observer import Caller
 from bourse.ports.stores import UsageRecord
 from bourse.services.market import Market
 from bourse.services.request_feed import RequestFeed
@@ -63,6 +65,29 @@ async def test_samples_while_watched_and_keeps_history() -> None:
     await tape.aclose()
 
 
+async def test_a_failed_attempt_is_marked_on_the_admission_kept() -> None:
+    """A shared book's view is new objects each time: the mark a later view carries
+    (by order and attempt) goes to the admission the tape took before."""
+    m = FakeMarket()
+    tape = MarketTape({"p": cast(Market, m)}, interval_s=0.01, linger_s=0.0)
+    clears = [Clear(float(i), 0.1, 0.2, "d0", None, f"o{i}", 0) for i in range(3)]
+
+    def show(failed: set[str]) -> None:
+        m.recent = [Clear(c.at, c.price, c.bid, c.deployment, None, c.order_id, c.attempt, c.order_id in failed)
+                    for c in reversed(clears)]  # fmt: skip
+
+    m.admitted = 3
+    show(set())
+    async with aclosing(tape.watch("p")) as samples:
+        await anext(samples)
+        show({"o1"})
+        await anext(samples)
+        await anext(samples)
+    _, kept = tape.history("p")
+    assert [(c.order_id, c.failed) for c in kept] == [("o2", False), ("o1", True), ("o0", False)]
+    await tape.aclose()
+
+
 async def test_unknown_product_raises() -> None:
     tape = MarketTape({})
     with pytest.raises(KeyError):
@@ -87,6 +112,23 @@ async def test_request_feed_filters_and_bounds_each_queue() -> None:
         assert [every.get_nowait().request_id for _ in range(every.qsize())] == ["r2", "r3"]
     feed.publish(rec(9, "a"))  # no watcher left: nothing kept
     assert feed._watchers == []
+
+
+async def test_request_feed_keeps_the_last_refusals_and_hands_them_on() -> None:
+    feed = RequestFeed(cast(Any, FakeCompletions()), cast(Any, None), keep_refused=2)
+    with feed.subscribe(lambda r: r.account_id == "a") as mine:
+        for i, account in enumerate(["a", None, "a"]):
+            caller = Caller(f"chat-{i}", "/v1/chat/completions", time.perf_counter(), key_id="key_1",
+                            account_id=account)  # fmt: skip
+            feed.refused(caller, 429 if account else 401, "rate_limited" if account else "invalid_api_key")
+        assert [mine.get_nowait().request_id for _ in range(mine.qsize())] == ["chat-0", "chat-2"]
+    kept = feed.refusals(lambda r: True, 10)
+    assert [(r.request_id, r.account_id, r.outcome, r.cost_micros) for r in kept] == [
+        ("chat-2", "a", "refused", 0), ("chat-1", "", "refused", 0)
+    ]  # fmt: skip
+    assert kept[0].record["status"] == 429 and kept[0].record["error"] == {"code": "rate_limited"}
+    assert abs(kept[0].created_at - time.time()) < 5
+    assert feed.refusals(lambda r: r.account_id == "a", 10) == kept[:1]
 
 
 class FlakyMarket(FakeMarket):

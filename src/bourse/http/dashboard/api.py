@@ -1,7 +1,8 @@
 """The dashboard's data routes (``/dashboard/api/…``), each behind the session guard.
 
 Reads: ``markets``, ``accounts`` (with the operator actions the session may take,
-``allowed``), ``holds``, ``spend``, ``requests`` (and one request), ``jobs``,
+``allowed``), ``holds``, ``spend``, ``requests`` (and one request; a first page has
+the refusals this process keeps beside it, ``refused``), ``jobs``,
 ``usage.csv``. Actions (same origin and CSRF token): ``holds/{id}/settle``,
 ``holds/{id}/release`` (an operator with the admin route's role, audited) and
 ``jobs/{id}/cancel`` (the job's owner or an operator). The management of accounts and
@@ -38,6 +39,8 @@ from bourse.wire.requests import INT64_MAX, check_id, optional_id
 HOLD_STATES = ("open", "reconciling", "settled", "released")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "canceled", "expired")
 SPEND_BUCKETS_S = (60, 300, 900, 3600, 7200, 86_400)
+REFUSALS_LISTED = 500
+"""At most this many refusals (this process's, newest first) with a first page of requests."""
 
 
 class SettleBody(BaseModel):
@@ -127,11 +130,15 @@ def _request_routes(guard: Guard, dash: Dashboard) -> list[Route]:
     async def request_list(request: Request, s: Session) -> Response:
         limit = page_limit(request, default=50, most=200)
         after = optional_id(request.query_params.get("after"), "after")
-        rows = await dash.requests(s, usage_filter(request), limit + 1, after)
+        where = usage_filter(request)
+        rows = await dash.requests(s, where, limit + 1, after)
         page = rows[:limit]
         more = len(rows) > limit
-        return JSON({"data": [request_row(r) for r in page], "has_more": more,
-                     "next_after": page[-1].request_id if more and page else None})  # fmt: skip
+        doc = {"data": [request_row(r) for r in page], "has_more": more,
+               "next_after": page[-1].request_id if more and page else None}  # fmt: skip
+        if after is None:  # the first page: this process's refusals too, for the page to place
+            doc["refused"] = [request_row(r) for r in dash.refusals(s, where, REFUSALS_LISTED)]
+        return JSON(doc)
 
     async def request_one(request: Request, s: Session) -> Response:
         rid = check_id(request.path_params["request_id"], "request_id")

@@ -27,14 +27,15 @@ def _sub(doc: Mapping[str, Any], *path: str) -> Any:
 
 
 def request_row(rec: UsageRecord) -> dict[str, Any]:
-    """One finished request, as a row of the requests table."""
+    """One finished request (or one refused before the book: outcome ``refused``, with
+    its status and ``error`` code), as a row of the requests table."""
     doc = rec.record
     status = doc.get("status", _STATUS.get(rec.outcome))
     return {
         "id": rec.request_id,
-        "account": rec.account_id,
+        "account": rec.account_id or None,
         "key_id": doc.get("key_id"),
-        "product": rec.product,
+        "product": rec.product or None,
         "created": rec.created_at,
         "outcome": rec.outcome,
         "status": status,
@@ -46,6 +47,8 @@ def request_row(rec: UsageRecord) -> dict[str, Any]:
         "bid": _sub(doc, "usage", "x_market", "bid"),
         "cleared_price": _sub(doc, "usage", "x_market", "cleared_price"),
         "queued_ms": _sub(doc, "usage", "x_market", "queued_ms"),
+        "deployment": _sub(doc, "usage", "x_market", "deployment"),
+        "error": _sub(doc, "error", "code"),
     }
 
 
@@ -72,8 +75,10 @@ def point(s: Sample) -> dict[str, Any]:
 
 
 def clear_doc(c: Clear) -> dict[str, Any]:
-    """One admission: when, the order's bid, the price it cleared at, its wait."""
-    return {"t": c.at, "bid": c.bid, "price": c.price, "deployment": c.deployment, "wait_s": c.waited_s}
+    """One admission: when, the order's bid, the price it cleared at, its wait; ``failed``:
+    its run ended before any output (a failed attempt, nobody paid it: not a clear)."""
+    return {"t": c.at, "bid": c.bid, "price": c.price, "deployment": c.deployment, "wait_s": c.waited_s,
+            "failed": c.failed}  # fmt: skip
 
 
 def spend_doc(p: SpendPoint) -> dict[str, Any]:
