@@ -3,7 +3,8 @@ on 127.0.0.1) that was killed with SIGKILL mid-request and restarted on the same
 folder, so it starts with a reconciling hold; and one headless Chromium.
 
 Accounts: ``crash`` (its request was running when the gateway died), ``alice`` and
-``bob`` (a few finished requests each, made before the crash).
+``bob`` (a few finished requests each, made before the crash). Products: ``sim-market``
+(one slot), ``sim-fast``, ``slow`` and ``flaky`` (a dead deployment below a working one).
 """
 
 from __future__ import annotations
@@ -52,6 +53,20 @@ engine = "sim"
 slots = 2
 floor = 1.0
 tokens_per_s = 5
+
+[products.flaky]
+description = "A dead deployment at the lower floor (every attempt fails before output), a working one above"
+[[products.flaky.deployments]]
+name = "flaky-dead"
+engine = "sim"
+slots = 1
+floor = 0.05
+fail_before_output = -1
+[[products.flaky.deployments]]
+name = "flaky-ok"
+engine = "sim"
+slots = 1
+floor = 0.10
 """
 
 

@@ -22,9 +22,25 @@ export const $ = (sel, root = document) => root.querySelector(sel);
 
 export function replaceRows(tbody, rows, empty) {
   tbody.replaceChildren(...rows);
+  const heads = headings(tbody.closest("table"));
+  for (const tr of rows) labelRow(tr, heads);
   if (!rows.length && empty) {
-    const cols = tbody.closest("table").querySelectorAll("thead th").length || 1;
+    const cols = heads.length || 1;
     tbody.append(h("tr", { class: "empty" }, h("td", { colspan: cols, class: "muted" }, empty)));
+  }
+}
+
+// Each cell names its column (data-label, the text of its heading) for the narrow
+// layout (app.css), where a table's row is shown as lines of "column value".
+export function headings(table) {
+  return [...table.querySelectorAll("thead th")].map((th) => th.textContent.trim());
+}
+
+export function labelRow(tr, heads) {
+  let i = 0;
+  for (const cell of tr.cells) {
+    if (cell.colSpan === 1 && heads[i] && !cell.hasAttribute("data-label")) cell.setAttribute("data-label", heads[i]);
+    i += cell.colSpan;
   }
 }
 

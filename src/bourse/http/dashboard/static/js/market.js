@@ -1,6 +1,9 @@
 // The market page: one product's book as a ladder with the level marked, depth and
 // level over time, cleared prices, slot use per deployment, breaker states and the
-// latest admissions, live from /dashboard/api/markets/{product}/events.
+// latest admissions, live from /dashboard/api/markets/{product}/events. A failed
+// attempt (an admission whose run failed before any output, marked `failed` by the
+// server, perhaps a sample after it first came) is no clear: it is listed apart and
+// left out of the cleared prices.
 
 import { feed } from "./api.js";
 import { priceAxis, priceValue, timeChart } from "./charts.js";
@@ -52,12 +55,23 @@ export function mount(ctx) {
 }
 
 function mergeClears(state, newestFirst) {
-  const last = state.clears.length ? state.clears[state.clears.length - 1].t : -Infinity;
+  const cs = state.clears;
+  const last = cs.length ? cs[cs.length - 1].t : -Infinity;
   for (const c of newestFirst.slice().reverse()) {
-    if (c.t > last) state.clears.push(c);
+    if (c.t > last) cs.push(c);
+    else if (c.failed) markFailed(cs, c);
   }
-  if (state.clears.length > KEEP) state.clears.splice(0, state.clears.length - KEEP);
+  if (cs.length > KEEP) cs.splice(0, cs.length - KEEP);
 }
+
+function markFailed(cs, c) {
+  // an admission shown before, found failed since (the newest are at the end)
+  for (let i = cs.length - 1; i >= 0 && cs[i].t >= c.t; i--) {
+    if (cs[i].t === c.t && cs[i].deployment === c.deployment) cs[i].failed = true;
+  }
+}
+
+const clearedOnly = (cs) => cs.filter((c) => !c.failed);
 
 function render(doc, state) {
   $("#market-desc").textContent = `${doc.product}: floor ${price(doc.floor)}, default bid ${price(doc.default_bid)} (USD per 1M tokens)`;
@@ -91,12 +105,13 @@ function render(doc, state) {
       state.charts.slots = slotsChart(state.deployments);
     }
   }
+  const clearRow = (c) =>
+    h("tr", { "data-deployment": c.deployment }, td(clock(c.t)), td(price(c.bid), "num"), td(price(c.price), "num"), td(secs(c.wait_s), "num"), td(c.deployment));
+  replaceRows($("#admissions tbody"), clearedOnly(state.clears).slice(-20).reverse().map(clearRow), "No admissions yet.");
   replaceRows(
-    $("#admissions tbody"),
-    state.clears.slice(-20).reverse().map((c) =>
-      h("tr", {}, td(clock(c.t)), td(price(c.bid), "num"), td(price(c.price), "num"), td(secs(c.wait_s), "num"), td(c.deployment)),
-    ),
-    "No admissions yet.",
+    $("#failed-attempts tbody"),
+    state.clears.filter((c) => c.failed).slice(-20).reverse().map(clearRow),
+    "No failed attempts.",
   );
 }
 
@@ -169,6 +184,6 @@ function redraw(state) {
   const ts = state.points.map((p) => p.t);
   charts.depth.set([ts, state.points.map((p) => p.waiting), state.points.map((p) => p.level)]);
   charts.slots.set([ts, ...state.deployments.map((d) => state.points.map((p) => p.busy[d] ?? null))]);
-  const cs = state.clears;
+  const cs = clearedOnly(state.clears);
   charts.cleared.set([cs.map((c) => c.t), cs.map((c) => c.price), cs.map((c) => c.bid)]);
 }
