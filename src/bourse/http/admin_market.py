@@ -28,7 +28,7 @@ from bourse.domain.errors import GatewayError
 from bourse.http.admin_roles import guard, needing
 from bourse.http.deps import Services, json_model
 from bourse.http.responses import JSON
-from bourse.ports.market import Outcome
+from bourse.ports.market import Edit, MarketAdmin, MarketVersion, Outcome
 from bourse.wire.requests import IdText, check_id
 
 MAX_PRODUCTS = 1000
@@ -60,8 +60,15 @@ class ProductEdit(_In):
     dry_run: bool = False
 
 
-def _outcome(out: Outcome) -> dict[str, Any]:
+def outcome_doc(out: Outcome) -> dict[str, Any]:
+    """A change's answer: its version, its lines, whether it was written."""
     return {"object": "market.change", "version": out.version, "changes": out.changes, "applied": out.applied}
+
+
+def market_doc(v: MarketVersion) -> dict[str, Any]:
+    """The version in force, as ``GET /admin/market`` answers it."""
+    return {"object": "market", "version": v.version, "products": v.products, "actor": v.actor,
+            "created_at": v.created_at}  # fmt: skip
 
 
 def _not_found(product: str) -> GatewayError:
@@ -102,6 +109,58 @@ def edit_product(doc: dict[str, Any], product: str, body: ProductEdit) -> dict[s
     return doc
 
 
+def put_product(product: str, body: ProductPut) -> Edit:
+    """The change of ``PUT /admin/products/{product}``: the product added or replaced."""
+
+    def edit(doc: dict[str, Any]) -> dict[str, Any]:
+        return {**doc, product: body.product}
+
+    return edit
+
+
+def delete_product(product: str) -> Edit:
+    """The change of ``DELETE /admin/products/{product}``: 404 for an unknown product,
+    409 for the last one."""
+
+    def edit(doc: dict[str, Any]) -> dict[str, Any]:
+        if product not in doc:
+            raise _not_found(product)
+        if len(doc) == 1:
+            raise GatewayError(409, "conflict", "The exchange keeps at least one product.", param="product")
+        return {k: v for k, v in doc.items() if k != product}
+
+    return edit
+
+
+PRODUCT_ACTIONS = {
+    "PUT": "market.product.put",
+    "PATCH": "market.product.edit",
+    "DELETE": "market.product.delete",
+}
+"""The audit log's action of each product route (by its method)."""
+
+
+async def change_product(desk: MarketAdmin, request: Request, actor: str, max_depth: int) -> dict[str, Any]:
+    """What ``PUT|PATCH|DELETE /admin/products/{product}`` do (the admin routes, and the
+    dashboard's that mirror them with the session's actor): the body read with the
+    route's model, the change written (or only shown: ``dry_run``) and audited as
+    ``actor``; the answer's document."""
+    product = check_id(request.path_params["product"], "product")
+    method = request.method
+    edit: Edit
+    dry_run = False
+    if method == "PUT":
+        put = await json_model(request, ProductPut, max_depth)
+        edit, dry_run = put_product(product, put), put.dry_run
+    elif method == "PATCH":
+        body = await json_model(request, ProductEdit, max_depth)
+        edit, dry_run = (lambda doc: edit_product(doc, product, body)), body.dry_run
+    else:
+        edit = delete_product(product)
+    out = await desk.change(edit, actor, action=PRODUCT_ACTIONS[method], target=product, dry_run=dry_run)
+    return outcome_doc(out)
+
+
 class _MarketRoutes:
     def __init__(self, services: Services) -> None:
         self.auth = services.auth
@@ -110,16 +169,7 @@ class _MarketRoutes:
 
     async def market(self, request: Request) -> Response:
         await guard(self.auth, request)
-        v = await self.desk.current()
-        return JSON(
-            {
-                "object": "market",
-                "version": v.version,
-                "products": v.products,
-                "actor": v.actor,
-                "created_at": v.created_at,
-            }
-        )
+        return JSON(market_doc(await self.desk.current()))
 
     async def apply(self, request: Request) -> Response:
         actor = await guard(self.auth, request)
@@ -127,46 +177,11 @@ class _MarketRoutes:
         out = await self.desk.change(
             lambda _: dict(body.products), actor, action="market.apply", dry_run=body.dry_run
         )
-        return JSON(_outcome(out))
+        return JSON(outcome_doc(out))
 
-    async def put_product(self, request: Request) -> Response:
+    async def product(self, request: Request) -> Response:
         actor = await guard(self.auth, request)
-        product = check_id(request.path_params["product"], "product")
-        body = await json_model(request, ProductPut, self.max_depth)
-
-        def edit(doc: dict[str, Any]) -> dict[str, Any]:
-            return {**doc, product: body.product}
-
-        out = await self.desk.change(
-            edit, actor, action="market.product.put", target=product, dry_run=body.dry_run
-        )
-        return JSON(_outcome(out))
-
-    async def edit_product(self, request: Request) -> Response:
-        actor = await guard(self.auth, request)
-        product = check_id(request.path_params["product"], "product")
-        body = await json_model(request, ProductEdit, self.max_depth)
-        out = await self.desk.change(
-            lambda doc: edit_product(doc, product, body), actor, action="market.product.edit", target=product,
-            dry_run=body.dry_run,
-        )  # fmt: skip
-        return JSON(_outcome(out))
-
-    async def delete_product(self, request: Request) -> Response:
-        actor = await guard(self.auth, request)
-        product = check_id(request.path_params["product"], "product")
-
-        def edit(doc: dict[str, Any]) -> dict[str, Any]:
-            if product not in doc:
-                raise _not_found(product)
-            if len(doc) == 1:
-                raise GatewayError(
-                    409, "conflict", "The exchange keeps at least one product.", param="product"
-                )
-            return {k: v for k, v in doc.items() if k != product}
-
-        out = await self.desk.change(edit, actor, action="market.product.delete", target=product)
-        return JSON(_outcome(out))
+        return JSON(await change_product(self.desk, request, actor, self.max_depth))
 
 
 def routes(services: Services) -> list[Route]:
@@ -174,8 +189,8 @@ def routes(services: Services) -> list[Route]:
     plain = [
         ("GET", "/admin/market", m.market),
         ("POST", "/admin/market", m.apply),
-        ("PUT", "/admin/products/{product}", m.put_product),
-        ("PATCH", "/admin/products/{product}", m.edit_product),
-        ("DELETE", "/admin/products/{product}", m.delete_product),
+        ("PUT", "/admin/products/{product}", m.product),
+        ("PATCH", "/admin/products/{product}", m.product),
+        ("DELETE", "/admin/products/{product}", m.product),
     ]
     return [Route(path, needing(method, path, fn), methods=[method]) for method, path, fn in plain]

@@ -41,7 +41,7 @@ def _target(world: World) -> Target:
 
 
 def _path(action: Action, t: Target, hold: str = "hold_none") -> str:
-    return action.path.format(account_id=t.account, key_id=t.key_id, hold_id=hold)
+    return action.path.format(account_id=t.account, key_id=t.key_id, hold_id=hold, product="dash-fast")
 
 
 def _audit(world: World, target: str) -> list[dict[str, Any]]:
@@ -320,7 +320,7 @@ def test_each_action_needs_the_least_role_of_the_admin_route_it_mirrors(
                 assert r.json()["error"]["code"] == "insufficient_role"
                 assert f"'{LEAST_ROLE[action.mirrors]}'" in r.json()["error"]["message"]
         assert c.get("/dashboard/api/keys", params={"account": t.account}).status_code == 200
-    writes = allowed - {"account.read", "key.list"}
+    writes = allowed - {a.name for a in ACTIONS if a.method == "GET"}
     if role == "viewer":
         assert writes == set()
     if role == "billing":

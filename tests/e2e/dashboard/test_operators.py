@@ -43,7 +43,7 @@ def test_an_operator_key_signs_in_with_its_name_and_role(
         assert (me["role"], me["operator"], me["operator_id"], me["staff"]) == (
             "viewer", "dash-viewer", ops["viewer"]["id"], True,
         )  # fmt: skip
-        assert me["account"] is None and me["actions"] == ["account.read", "key.list"], me
+        assert me["account"] is None and me["actions"] == ["account.read", "key.list", "market.read"], me
         # a viewer reads everything
         accounts = {a["id"] for a in c.get("/dashboard/api/accounts").json()["data"]}
         assert {"alice", "bob", "test"} <= accounts

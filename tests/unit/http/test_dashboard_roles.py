@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from bourse.container import build
 from bourse.domain.errors import GatewayError
-from bourse.http import admin, dashboard
+from bourse.http import admin, admin_market, dashboard
 from bourse.http.admin_roles import LEAST_ROLE
 from bourse.http.dashboard.roles import (
     ACTIONS,
@@ -44,7 +44,7 @@ def _routes(tmp_path: Path) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]
     def table(routes: list[Route]) -> set[tuple[str, str]]:
         return {(m, r.path) for r in routes for m in r.methods or () if m != "HEAD"}
 
-    return table(admin.routes(services)), table(dashboard.routes(services))
+    return table([*admin.routes(services), *admin_market.routes(services)]), table(dashboard.routes(services))
 
 
 def test_every_action_mirrors_an_admin_route_and_is_a_dashboard_route(tmp_path: Path) -> None:

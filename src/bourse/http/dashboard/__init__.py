@@ -11,6 +11,8 @@ package; no other origin is ever contacted) and the routes it calls:
   requests, jobs (cancel), the CSV download;
 - :mod:`.manage`: accounts and keys managed by an operator (the admin API's use cases;
   who may do which: :mod:`.roles`);
+- :mod:`.market_config`: the live market's products, floors, slots and default bids
+  read and changed by an operator (the admin market routes' changes);
 - :mod:`.streams`: the live market and requests feeds (server-sent events).
 
 The use cases behind them are :class:`bourse.services.dashboard.Dashboard`.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from bourse.http.dashboard import api, assets, manage, signin, streams
+from bourse.http.dashboard import api, assets, manage, market_config, signin, streams
 from bourse.http.dashboard.guard import Guard
 from bourse.http.dashboard.roles import check_complete
 from bourse.http.deps import Services
@@ -37,5 +39,6 @@ def routes(services: Services) -> list[Route]:
             *streams.routes(guard, dash, markets),
             *api.routes(guard, dash, markets, services.max_json_depth),
             *manage.routes(guard, dash, services.max_json_depth),
+            *market_config.routes(guard, dash, services.desk, services.max_json_depth),
         ]
     )

@@ -79,6 +79,10 @@ ACTIONS: tuple[Action, ...] = (
     _a("key.rotate", "POST", "/keys/{key_id}/rotate"),
     _a("hold.settle", "POST", "/holds/{hold_id}/settle"),
     _a("hold.release", "POST", "/holds/{hold_id}/release"),
+    _a("market.read", "GET", "/market"),
+    _a("market.product.put", "PUT", "/products/{product}"),
+    _a("market.product.edit", "PATCH", "/products/{product}"),
+    _a("market.product.delete", "DELETE", "/products/{product}"),
 )
 """Every operator action of the dashboard, by the admin route it mirrors (the
 dashboard's path is the admin path under ``/dashboard/api`` instead of ``/admin``)."""

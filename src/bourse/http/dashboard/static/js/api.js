@@ -45,6 +45,8 @@ async function call(method, path, body) {
 export const get = (path) => call("GET", path);
 export const post = (path, body) => call("POST", path, body === undefined ? {} : body);
 export const patch = (path, body) => call("PATCH", path, body);
+export const put = (path, body) => call("PUT", path, body);
+export const del = (path) => call("DELETE", path);
 
 export function query(params) {
   const q = new URLSearchParams();

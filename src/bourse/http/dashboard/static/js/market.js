@@ -1,13 +1,15 @@
 // The market page: one product's book as a ladder with the level marked, depth and
 // level over time, cleared prices, slot use per deployment, breaker states and the
-// latest admissions, live from /dashboard/api/markets/{product}/events. A failed
-// attempt (an admission whose run failed before any output, marked `failed` by the
-// server, perhaps a sample after it first came) is no clear: it is listed apart and
-// left out of the cleared prices.
+// latest admissions, live from /dashboard/api/markets/{product}/events; for an operator
+// who may change it, the product's configuration (market_config.js). A failed attempt
+// (an admission whose run failed before any output, marked `failed` by the server,
+// perhaps a sample after it first came) is no clear: it is listed apart and left out
+// of the cleared prices.
 
 import { feed } from "./api.js";
 import { priceAxis, priceValue, timeChart } from "./charts.js";
 import { $, clock, h, price, replaceRows, secs, td } from "./dom.js";
+import * as config from "./market_config.js";
 
 const KEEP = 1200;
 
@@ -47,7 +49,9 @@ export function mount(ctx) {
       live.classList.toggle("on", up);
     },
   );
+  const unconfig = config.mount(ctx, wanted);
   return () => {
+    unconfig();
     source.close();
     select.removeEventListener("change", onChange);
     if (state.charts) for (const c of Object.values(state.charts)) c.destroy();
