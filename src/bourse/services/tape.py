@@ -99,6 +99,9 @@ class MarketTape:
 
     async def _sample(self, product: str, feed: _Feed) -> None:
         while True:
+            live = self._markets.get(product)
+            if live is not None and live is not feed.market:  # the product was added again live
+                feed.market, feed.admitted = live, None
             try:
                 view = await feed.market.view()
             except GatewayError as exc:  # the shared book is unreachable: no sample this time

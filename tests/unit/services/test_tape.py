@@ -155,3 +155,19 @@ async def test_a_failing_view_does_not_stop_the_samples(caplog: pytest.LogCaptur
     assert m.calls >= 5 and m.views >= got
     assert caplog.text.count("sampling p failed") >= 2
     await tape.aclose()
+
+
+async def test_a_product_added_again_live_is_sampled_from_its_new_market() -> None:
+    old, new = FakeMarket(), FakeMarket()
+    markets: dict[str, Market] = {"p": cast(Market, old)}
+    tape = MarketTape(markets, interval_s=0.01, keep=50, linger_s=0.0)
+    async with aclosing(tape.watch("p")) as samples:
+        n = 0
+        async for _ in samples:
+            n += 1
+            if n == 2:
+                markets["p"] = cast(Market, new)  # removed and added again (bourse.market_desk)
+            if n == 5:
+                break
+    assert new.views >= 2, "the tape kept sampling the market that was taken off"
+    await tape.aclose()
