@@ -35,7 +35,7 @@ from bourse.retrying import retrying
 
 log = logging.getLogger("bourse.coordination")
 
-BOOK_SCRIPTS = ("SUBMIT", "TAKE", "REMOVE", "RELEASE", "COOL", "HEARTBEAT", "STANDING", "VIEW")
+BOOK_SCRIPTS = ("SUBMIT", "TAKE", "REMOVE", "RELEASE", "COOL", "HEARTBEAT", "STANDING", "VIEW", "REBID")
 """The book's scripts: ``lua/book.lua`` (what they share) followed by ``lua/book_{name}.lua``."""
 RATE_SCRIPTS = ("RATE_ACQUIRE", "RATE_FINISH")
 """The rate limiter's scripts: ``lua/{name}.lua``, each on its own."""

@@ -20,6 +20,12 @@ The contract (``tests/contract/test_book.py`` runs it over both):
   the order again with its arrival kept, in one step; it and :meth:`report_failure` of
   an order count a failure on the deployment's breaker once per request and
   deployment (:func:`~bourse.domain.book.counts_against`).
+- :meth:`rebid` raises a waiting deadline order's bid (never lowers it, never above
+  its ceiling: :func:`~bourse.domain.book.check_raise`): it is ranked again at its new
+  price with its arrival kept (equal bids: arrival order stands) and the book is
+  cleared; False if it was not waiting (admitted at its old bid, or gone). An order
+  admitted at the same moment on another replica is admitted once, at the bid the
+  book had when it cleared.
 - The client is asked at admission (:meth:`~bourse.domain.book.Order.still_wanted`):
   an order whose client has left is not admitted; its wait raises :class:`ClientGone`
   and the slot goes to the next order.
@@ -109,6 +115,8 @@ class BookPort(Protocol):
     async def submit(self, order: Order) -> asyncio.Future[Admission]: ...
 
     async def wait(self, order: Order, fut: asyncio.Future[Admission], deadline: float) -> Admission: ...
+
+    async def rebid(self, order: Order, bid: float) -> bool: ...
 
     def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None: ...
 
