@@ -59,10 +59,10 @@ def next_bid(current: float, proposed: float, left_s: float, stretch_s: float, c
     return min(ceiling, max(current, proposed))
 
 
-def start_bid(market: Market, deadline_s: float, ceiling: float) -> float:
+async def start_bid(market: Market, deadline_s: float, ceiling: float) -> float:
     """The bid a deadline order enters the book at."""
     stretch = last_stretch_s(deadline_s, tick_s(deadline_s, market.policy.quiet_interval_s))
-    return next_bid(0.0, market.deadline_bid(deadline_s, ceiling), deadline_s, stretch, ceiling)
+    return next_bid(0.0, await market.deadline_bid(deadline_s, ceiling), deadline_s, stretch, ceiling)
 
 
 async def raise_bids(market: Market, order: Order, fut: asyncio.Future[Admission], deadline: float) -> None:
@@ -87,7 +87,7 @@ async def raise_bids(market: Market, order: Order, fut: asyncio.Future[Admission
         left = deadline - loop.time()
         if fut.done() or left <= 0:
             return
-        bid = next_bid(order.bid, market.deadline_bid(left, ceiling), left, stretch, ceiling)
+        bid = next_bid(order.bid, await market.deadline_bid(left, ceiling, order), left, stretch, ceiling)
         if bid > order.bid:
             try:
                 await market.rebid(order, bid)

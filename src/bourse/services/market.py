@@ -106,15 +106,17 @@ class Market:
         floors = [d.floor for d in self._deployments if d.can_take(now)]
         return min(floors) if floors else self.book.min_floor
 
-    def deadline_bid(self, within_s: float, ceiling: float) -> float:
+    async def deadline_bid(self, within_s: float, ceiling: float, order: Order | None = None) -> float:
         """The bid of a deadline order with ``within_s`` seconds left to its deadline,
-        clamped to [lowest available floor, ``ceiling``] (:mod:`bourse.services.deadline`).
+        clamped to [lowest available floor, ``ceiling``] (:mod:`bourse.services.deadline`);
+        ``order``: the order priced again while it waits (None: one about to enter).
 
-        PLACEHOLDER pricing (issue 38 item 3, built before items 1-2): to be replaced by
-        ``self.bid_for(within_s, ceiling)``, the lowest bid the wait prediction says is
-        admitted within ``within_s``. Until then: the lowest available floor while the
-        book's recent pace says the orders now waiting clear in time, else one step
-        (1 %) over the level, the best bid waiting, so that the order is next."""
+        PLACEHOLDER pricing (issue 38 item 3, built before items 1-2): the whole body is
+        to be replaced by ``return await self.bid_for(within_s, ceiling, order)``, the
+        lowest bid the wait prediction says is admitted within ``within_s``. Until then:
+        the lowest available floor while the book's recent pace says the orders now
+        waiting clear in time, else one step (1 %) over the level, the best bid waiting,
+        so that the order is next."""
         lo = min(self.available_floor(), ceiling)
         level = self.level()
         if level <= lo:

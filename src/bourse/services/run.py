@@ -297,8 +297,9 @@ class Run:
         if ask.deadline_s is None:
             self.order = order = m.new_order(self.terms.request_id, ask.bid)
         else:  # a deadline order: it starts low, raised while it waits (up to ask.bid)
-            self.order = order = m.new_order(self.terms.request_id, start_bid(m, ask.deadline_s, ask.bid))
-            order.ceiling, order.start_bid = ask.bid, order.bid
+            first = await start_bid(m, ask.deadline_s, ask.bid)
+            self.order = order = m.new_order(self.terms.request_id, first)
+            order.ceiling, order.start_bid = ask.bid, first
         order.present = self._still_there
         # its request was read from the client just now: an order admitted at once is
         # not asked (a client that left meanwhile is seen by the relay: the connection

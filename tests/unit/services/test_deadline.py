@@ -76,7 +76,7 @@ async def test_a_deadline_order_starts_low_is_raised_and_overtakes_the_lower_bid
     held: Admission = fut.result()
     low, low_fut = await _submit(market, "low", 0.5)
     deadline_s, ceiling = 1.0, 2.0
-    first = start_bid(market, deadline_s, ceiling)
+    first = await start_bid(market, deadline_s, ceiling)
     assert first == FLOOR  # the placeholder prices the lowest floor while there is time
     order, fut = await _submit(market, "dl", first, ceiling)
     order.start_bid = first
@@ -116,7 +116,7 @@ async def test_a_deadline_order_that_cannot_make_it_ends_408_at_its_deadline() -
 
 async def test_a_deadline_order_with_a_free_slot_is_admitted_at_once_at_the_floor() -> None:
     market, _ = _market()
-    first = start_bid(market, 5.0, 2.0)
+    first = await start_bid(market, 5.0, 2.0)
     order, fut = await _submit(market, "dl", first, 2.0)
     assert fut.done()
     adm = await market.wait(order, fut, order.arrived_at + 5.0)
