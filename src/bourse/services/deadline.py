@@ -17,15 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from bourse.domain.book import Admission, Order
 from bourse.domain.errors import GatewayError
-
-if TYPE_CHECKING:
-    from bourse.services.market import Market
+from bourse.domain.policy import Policy
 
 log = logging.getLogger("bourse.market")
+
+
+class Market(Protocol):
+    """What a deadline order needs of its :class:`~bourse.services.market.Market`."""
+
+    policy: Policy
+
+    async def deadline_bid(self, within_s: float, ceiling: float, order: Order | None = None) -> float: ...
+
+    async def rebid(self, order: Order, bid: float) -> bool: ...
+
 
 MIN_TICK_S = 0.05
 """A deadline order is priced again at most this often."""
