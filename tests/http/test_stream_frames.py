@@ -22,7 +22,10 @@ FAIL_AT_ONCE = {"fail_after_tokens": 0}
 WITH_USAGE = {"include_usage": True}
 RECEIPT_KEYS = {"cost_micros", "latency_ms", "ttft_ms", "quote_micros", "outcome"}
 HIPS_KEYS = {"cost_micros", "latency_ms", "quote", "outcome"}
-X_MARKET_KEYS = {"bid", "cleared_price", "level", "position_at_entry", "queued_ms", "requeues", "deployment"}
+X_MARKET_KEYS = {
+    "bid", "start_bid", "deadline_s", "cleared_price", "level", "position_at_entry", "queued_ms", "requeues",
+    "deployment",
+}  # fmt: skip
 ID_HEADERS = ("x-aigrid-invocation", "x-gopuram-request-id")
 OPENAI_ERROR = ("message", "type", "param", "code")
 

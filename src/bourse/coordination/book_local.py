@@ -65,6 +65,12 @@ class LocalBook:
             self.withdraw(order, fut)
             raise
 
+    async def rebid(self, order: Order, bid: float) -> bool:
+        if not self.book.rebid(order, bid):
+            return False
+        self._dispatch()  # a slot its old bid could not take may be its now
+        return True
+
     def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None:
         self._futures.pop(order, None)
         if self.book.remove(order):

@@ -35,7 +35,7 @@ import orjson
 from redis.exceptions import RedisError
 
 from bourse.coordination.redis_hub import RedisHub
-from bourse.domain.book import Admission, BookFull, Deployment, Order, counts_against
+from bourse.domain.book import Admission, BookFull, Deployment, Order, check_raise, counts_against
 from bourse.ports.book import BookUnavailable, BookView, Clear, ClientGone, DeploymentView, Pace
 
 log = logging.getLogger("bourse.coordination")
@@ -206,10 +206,12 @@ class RedisBook:
             entry[1].set_exception(exc)
 
     def _admitted(self, oid: str, held: str) -> None:
-        dep, price, level, attempt = _held_terms(held)
-        self._grant(oid, dep, price, level, attempt)
+        dep, price, level, attempt, bid = _held_terms(held)
+        self._grant(oid, dep, price, level, attempt, bid)
 
-    def _grant(self, oid: str, dep: str, price: float, level: float, attempt: int) -> None:
+    def _grant(
+        self, oid: str, dep: str, price: float, level: float, attempt: int, bid: float | None = None
+    ) -> None:
         """Redis gave ``oid`` the slot (taken up): hand it to the waiter, or give it back."""
         entry = self._waiting.get(oid)
         if entry is not None and entry[0].requeues != attempt:
@@ -228,6 +230,8 @@ class RedisBook:
             if not fut.done():
                 fut.set_exception(ClientGone(oid))
             return
+        if bid is not None:  # the bid it cleared at (a raise's answer may come after the offer)
+            order.bid = bid
         adm = Admission(order, dep, price, level)
         self._held[oid] = adm
         self._level = level
@@ -267,11 +271,27 @@ class RedisBook:
         if fut.done() and not fut.cancelled():
             return fut.result()
         if res[0] == "held":  # admitted at the deadline (an offer is taken up by the REMOVE)
-            dep, price, level, _attempt = _held_terms(res[1])
+            dep, price, level, _attempt, bid = _held_terms(res[1])
+            if bid is not None:
+                order.bid = bid
             adm = Admission(order, dep, price, level)
             self._held[oid] = adm
             return adm
         raise TimeoutError
+
+    async def rebid(self, order: Order, bid: float) -> bool:
+        check_raise(order, bid)
+        oid = order.id
+        if oid not in self._waiting:
+            return False
+        res = await self._call("REBID", oid, repr(float(bid)))
+        if res[0] != "raised":
+            return False  # admitted (at the bid the book had then) or gone
+        if oid in self._waiting:  # else granted meanwhile: the grant read the bid it cleared at
+            order.bid = max(order.bid, bid)
+            if int(res[1]) >= 0:
+                self._pos[oid] = int(res[1])
+        return True
 
     def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None:
         oid = order.id
@@ -528,10 +548,12 @@ def _clear(entry: str, skew: float) -> Clear:
     return Clear(float(at) / 1000.0 + skew, float(price), float(bid), dep, None, oid, attempt, failed)
 
 
-def _held_terms(held: str) -> tuple[str, float, float, int]:
-    """(deployment, price, level, attempt) of a ``held`` entry (see the scripts' key layout)."""
-    dep, _replica, price, level, attempt = held.split("|", 4)
-    return dep, float(price), float(level), int(attempt)
+def _held_terms(held: str) -> tuple[str, float, float, int, float | None]:
+    """(deployment, price, level, attempt, bid) of a ``held`` entry (see the scripts' key
+    layout; the bid it cleared at is None where the entry does not say it)."""
+    dep, _replica, price, level, attempt, *rest = held.split("|")
+    bid = rest[0] if rest else ""
+    return dep, float(price), float(level), int(attempt), float(bid) if bid else None
 
 
 def _waiting_terms(order: Order) -> str:
@@ -542,4 +564,6 @@ def _waiting_terms(order: Order) -> str:
 def _slot_terms(adm: Admission) -> str:
     """A slot in use as the heartbeat script reads it (to count it again if forgotten)."""
     o = adm.order
-    return f"h|{o.id}|{adm.deployment}|{float(adm.price)!r}|{float(adm.level)!r}|{o.requeues}"
+    return (
+        f"h|{o.id}|{adm.deployment}|{float(adm.price)!r}|{float(adm.level)!r}|{o.requeues}|{float(o.bid)!r}"
+    )

@@ -35,7 +35,18 @@ from bourse.retrying import retrying
 
 log = logging.getLogger("bourse.coordination")
 
-BOOK_SCRIPTS = ("SUBMIT", "TAKE", "REMOVE", "RELEASE", "COOL", "HEARTBEAT", "STANDING", "VIEW", "FAILED")
+BOOK_SCRIPTS = (
+    "SUBMIT",
+    "TAKE",
+    "REMOVE",
+    "RELEASE",
+    "COOL",
+    "HEARTBEAT",
+    "STANDING",
+    "VIEW",
+    "FAILED",
+    "REBID",
+)
 """The book's scripts: ``lua/book.lua`` (what they share) followed by ``lua/book_{name}.lua``."""
 RATE_SCRIPTS = ("RATE_ACQUIRE", "RATE_FINISH")
 """The rate limiter's scripts: ``lua/{name}.lua``, each on its own."""

@@ -3,7 +3,9 @@
 Pure and synchronous: no I/O, no clock of its own (callers pass ``now`` in seconds).
 
 - Orders rank by bid (highest first), then by arrival sequence (earliest first). A
-  requeued order keeps its sequence number, so it keeps its place.
+  requeued order keeps its sequence number, so it keeps its place. A deadline order's
+  bid may be raised while it waits (:meth:`ProductBook.rebid`): it is ranked again at
+  its new price with its sequence number kept, so among equal bids arrival stands.
 - Each deployment has a ``floor`` and ``slots``; an order is eligible for a
   deployment whose floor is at or below its bid, that is available (its probes pass:
   :mod:`bourse.domain.availability`) and that is not cooling down.
@@ -50,6 +52,11 @@ class Order:
     """Asks whether its client is still connected (None: nobody to ask, e.g. a job)."""
     failed_on: tuple[str, ...] = ()
     """The deployments whose breakers already counted a failure of this order."""
+    ceiling: float | None = None
+    """A deadline order's ceiling (its ``max_price``): its bid is raised as its deadline
+    nears, never above this (None: a fixed bid, never raised)."""
+    start_bid: float | None = None
+    """The bid a deadline order entered the book at (None: a fixed bid, ``bid`` throughout)."""
 
     def rank(self) -> tuple[float, int]:
         return (-self.bid, self.seq)
@@ -136,6 +143,18 @@ def requeue_delay_s(requeues: int) -> float:
     return min(REQUEUE_BACKOFF_MAX_S, REQUEUE_BACKOFF_S * 2.0 ** min(requeues, 32))
 
 
+def check_raise(order: Order, bid: float) -> None:
+    """ValueError unless ``bid`` is a raise of ``order``'s bid that its ceiling allows:
+    a bid in the book only ever rises, and only a deadline order's (up to its ceiling)."""
+    if order.ceiling is None:
+        raise ValueError(f"order {order.id} has a fixed bid; only a deadline order's bid is raised")
+    if not order.bid <= bid <= order.ceiling:
+        raise ValueError(
+            f"order {order.id}: a new bid must be from its bid {order.bid:g} to its ceiling "
+            f"{order.ceiling:g}, not {bid:g}"
+        )
+
+
 class BookFull(Exception):
     """The book holds its maximum number of waiting orders."""
 
@@ -213,6 +232,23 @@ class ProductBook:
             self._orders.remove(order)
         except ValueError:
             return False
+        return True
+
+    def rebid(self, order: Order, bid: float) -> bool:
+        """Raise a waiting deadline order's bid to ``bid`` (:func:`check_raise`): it is
+        ranked again at its new price and keeps its sequence number, so it passes the
+        lower bids and stays behind the equal bids that arrived before it. False, with
+        nothing changed, if it is not waiting (admitted already: it cleared at its old
+        bid). The caller dispatches after (a raise may make it eligible for a free slot)."""
+        check_raise(order, bid)
+        if bid == order.bid:
+            return order in self._orders
+        try:
+            self._orders.remove(order)  # by its rank at its old bid: before the bid changes
+        except ValueError:
+            return False
+        order.bid = bid
+        self._orders.add(order)
         return True
 
     def position(self, order: Order) -> int:

@@ -58,6 +58,7 @@ class Completions(Adapter[Parsed]):
                 body,
                 max_price_header=head.max_price,
                 timeout_header=head.book_timeout,
+                deadline_header=head.deadline,
             )
             return await incoming.keep(JSON(job, status_code=202, request_id=job["request_id"]))
         # one answer: the engine may ask its upstream for one

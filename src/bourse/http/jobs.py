@@ -40,6 +40,7 @@ def routes(services: Services) -> list[Route]:
                 p, body.endpoint, body.body, webhook_url=body.webhook_url, ttl_s=body.ttl_s,
                 max_price_header=request.headers.get("x-max-price"),
                 timeout_header=request.headers.get("x-book-timeout"),
+                deadline_header=request.headers.get("x-deadline-s"),
             )  # fmt: skip
         except BaseException:
             await idempotency.forget(services, p.account_id, key)

@@ -95,6 +95,12 @@ _IDEM = Param(
 )
 _BID = Param("X-Max-Price", {"type": "string"}, "the bid, USD per 1M tokens (as `max_price`)", "header")
 _WAIT = Param("X-Book-Timeout", {"type": "string"}, "seconds the order may wait in the book", "header")
+_DEADLINE = Param(
+    "X-Deadline-S",
+    {"type": "string"},
+    "a deadline order: seconds by which it starts, its bid raised up to `max_price` (as `deadline_s`)",
+    "header",
+)
 _CHAT = {"model": "sim-fast", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}
 _RUN_ERRORS = (402, 403, 404, 408, 409, 429, 502, 503)
 _JOB_ERRORS = (402, 403, 404, 409, 429, 503)
@@ -112,7 +118,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         answer="ChatCompletion",
         stream=True,
         errors=_RUN_ERRORS,
-        params=(_IDEM, _BID, _WAIT),
+        params=(_IDEM, _BID, _WAIT, _DEADLINE),
         extra={202: ("`detached: true`: the job", "Job")},
     ),
     ("POST", "/v1/completions"): Operation(
@@ -123,7 +129,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         answer="TextCompletion",
         stream=True,
         errors=_RUN_ERRORS,
-        params=(_IDEM, _BID, _WAIT),
+        params=(_IDEM, _BID, _WAIT, _DEADLINE),
         extra={202: ("`detached: true`: the job", "Job")},
     ),
     ("POST", "/v1/responses"): Operation(
@@ -136,7 +142,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         stream=True,
         event="ResponseEvent",
         errors=_RUN_ERRORS,
-        params=(_IDEM, _BID, _WAIT),
+        params=(_IDEM, _BID, _WAIT, _DEADLINE),
     ),
     ("GET", "/v1/responses/{response_id}"): Operation(
         "A stored response (`stream=true&starting_after=N` resumes a background stream)",
@@ -201,7 +207,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         ok=202,
         answer="Job",
         errors=_JOB_ERRORS,
-        params=(_IDEM, _BID, _WAIT),
+        params=(_IDEM, _BID, _WAIT, _DEADLINE),
     ),
     ("GET", "/v1/jobs"): Operation(
         "The account's jobs, newest first", "jobs", answer="Page", params=(_LIMIT, _AFTER)

@@ -52,6 +52,8 @@ class Head:
     idempotency_key: str | None = None
     max_price: str | None = None
     book_timeout: str | None = None
+    deadline: str | None = None
+    """``X-Deadline-S``: a deadline order's deadline (seconds)."""
     present: Callable[[], bool] | None = None
     """Asks whether the client is still connected (None: the server has no probe)."""
 
@@ -69,6 +71,8 @@ def read_head(scope: Scope, caller: Caller) -> Head:
             head.max_price = value.decode("latin-1")
         elif name == b"x-book-timeout":
             head.book_timeout = value.decode("latin-1")
+        elif name == b"x-deadline-s":
+            head.deadline = value.decode("latin-1")
         elif name == b"x-request-id":
             caller.correlation_id = correlation_id(value)
         elif name == b"traceparent":
@@ -117,7 +121,8 @@ class Incoming:
         head, caller = self.head, self.caller
         return await self.services.completions.open(
             kind, body, req, self.principal, request_id=self.request_id,
-            max_price_header=head.max_price, timeout_header=head.book_timeout, t0=caller.started,
+            max_price_header=head.max_price, timeout_header=head.book_timeout, deadline_header=head.deadline,
+            t0=caller.started,
             engine_stream=engine_stream, caller=caller, present=head.present,
         )  # fmt: skip
 

@@ -368,7 +368,8 @@ class RunResponse:
 
     async def _queued_frame(self) -> bytes | None:
         """``: queued level=… position=… wait_s=…`` from the book (shared books answer
-        over the network; ``wait_s``, the expected wait, when the pace is known); None
+        over the network; ``wait_s``, the expected wait, when the pace is known; ``bid=…``,
+        a deadline order's bid now); None
         if the order was admitted or the client left meanwhile."""
         run = self.run
         assert run.order is not None
@@ -378,6 +379,8 @@ class RunResponse:
         text = f"queued level={sse.fmt_price(p.level)} position={max(p.position, 0)}"
         if p.wait_s is not None:
             text += f" wait_s={p.wait_s:.2f}"
+        if run.order.ceiling is not None:  # a deadline order: its bid now, raised as time passes
+            text += f" bid={sse.fmt_price(run.order.bid)}"
         return sse.comment(text)
 
     def _stop_ticking(self) -> None:

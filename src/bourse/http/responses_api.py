@@ -138,6 +138,7 @@ class Responses(Adapter[ResponsesRequest]):
             doc = await responses.submit(
                 incoming.principal, req, chat, items, history, request_id=rid,
                 max_price_header=head.max_price, timeout_header=head.book_timeout,
+                deadline_header=head.deadline,
             )  # fmt: skip
             kept = await incoming.keep(JSON(doc, request_id=doc["id"]))
             return follow(responses, doc, None) if req.stream else kept

@@ -23,6 +23,12 @@ The contract (``tests/contract/test_book.py`` runs it over both):
 - :meth:`attempt_failed`: the admission's run ended before any output (its engine
   failed or did not answer in time; requeued or not): its clear is marked ``failed``
   in the view's ``recent``. Nobody paid it: it is a failed attempt, not a clear.
+- :meth:`rebid` raises a waiting deadline order's bid (never lowers it, never above
+  its ceiling: :func:`~bourse.domain.book.check_raise`): it is ranked again at its new
+  price with its arrival kept (equal bids: arrival order stands) and the book is
+  cleared; False if it was not waiting (admitted at its old bid, or gone). An order
+  admitted at the same moment on another replica is admitted once, at the bid the
+  book had when it cleared.
 - The client is asked at admission (:meth:`~bourse.domain.book.Order.still_wanted`):
   an order whose client has left is not admitted; its wait raises :class:`ClientGone`
   and the slot goes to the next order.
@@ -125,6 +131,8 @@ class BookPort(Protocol):
     async def submit(self, order: Order) -> asyncio.Future[Admission]: ...
 
     async def wait(self, order: Order, fut: asyncio.Future[Admission], deadline: float) -> Admission: ...
+
+    async def rebid(self, order: Order, bid: float) -> bool: ...
 
     def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None: ...
 

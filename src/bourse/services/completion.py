@@ -104,6 +104,7 @@ class CompletionService:
         request_id: str,
         max_price_header: str | None = None,
         timeout_header: str | None = None,
+        deadline_header: str | None = None,
         t0: float | None = None,
         engine_stream: bool = True,
         fail_fast: bool = True,
@@ -124,7 +125,10 @@ class CompletionService:
         if self.draining:
             raise draining()
         t0 = time.perf_counter() if t0 is None else t0
-        ask = self.prepare(kind, body, req, max_price_header=max_price_header, timeout_header=timeout_header)
+        ask = self.prepare(
+            kind, body, req, max_price_header=max_price_header, timeout_header=timeout_header,
+            deadline_header=deadline_header,
+        )  # fmt: skip
         request_id = ask.market.policy.request_id(request_id)
         self.auth.check_product(principal, ask.market.product)
         prompt = measure_prompt(body)
@@ -284,8 +288,10 @@ class CompletionService:
         *,
         max_price_header: str | None = None,
         timeout_header: str | None = None,
+        deadline_header: str | None = None,
     ) -> Ask:
-        """Check the request against its product (no I/O): the bid, the timeout, tools, the output budget."""
+        """Check the request against its product (no I/O): the bid (a deadline order's
+        ceiling), the timeout (or deadline), tools, the output budget."""
         market = self.market(req.model)
         if req.sim is not None and not market.sim_overrides:
             raise invalid_request(
@@ -294,6 +300,7 @@ class CompletionService:
                 param="sim",
             )
         bid = _header_number(max_price_header, "X-Max-Price") if req.max_price is None else req.max_price
+        deadline = self._deadline(req, deadline_header, bid, timeout_header)
         if bid is None:
             bid = market.default_bid
         if bid < market.min_floor:
@@ -303,6 +310,8 @@ class CompletionService:
                 param="max_price",
             )
         timeout = _header_number(timeout_header, "X-Book-Timeout") if req.timeout is None else req.timeout
+        if deadline is not None:
+            timeout = deadline
         timeout = (
             self.limits.book_timeout_s if timeout is None else min(timeout, self.limits.book_timeout_max_s)
         )
@@ -326,7 +335,41 @@ class CompletionService:
             stream=req.stream,
             include_usage=include_usage or market.policy.usage_chunk == "always",
             max_output_tokens=max_out or market.max_output_tokens,
+            deadline_s=deadline,
         )
+
+    def _deadline(
+        self,
+        req: ChatCompletionRequest | CompletionRequest,
+        header: str | None,
+        ceiling: float | None,
+        timeout_header: str | None,
+    ) -> float | None:
+        """A deadline order's deadline (``deadline_s`` or ``X-Deadline-S``), checked: it
+        needs ``max_price`` (its ceiling), is its timeout (so no ``timeout`` beside it)
+        and is at most ``[server] book_timeout_max_s``. None: a fixed bid."""
+        param = "deadline_s" if req.deadline_s is not None else "X-Deadline-S"
+        deadline = req.deadline_s if req.deadline_s is not None else _header_number(header, param)
+        if deadline is None:
+            return None
+        if ceiling is None:
+            raise invalid_request(
+                f"max_price: a deadline order ({param}) needs max_price (or X-Max-Price), the most "
+                "it may pay: its bid starts low and is raised up to it as its deadline nears.",
+                param="max_price",
+            )
+        if req.timeout is not None or timeout_header is not None:
+            raise invalid_request(
+                f"timeout: a deadline order's {param} is its timeout in the book; send one of them.",
+                param="timeout" if req.timeout is not None else "X-Book-Timeout",
+            )
+        most = self.limits.book_timeout_max_s
+        if deadline > most:
+            raise invalid_request(
+                f"{param}: expected at most {most:g} s (the book's longest wait), got {deadline:g}",
+                param=param,
+            )
+        return deadline
 
 
 def _max_output(req: ChatCompletionRequest | CompletionRequest, market: Market) -> int | None:

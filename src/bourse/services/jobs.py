@@ -145,6 +145,7 @@ class JobService:
         ttl_s: float | None = None,
         max_price_header: str | None = None,
         timeout_header: str | None = None,
+        deadline_header: str | None = None,
         request_id: str | None = None,
         tap: Callable[[dict[str, Any]], None] | None = None,
         route: str | None = None,
@@ -173,13 +174,14 @@ class JobService:
         body["stream"] = False
         req = validate(kind, body)
         check_storable(body, "body")  # the job's row keeps it: written once before the hold
-        if req.timeout is None and timeout_header is None:
+        deadline = req.deadline_s is not None or deadline_header is not None  # its own timeout
+        if req.timeout is None and timeout_header is None and not deadline:
             timeout_header = str(min(ttl, self.completions.limits.book_timeout_max_s))
         now = self._now()
         run = await self.completions.open(
             kind, body, req, principal,
             request_id=request_id or new_request_id(kind), max_price_header=max_price_header, timeout_header=timeout_header,
-            route=route or endpoint,
+            deadline_header=deadline_header, route=route or endpoint,
         )  # fmt: skip
         job = Job(
             id="job_" + os.urandom(12).hex(),

@@ -211,6 +211,7 @@ class ResponseService:
         request_id: str,
         max_price_header: str | None = None,
         timeout_header: str | None = None,
+        deadline_header: str | None = None,
     ) -> dict[str, Any]:
         """Start a background response as a detached job; the response, ``queued``. With
         ``stream``, its events are kept (:attr:`logs`) from ``response.created`` on."""
@@ -224,7 +225,8 @@ class ResponseService:
         try:
             job = await self.jobs.submit(
                 principal, CHAT, chat, ttl_s=ttl, max_price_header=max_price_header,
-                timeout_header=timeout_header, request_id=request_id, route=RESPONSES,
+                timeout_header=timeout_header, deadline_header=deadline_header, request_id=request_id,
+                route=RESPONSES,
                 tap=None if events is None else events.tap,
             )  # fmt: skip
         except BaseException:

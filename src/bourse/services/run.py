@@ -36,6 +36,7 @@ from bourse.ports.book import ClientGone
 from bourse.ports.engine import ChunkEvent, EngineEvent, EngineFailure, GenerationRequest, Kind
 from bourse.ports.observer import NULL_SPAN, Observer, Span
 from bourse.services.billing import Closing, Quote
+from bourse.services.deadline import start_bid
 from bourse.services.market import Market
 from bourse.services.run_events import Finished, HandedBack, Queued, Requeued, RunEvent
 from bourse.services.run_failures import (
@@ -207,7 +208,9 @@ class Run:
 
     @property
     def bid(self) -> float:
-        return self.terms.ask.bid
+        """The order's bid now (a deadline order's is raised while it waits)."""
+        order = self.order
+        return self.terms.ask.bid if order is None else order.bid
 
     @property
     def stream(self) -> bool:
@@ -291,7 +294,12 @@ class Run:
         """Rest the order in the book (may admit at once); 503 if the book is full."""
         ask = self.terms.ask
         m = ask.market
-        self.order = order = m.new_order(self.terms.request_id, ask.bid)
+        if ask.deadline_s is None:
+            self.order = order = m.new_order(self.terms.request_id, ask.bid)
+        else:  # a deadline order: it starts low, raised while it waits (up to ask.bid)
+            first = await start_bid(m, ask.deadline_s, ask.bid)
+            self.order = order = m.new_order(self.terms.request_id, first)
+            order.ceiling, order.start_bid = ask.bid, first
         order.present = self._still_there
         # its request was read from the client just now: an order admitted at once is
         # not asked (a client that left meanwhile is seen by the relay: the connection
@@ -319,7 +327,7 @@ class Run:
         streaming = STREAMING
         self._task = asyncio.current_task()
         try:
-            yield Queued(ask.bid)
+            yield Queued(self.order.bid)
             while True:
                 it, clock = await self._attempt(on_admit)
                 try:

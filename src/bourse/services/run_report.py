@@ -71,8 +71,11 @@ def usage_of(
         }
     if meter.reasoning:
         _reasoning_details(usage, meter.reasoning)
+    bid = terms.ask.bid if order is None else order.bid  # a raised deadline order's: the last
     usage["x_market"] = {
-        "bid": terms.ask.bid,
+        "bid": bid,
+        "start_bid": bid if order is None or order.start_bid is None else order.start_bid,
+        "deadline_s": terms.ask.deadline_s,
         "cleared_price": None if cleared is None else cleared.price,
         "level": None if cleared is None else cleared.level,
         "position_at_entry": order.position_at_entry if order else None,
@@ -117,7 +120,7 @@ def report_of(
         completion_tokens=int(usage.get("completion_tokens") or 0),
         cost_micros=fin.cost_micros,
         quote_micros=terms.quote.micros,
-        bid=terms.ask.bid,
+        bid=terms.ask.bid if order is None else order.bid,
         cleared_price=None if cleared is None else cleared.price,
         queued_ms=None if meter.queued_ms is None else round(meter.queued_ms, 3),
         ttft_ms=None if meter.ttft_ms is None else round(meter.ttft_ms, 3),

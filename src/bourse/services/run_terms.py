@@ -29,11 +29,16 @@ class Ask:
     body: dict[str, Any]
     """The engine's body: gateway fields removed, ``stream`` and ``include_usage`` on."""
     bid: float
+    """The most it may pay a million tokens (the quote's price): its fixed bid, or a
+    deadline order's ceiling."""
     timeout_s: float
     stream: bool
     include_usage: bool
     """The client gets a usage chunk (asked for, or policy ``usage_chunk = always``)."""
     max_output_tokens: int
+    deadline_s: float | None = None
+    """A deadline order's deadline (its ``timeout_s`` too): its bid starts low and is
+    raised up to ``bid`` (:mod:`bourse.services.deadline`); None: a fixed bid."""
 
 
 @immutable

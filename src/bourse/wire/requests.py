@@ -71,7 +71,7 @@ _SCHEMA_HOLDERS = frozenset({"schema", "parameters"})
 """Keys whose value is a JSON schema (``response_format.json_schema.schema``,
 ``text.format.schema``, a tool's ``parameters``): a too-deep body names the field there."""
 
-GATEWAY_FIELDS = ("max_price", "timeout", "detached")
+GATEWAY_FIELDS = ("max_price", "timeout", "deadline_s", "detached")
 """Request extensions that the gateway owns and never forwards upstream."""
 
 
@@ -128,6 +128,9 @@ class _Common(_Open):
     # gateway extensions
     max_price: float | None = Field(default=None, gt=0, le=MAX_PRICE, allow_inf_nan=False, strict=True)
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
+    deadline_s: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
+    """A deadline order: admitted by then at the lowest bid that makes it, ``max_price``
+    its ceiling (:mod:`bourse.services.deadline`)."""
     detached: bool = False
     sim: dict[str, Any] | None = None
 
@@ -276,8 +279,8 @@ _HEADER_BOUNDS = {"X-Max-Price": MAX_PRICE}
 
 
 def bounded_header(name: str, value: float) -> float:
-    """A positive number read from a gateway header (``X-Max-Price``, ``X-Book-Timeout``),
-    held to the bound of its body field; a 400 naming the header past it."""
+    """A positive number read from a gateway header (``X-Max-Price``, ``X-Book-Timeout``,
+    ``X-Deadline-S``), held to the bound of its body field; a 400 naming the header past it."""
     most = _HEADER_BOUNDS.get(name)
     if most is not None and value > most:
         raise invalid_request(f"{name}: expected at most {most:g}, got {value:g}", param=name)

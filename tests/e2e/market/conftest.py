@@ -38,6 +38,11 @@ PRODUCTS = [
     Product("full", [Dep("full-a", slots=1, floor=0.1)], knobs={"max_waiting": 2}),
     # 7. a requeued order keeps its arrival
     Product("rq", [Dep("rq-a", slots=1, floor=0.1)]),
+    # 8. deadline orders (test_deadline.py): raised and admitted, 408, a job, a response
+    Product("dl", [Dep("dl-a", slots=1, floor=0.1)]),
+    Product("dlx", [Dep("dlx-a", slots=1, floor=0.1)]),
+    Product("dljob", [Dep("dljob-a", slots=1, floor=0.1)]),
+    Product("dlresp", [Dep("dlresp-a", slots=1, floor=0.1)]),
 ]
 
 

@@ -194,7 +194,7 @@ def test_a_bad_legacy_body_is_refused(body: dict[str, Any], param: str) -> None:
 
 
 def test_the_gateway_fields_are_its_request_extensions() -> None:
-    assert set(GATEWAY_FIELDS) == {"max_price", "timeout", "detached"}
+    assert set(GATEWAY_FIELDS) == {"max_price", "timeout", "deadline_s", "detached"}
 
 
 # -- check_size ---------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 -- ARGV[A..]: what this replica waits on or holds, each 'w|order_id|seq|bid|avoid|attempt'
--- (waiting) or 'h|order_id|deployment|price|level|attempt' (a slot it runs on).
+-- (waiting) or 'h|order_id|deployment|price|level|attempt|bid' (a slot it runs on).
 -- Renews their leases; rests again a waiting order the book forgot (a Redis restart,
 -- or parked too long) with its arrival; counts again a slot it forgot (busy may then
 -- exceed the slots until one is given back); an admission still on offer is taken up.
@@ -17,7 +17,7 @@ for i = A, #ARGV do
   if h then
     redis.call('HDEL', offer, oid)
   elseif f[1] == 'h' then
-    redis.call('HSET', held, oid, f[3] .. '|' .. caller .. '|' .. f[4] .. '|' .. f[5] .. '|' .. f[6])
+    redis.call('HSET', held, oid, f[3] .. '|' .. caller .. '|' .. f[4] .. '|' .. f[5] .. '|' .. f[6] .. '|' .. (f[7] or ''))
     redis.call('HINCRBY', busy, f[3], 1)
   elseif redis.call('HEXISTS', orders, oid) == 0 then
     rest(oid, f[3], f[4], f[5], f[6])

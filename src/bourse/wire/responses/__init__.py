@@ -12,7 +12,7 @@ one module:
   ids), and :func:`chat_body` the chat request that runs it: ``instructions`` first,
   then the stored conversation of ``previous_response_id``, then the input (messages,
   function calls and their outputs), with ``tools``, ``tool_choice``, ``text.format``,
-  the output budget and bourse's own ``max_price``, ``timeout`` and ``sim``;
+  the output budget and bourse's own ``max_price``, ``timeout``, ``deadline_s`` and ``sim``;
 - :mod:`.events`: :class:`ResponseBuilder` folds the chat chunks of a run into the
   response's output items and, for a stream, into OpenAI's typed events, each with its
   ``sequence_number``: ``response.created``, ``response.in_progress``,

@@ -3,7 +3,7 @@ input as stored items (with ids), :func:`chat_messages` items as chat messages, 
 :func:`chat_body` the whole chat body (``instructions`` first, then the stored
 conversation of ``previous_response_id``, then the input, with ``tools``,
 ``tool_choice``, ``text.format``, the output budget and bourse's own ``max_price``,
-``timeout`` and ``sim``). Pure (no I/O).
+``timeout``, ``deadline_s`` and ``sim``). Pure (no I/O).
 """
 
 from __future__ import annotations
@@ -99,6 +99,7 @@ def chat_body(
         "user": req.user,
         "max_price": req.max_price,
         "timeout": req.timeout,
+        "deadline_s": req.deadline_s,
         "sim": req.sim,
         "seed": req.seed,
         "reasoning_effort": (req.reasoning or {}).get("effort"),

@@ -121,6 +121,7 @@ class ResponsesRequest(_Strict):
     # bourse's own
     max_price: float | None = Field(default=None, gt=0, le=MAX_PRICE, allow_inf_nan=False)
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    deadline_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     sim: dict[str, Any] | None = None
     seed: Int64 | None = None
 

@@ -1,0 +1,104 @@
+"""Deadline orders (issue 38, SPEC section 10): "start me by this deadline, as cheaply
+as you can, never above this price".
+
+A request sends ``deadline_s`` with ``max_price`` as its ceiling. Its order enters the
+book at the lowest bid the market predicts will be admitted within the deadline
+(:meth:`~bourse.services.market.Market.deadline_bid`), and while it waits
+:func:`raise_bids` prices it again every tick (:func:`tick_s`) for the time left, each
+new bid a raise of the last (:func:`next_bid`: never lower, never above the ceiling),
+the ceiling itself in the last stretch before the deadline (:func:`last_stretch_s`). Each raise re-ranks the order
+at its new price with its arrival kept (:meth:`~bourse.ports.book.BookPort.rebid`).
+At the deadline the order has been admitted or ends, as any order at its timeout,
+with 408 ``book_timeout``. It pays the second price, as every order does: what it
+took to beat the next order, never more than the bid it cleared at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from bourse.domain.book import Admission, Order
+from bourse.domain.errors import GatewayError
+from bourse.domain.policy import Policy
+
+log = logging.getLogger("bourse.market")
+
+
+class Market(Protocol):
+    """What a deadline order needs of its :class:`~bourse.services.market.Market`."""
+
+    policy: Policy
+
+    async def deadline_bid(self, within_s: float, ceiling: float, order: Order | None = None) -> float: ...
+
+    async def rebid(self, order: Order, bid: float) -> bool: ...
+
+
+MIN_TICK_S = 0.05
+"""A deadline order is priced again at most this often."""
+TICKS_PER_DEADLINE = 10
+"""... and at least this many times over its deadline."""
+LAST_STRETCH = 0.2
+"""The share of its deadline (at least one tick) at the end of which a deadline order
+bids its ceiling: a slot frees only when a generation ends, so the order must rank
+first a while before its deadline to take one in time."""
+
+
+def tick_s(deadline_s: float, quiet_interval_s: float) -> float:
+    """How often a deadline order is priced again: every quiet interval of its product
+    (the interval of its progress frames), and at least :data:`TICKS_PER_DEADLINE` times
+    over its deadline."""
+    return max(MIN_TICK_S, min(quiet_interval_s, deadline_s / TICKS_PER_DEADLINE))
+
+
+def last_stretch_s(deadline_s: float, tick: float) -> float:
+    """The time before its deadline from which a deadline order bids its ceiling."""
+    return max(tick, LAST_STRETCH * deadline_s)
+
+
+def next_bid(current: float, proposed: float, left_s: float, stretch_s: float, ceiling: float) -> float:
+    """The bid from now of an order bidding ``current`` with ``left_s`` seconds to its
+    deadline: the market's ``proposed`` price for that time, raised only (never below
+    ``current``) and never above ``ceiling``; the ceiling in the last stretch
+    (``stretch_s`` or less left)."""
+    if left_s <= stretch_s:
+        return ceiling
+    return min(ceiling, max(current, proposed))
+
+
+async def start_bid(market: Market, deadline_s: float, ceiling: float) -> float:
+    """The bid a deadline order enters the book at."""
+    stretch = last_stretch_s(deadline_s, tick_s(deadline_s, market.policy.quiet_interval_s))
+    return next_bid(0.0, await market.deadline_bid(deadline_s, ceiling), deadline_s, stretch, ceiling)
+
+
+async def raise_bids(market: Market, order: Order, fut: asyncio.Future[Admission], deadline: float) -> None:
+    """Price a waiting deadline order again every tick until it is admitted, its deadline
+    (loop time) passes, or it bids its ceiling; each higher price is a raise in the book.
+    A raise the book cannot take (a shared book unreachable) is tried again at the next
+    tick; the order's wait itself fails if the book stays unreachable."""
+    ceiling = order.ceiling
+    assert ceiling is not None, "a deadline order has a ceiling"
+    loop = asyncio.get_running_loop()
+    deadline_s = deadline - order.arrived_at
+    tick = tick_s(deadline_s, market.policy.quiet_interval_s)
+    stretch = last_stretch_s(deadline_s, tick)
+    while not fut.done() and order.bid < ceiling:
+        left = deadline - loop.time()
+        # to the next tick, or to the start of the last stretch; in it, a raise not made
+        # (the book busy with its admission, or unreachable) is tried again shortly
+        if left > stretch:
+            await asyncio.sleep(min(tick, left - stretch))
+        else:
+            await asyncio.sleep(min(MIN_TICK_S, max(left, 0.0)))
+        left = deadline - loop.time()
+        if fut.done() or left <= 0:
+            return
+        bid = next_bid(order.bid, await market.deadline_bid(left, ceiling, order), left, stretch, ceiling)
+        if bid > order.bid:
+            try:
+                await market.rebid(order, bid)
+            except GatewayError as exc:
+                log.debug("raise of %s to %g not made: %s", order.id, bid, exc.message)

@@ -1,0 +1,125 @@
+"""A deadline order's bid schedule (:mod:`bourse.services.deadline`): raised only,
+never above its ceiling, the ceiling in the last stretch; and on a market's in-process
+book, the order raised while it waits overtakes the lower bids and is admitted before
+its deadline, or ends 408 at it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bourse.coordination.book_local import LocalBook
+from bourse.domain.book import Admission, Deployment, Order, ProductBook
+from bourse.domain.errors import GatewayError
+from bourse.domain.policy import resolve_policy
+from bourse.services.deadline import LAST_STRETCH, last_stretch_s, next_bid, start_bid, tick_s
+from bourse.services.market import Market
+
+pytestmark = pytest.mark.anyio
+
+FLOOR = 0.1
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+prices = st.floats(0.1, 100.0)
+
+
+@given(prices, prices, st.floats(0.0, 60.0), st.floats(0.05, 10.0), prices)
+def test_a_new_bid_is_a_raise_within_the_ceiling(
+    current: float, proposed: float, left: float, stretch: float, ceiling: float
+) -> None:
+    current = min(current, ceiling)
+    bid = next_bid(current, proposed, left, stretch, ceiling)
+    assert current <= bid <= ceiling
+    if left <= stretch:
+        assert bid == ceiling  # the last stretch: the ceiling itself
+    else:
+        assert bid == min(ceiling, max(current, proposed))
+
+
+def test_ticks_and_the_last_stretch() -> None:
+    assert tick_s(60.0, 2.0) == 2.0  # every quiet interval
+    assert tick_s(5.0, 2.0) == 0.5  # at least ten times over its deadline
+    assert tick_s(0.1, 2.0) == 0.05  # never more often than every 50 ms
+    assert last_stretch_s(60.0, 2.0) == LAST_STRETCH * 60.0
+    assert last_stretch_s(0.1, 0.05) == 0.05  # at least one tick
+
+
+def _market(slots: int = 1) -> tuple[Market, LocalBook]:
+    deps = [Deployment("d", FLOOR, slots)]
+    book = LocalBook(ProductBook("p", deps))
+    policy = resolve_policy("default", {})
+    market = Market(
+        "p", book, {}, policy, default_bid=None, context_length=8192, max_output_tokens=16,
+        supports_tools=True, sim_overrides=False, stall_timeout_s=10, deployments=deps,
+    )  # fmt: skip
+    return market, book
+
+
+async def _submit(market: Market, oid: str, bid: float, ceiling: float | None = None) -> tuple[Order, Any]:
+    order = market.new_order(oid, bid)
+    order.ceiling = ceiling
+    return order, await market.submit(order)
+
+
+async def test_a_deadline_order_starts_low_is_raised_and_overtakes_the_lower_bids() -> None:
+    market, book = _market()
+    _, fut = await _submit(market, "running", 5.0)
+    held: Admission = fut.result()
+    low, low_fut = await _submit(market, "low", 0.5)
+    deadline_s, ceiling = 1.0, 2.0
+    first = await start_bid(market, deadline_s, ceiling)
+    assert first == FLOOR  # the placeholder prices the lowest floor while there is time
+    order, fut = await _submit(market, "dl", first, ceiling)
+    order.start_bid = first
+    loop = asyncio.get_running_loop()
+    waiter = asyncio.create_task(market.wait(order, fut, order.arrived_at + deadline_s))
+    await asyncio.sleep(0.2)
+    assert order.bid == FLOOR and book.position(order) == 1  # behind 'low', not raised yet
+    while order.bid < ceiling:  # the last stretch: raised to its ceiling
+        await asyncio.sleep(0.01)
+        assert loop.time() < order.arrived_at + deadline_s, "not raised before its deadline"
+    assert book.position(order) == 0  # ahead of 'low' now, its arrival earlier
+    book.book.check()
+    market.release(held)
+    adm = await waiter
+    assert adm.order is order and adm.price == 0.5  # the second price: the bid it beat
+    assert order.bid == ceiling and not low_fut.done()
+    market.withdraw(low, low_fut)
+    market.release(adm)
+    await market.aclose()
+
+
+async def test_a_deadline_order_that_cannot_make_it_ends_408_at_its_deadline() -> None:
+    market, book = _market()
+    _, fut = await _submit(market, "running", 5.0)
+    order, dl_fut = await _submit(market, "dl", FLOOR, 1.0)
+    loop = asyncio.get_running_loop()
+    with pytest.raises(GatewayError) as err:
+        await market.wait(order, dl_fut, order.arrived_at + 0.3)
+    assert err.value.status == 408 and err.value.code == "book_timeout"
+    assert loop.time() >= order.arrived_at + 0.3
+    assert order.bid == 1.0  # it bid its ceiling before the end
+    assert book.book.waiting == 0
+    await asyncio.sleep(0.1)  # its raiser is gone: nothing raises an order out of the book
+    market.release(cast(Admission, fut.result()))
+    await market.aclose()
+
+
+async def test_a_deadline_order_with_a_free_slot_is_admitted_at_once_at_the_floor() -> None:
+    market, _ = _market()
+    first = await start_bid(market, 5.0, 2.0)
+    order, fut = await _submit(market, "dl", first, 2.0)
+    assert fut.done()
+    adm = await market.wait(order, fut, order.arrived_at + 5.0)
+    assert adm.price == FLOOR and order.bid == FLOOR
+    market.release(adm)
+    await market.aclose()
