@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -235,8 +236,10 @@ def wait_s(
 ) -> float | None:
     """The predicted wait of an order at ``bid`` behind ``ahead`` (rank order: every
     one bids at least ``bid``), with ``above_per_s`` orders a second arriving later
-    that bid more (they go before it and before the orders ahead at its own bid)."""
+    that bid more (they go before it and before the orders ahead at its own bid).
+    None: no slot comes to it within ``horizon_s``."""
     heap = [(s.at, s.floor, s.run_s) for s in slots]
+    pace = sum(1.0 / r for _, f, r in heap if f <= bid and r > 0)  # frees a second of its slots
     if not any(f <= bid for _, f, _ in heap):
         return None
     heapq.heapify(heap)
@@ -244,7 +247,7 @@ def wait_s(
     leaves = [(a.leaves_in, i) for i, a in enumerate(ahead) if a.leaves_in < math.inf]
     heapq.heapify(leaves)
     head = 0
-    owed = 0.0
+    owed = mine = 0.0
     last = 0.0
     for _ in range(MAX_EVENTS):
         t, floor, run = heapq.heappop(heap)
@@ -257,30 +260,69 @@ def wait_s(
             left[heapq.heappop(leaves)[1]] = 0.0
         while head < len(left) and left[head] <= 1e-9:
             head += 1
-        unit = 1.0
         if floor > bid:  # a dearer slot: an order ahead that bids enough for it takes it
-            i = head
-            while unit > 1e-9 and i < len(left) and ahead[i].bid >= floor:
-                take = min(unit, left[i])
-                left[i] -= take
-                unit -= take
-                i += 1
+            _take(left, ahead, head, 1.0, floor)
             continue
-        i = head
-        while unit > 1e-9 and i < len(left) and ahead[i].bid > bid:
-            take = min(unit, left[i])
-            left[i] -= take
-            unit -= take
-            i += 1
-        if unit > 1e-9 and owed > 0:
+        unit, i = _take(left, ahead, head, 1.0, bid, strictly=True)  # the ones ahead that bid more
+        if unit > 1e-9 and owed > 0:  # then the arrivals above
             take = min(unit, owed)
             owed -= take
             unit -= take
-        while unit > 1e-9 and i < len(left):
-            take = min(unit, left[i])
-            left[i] -= take
-            unit -= take
-            i += 1
-        if unit >= 0.5:
+        unit, i = _take(left, ahead, i, unit, bid)  # then the ones ahead at its bid
+        mine += unit  # what is left is its, in expectation: its turn once that is half a free
+        if mine >= 0.5 - 1e-9:
             return t
+        if i >= len(left) and owed >= 1.0 and above_per_s >= pace:
+            return None  # the arrivals above take every slot from here on
     return None
+
+
+def _take(
+    left: list[float], ahead: Sequence[Ahead], i: int, unit: float, bid: float, *, strictly: bool = False
+) -> tuple[float, int]:
+    """One free (``unit`` of it) taken by the orders ahead from ``i`` on that bid
+    ``bid`` or more (``strictly``: more); what is left of it and where they stop."""
+    while unit > 1e-9 and i < len(left) and (ahead[i].bid > bid if strictly else ahead[i].bid >= bid):
+        take = min(unit, left[i])
+        left[i] -= take
+        unit -= take
+        if left[i] <= 1e-9:
+            i += 1
+    return unit, i
+
+
+def price_band(price: float) -> float:
+    """``price`` rounded down to two significant digits (the market view's buckets)."""
+    if price <= 0:
+        return 0.0
+    mag = 10.0 ** (math.floor(math.log10(price)) - 1)
+    return round(math.floor(price / mag + 1e-9) * mag, 10)
+
+
+@dataclass(slots=True)
+class BandWaits:
+    """The waits of the orders admitted lately, by price band: what an order the walk
+    sees no slot for in time (more arrive above it than the slots take, on average)
+    may expect if it is admitted at all (in a lull of the orders above)."""
+
+    kept: int = 200
+    min_seen: int = 3
+    _waits: dict[float, deque[float]] = field(default_factory=dict)
+    _all: deque[float] = field(default_factory=lambda: deque(maxlen=500))
+
+    def add(self, bid: float, waited: float) -> None:
+        key = price_band(bid)
+        d = self._waits.get(key)
+        if d is None:
+            d = self._waits[key] = deque(maxlen=self.kept)
+        d.append(waited)
+        self._all.append(waited)
+
+    def left(self, bid: float, waited: float) -> float | None:
+        """The median of what was left of the waits longer than ``waited`` at ``bid``'s
+        band (too few there: at every band); None with too few seen."""
+        for waits in (self._waits.get(price_band(bid), ()), self._all):
+            longer = [w - waited for w in waits if w > waited]
+            if len(longer) >= self.min_seen:
+                return statistics.median(longer)
+        return None

@@ -29,12 +29,14 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedKeyList
 
 from bourse.domain.book import Order
-from bourse.domain.forecast import Ahead, ArrivalHistory, RunHistory, SlotFree, wait_s
+from bourse.domain.forecast import HORIZON_S, Ahead, ArrivalHistory, BandWaits, RunHistory, SlotFree, wait_s
 from bourse.domain.forecast_score import Score, WaitScore
 from bourse.domain.market_quote import Quote, candidate_bids, lowest_bid
 from bourse.domain.values import immutable
 from bourse.ports.book import BookView
 
+QUOTE_HORIZON_S = 120.0
+"""A quote predicts no wait past this, or four times the wait asked about."""
 STALE_AFTER_S = 3600.0
 """A waiting order kept past its timeout by this long was lost track of: forgotten."""
 
@@ -91,6 +93,7 @@ class Forecaster:
     runs: RunHistory = field(default_factory=RunHistory)
     arrivals: ArrivalHistory = field(default_factory=ArrivalHistory)
     scores: WaitScore = field(default_factory=WaitScore)
+    bands: BandWaits = field(default_factory=BandWaits)
     _waiting: dict[str, _Waiting] = field(default_factory=dict)
     _ranked: SortedKeyList[_Waiting, tuple[float, int]] = field(
         default_factory=lambda: SortedKeyList(key=_Waiting.rank)
@@ -128,6 +131,7 @@ class Forecaster:
         self._ranked.discard(w)
         if w.scored:
             self.scores.add(now, w.predicted, now - w.entered)
+            self.bands.add(order.bid, now - w.entered)
             w.scored = False
         self._running[order.id] = _Running(deployment, now, time.time(), w.cap)
         self._admissions.append(time.time())
@@ -166,7 +170,10 @@ class Forecaster:
     # -- predictions ---------------------------------------------------------------
 
     def predict(self, order: Order, position: int, now: float, state: BookState) -> float | None:
-        """The predicted wait of ``order``, waiting with ``position`` orders ahead."""
+        """The predicted wait of ``order``, waiting with ``position`` orders ahead: the
+        walk of the slots' frees until its timeout; when no slot comes to it by then,
+        what was left of the waits of the orders admitted lately at its price band,
+        as long as it has waited (it can only be admitted in a lull of the orders above)."""
         if position < 0:
             return None
         w = self._waiting.get(order.id)
@@ -174,10 +181,17 @@ class Forecaster:
             known = list(self._ranked.islice(0, self._ranked.index(w)))
         else:
             known = self._known_at(order.bid, now, exclude=order)
-        return self._wait(order.bid, position, known, now, state)
+        horizon = HORIZON_S if w is None or w.deadline is None else max(0.0, w.deadline - now)
+        wait = self._wait(order.bid, position, known, now, state, horizon)
+        if wait is None and w is not None and self.runs.seen:
+            wait = self.bands.left(order.bid, now - w.entered)
+        return wait
 
-    def wait_at(self, bid: float, now: float, state: BookState, exclude: Order | None = None) -> float | None:
-        """The predicted wait of a new order at ``bid`` (behind the orders at ``bid``)."""
+    def wait_at(
+        self, bid: float, now: float, state: BookState, exclude: Order | None = None, horizon: float = HORIZON_S
+    ) -> float | None:
+        """The predicted wait of a new order at ``bid`` (behind the orders at ``bid``);
+        None when no slot comes to it within ``horizon``."""
         known = self._known_at(bid, now, exclude)
         if state.view is None:
             position = len(known)
@@ -185,7 +199,7 @@ class Forecaster:
             position = sum(1 for b in state.view.bids if b >= bid)
             if exclude is not None and exclude.id in self._waiting and exclude.bid >= bid:
                 position = max(0, position - 1)
-        return self._wait(bid, position, known, now, state)
+        return self._wait(bid, position, known, now, state, horizon)
 
     def _known_at(self, bid: float, now: float, exclude: Order | None) -> list[_Waiting]:
         """This replica's waiting orders a new order at ``bid`` would have ahead."""
@@ -193,14 +207,16 @@ class Forecaster:
         return [w for w in self._ranked.islice(0, end) if exclude is None or w.order is not exclude]
 
     def _wait(
-        self, bid: float, position: int, known: list[_Waiting], now: float, state: BookState
+        self, bid: float, position: int, known: list[_Waiting], now: float, state: BookState, horizon: float
     ) -> float | None:
+        if position <= 0 and any(d.usable and d.floor <= bid and d.busy < d.slots for d in state.deployments):
+            return 0.0  # a slot is free for it
         slots = self._slots(state, now)
         if slots is None:
             return None
         ahead = self._ahead(bid, position, known, now, state)
         scale = 1.0 if state.view is None else self._scale(state.view)
-        return wait_s(bid, slots, ahead, self.arrivals.rate_above(bid, now, scale))
+        return wait_s(bid, slots, ahead, self.arrivals.rate_above(bid, now, scale), horizon)
 
     def _ahead(
         self, bid: float, position: int, known: list[_Waiting], now: float, state: BookState
@@ -261,8 +277,9 @@ class Forecaster:
             bids: list[float] = state.view.bids
         else:
             bids = [w.order.bid for w in self._ranked if w.order is not exclude]
+        horizon = max(QUOTE_HORIZON_S, 4 * within_s)
         return lowest_bid(
-            candidate_bids(floors, bids), lambda b: self.wait_at(b, now, state, exclude), within_s
+            candidate_bids(floors, bids), lambda b: self.wait_at(b, now, state, exclude, horizon), within_s
         )
 
 

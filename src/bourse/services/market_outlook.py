@@ -95,6 +95,10 @@ class Outlook:
         """The predicted wait of ``order``, waiting with ``position`` orders ahead."""
         return self.forecast.predict(order, position, self.now(), self.state())
 
+    def wait_now(self, bid: float) -> float | None:
+        """The predicted wait of a new order at ``bid``, from the book's state as known now."""
+        return self.forecast.wait_at(bid, self.now(), self.state())
+
     def score(self) -> Score:
         return self.forecast.score(self.now())
 
