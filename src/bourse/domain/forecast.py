@@ -108,7 +108,9 @@ class RunModel:
         errors = sorted(s - (a + b * c) for c, s in runs)
         second = sum(s * s for s in secs) / n
         stationary = second / (2 * mean) if mean > 0 else 0.0
-        return cls(a, b, tuple(errors), _suffix_sums(errors), tuple(secs), _suffix_sums(secs), mean, stationary)
+        return cls(
+            a, b, tuple(errors), _suffix_sums(errors), tuple(secs), _suffix_sums(secs), mean, stationary
+        )
 
     def total(self, cap: float | None) -> float:
         """The expected run of an order of output cap ``cap`` (None: the mean run)."""

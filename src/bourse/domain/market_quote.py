@@ -56,9 +56,7 @@ waiting longer than a lower one: each wait is the longest of the bids at or abov
 it); past it, the search halves them."""
 
 
-def lowest_bid(
-    candidates: list[float], wait_at: Callable[[float], float | None], within_s: float
-) -> Quote:
+def lowest_bid(candidates: list[float], wait_at: Callable[[float], float | None], within_s: float) -> Quote:
     """The lowest of ``candidates`` (ascending) whose predicted wait is ``within_s`` or
     less (the wait falls as the bid rises)."""
     if not candidates:

@@ -60,7 +60,9 @@ def tokens(request: Request) -> int | None:
     except ValueError:
         n = 0
     if not 1 <= n <= MAX_TOKENS:
-        raise invalid_request(f"tokens: expected an integer from 1 to {MAX_TOKENS}, got {raw!r}", param="tokens")
+        raise invalid_request(
+            f"tokens: expected an integer from 1 to {MAX_TOKENS}, got {raw!r}", param="tokens"
+        )
     return n
 
 

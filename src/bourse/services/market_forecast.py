@@ -188,7 +188,12 @@ class Forecaster:
         return wait
 
     def wait_at(
-        self, bid: float, now: float, state: BookState, exclude: Order | None = None, horizon: float = HORIZON_S
+        self,
+        bid: float,
+        now: float,
+        state: BookState,
+        exclude: Order | None = None,
+        horizon: float = HORIZON_S,
     ) -> float | None:
         """The predicted wait of a new order at ``bid`` (behind the orders at ``bid``);
         None when no slot comes to it within ``horizon``."""
@@ -226,7 +231,8 @@ class Forecaster:
         if known:
             weight = position / len(known)
             return [
-                Ahead(w.order.bid, math.inf if w.deadline is None else w.deadline - now, weight) for w in known
+                Ahead(w.order.bid, math.inf if w.deadline is None else w.deadline - now, weight)
+                for w in known
             ]
         bids = [b for b in state.view.bids if b >= bid][:position] if state.view is not None else []
         bids += [bid] * (position - len(bids))

@@ -30,7 +30,9 @@ VIEW_FRESH_S = 0.5
 class Outlook:
     """One product's predictions on this replica."""
 
-    def __init__(self, book: BookPort, deployments: Callable[[], Sequence[Deployment]], default_cap: int) -> None:
+    def __init__(
+        self, book: BookPort, deployments: Callable[[], Sequence[Deployment]], default_cap: int
+    ) -> None:
         self.book = book
         self._deployments = deployments
         self.forecast = Forecaster(default_cap)

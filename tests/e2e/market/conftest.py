@@ -38,6 +38,8 @@ PRODUCTS = [
     Product("full", [Dep("full-a", slots=1, floor=0.1)], knobs={"max_waiting": 2}),
     # 7. a requeued order keeps its arrival
     Product("rq", [Dep("rq-a", slots=1, floor=0.1)]),
+    # 8. the wait forecast, its score and the quotes
+    Product("fcst", [Dep("fcst-a", slots=1, floor=0.2)]),
 ]
 
 
