@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import statistics
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -291,40 +290,3 @@ def _take(
         if left[i] <= 1e-9:
             i += 1
     return unit, i
-
-
-def price_band(price: float) -> float:
-    """``price`` rounded down to two significant digits (the market view's buckets)."""
-    if price <= 0:
-        return 0.0
-    mag = 10.0 ** (math.floor(math.log10(price)) - 1)
-    return round(math.floor(price / mag + 1e-9) * mag, 10)
-
-
-@dataclass(slots=True)
-class BandWaits:
-    """The waits of the orders admitted lately, by price band: what an order the walk
-    sees no slot for in time (more arrive above it than the slots take, on average)
-    may expect if it is admitted at all (in a lull of the orders above)."""
-
-    kept: int = 200
-    min_seen: int = 3
-    _waits: dict[float, deque[float]] = field(default_factory=dict)
-    _all: deque[float] = field(default_factory=lambda: deque(maxlen=500))
-
-    def add(self, bid: float, waited: float) -> None:
-        key = price_band(bid)
-        d = self._waits.get(key)
-        if d is None:
-            d = self._waits[key] = deque(maxlen=self.kept)
-        d.append(waited)
-        self._all.append(waited)
-
-    def left(self, bid: float, waited: float) -> float | None:
-        """The median of what was left of the waits longer than ``waited`` at ``bid``'s
-        band (too few there: at every band); None with too few seen."""
-        for waits in (self._waits.get(price_band(bid), ()), self._all):
-            longer = [w - waited for w in waits if w > waited]
-            if len(longer) >= self.min_seen:
-                return statistics.median(longer)
-        return None

@@ -29,12 +29,16 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedKeyList
 
 from bourse.domain.book import Order
-from bourse.domain.forecast import HORIZON_S, Ahead, ArrivalHistory, BandWaits, RunHistory, SlotFree, wait_s
+from bourse.domain.forecast import HORIZON_S, Ahead, ArrivalHistory, RunHistory, SlotFree, wait_s
 from bourse.domain.forecast_score import Score, WaitScore
 from bourse.domain.market_quote import Quote, candidate_bids, lowest_bid
 from bourse.domain.values import immutable
 from bourse.ports.book import BookView
 
+LULLS = (1.0, 0.75, 0.5, 0.25)
+"""An order no slot comes to before its timeout at the rate of arrivals above it can
+start only if fewer arrive: the wait at the first of these shares of that rate that
+lets it start in time (none: at no arrival above)."""
 QUOTE_HORIZON_S = 120.0
 """A quote predicts no wait past this, or four times the wait asked about."""
 STALE_AFTER_S = 3600.0
@@ -93,7 +97,6 @@ class Forecaster:
     runs: RunHistory = field(default_factory=RunHistory)
     arrivals: ArrivalHistory = field(default_factory=ArrivalHistory)
     scores: WaitScore = field(default_factory=WaitScore)
-    bands: BandWaits = field(default_factory=BandWaits)
     _waiting: dict[str, _Waiting] = field(default_factory=dict)
     _ranked: SortedKeyList[_Waiting, tuple[float, int]] = field(
         default_factory=lambda: SortedKeyList(key=_Waiting.rank)
@@ -131,7 +134,6 @@ class Forecaster:
         self._ranked.discard(w)
         if w.scored:
             self.scores.add(now, w.predicted, now - w.entered)
-            self.bands.add(order.bid, now - w.entered)
             w.scored = False
         self._running[order.id] = _Running(deployment, now, time.time(), w.cap)
         self._admissions.append(time.time())
@@ -171,9 +173,9 @@ class Forecaster:
 
     def predict(self, order: Order, position: int, now: float, state: BookState) -> float | None:
         """The predicted wait of ``order``, waiting with ``position`` orders ahead: the
-        walk of the slots' frees until its timeout; when no slot comes to it by then,
-        what was left of the waits of the orders admitted lately at its price band,
-        as long as it has waited (it can only be admitted in a lull of the orders above)."""
+        walk of the slots' frees until its timeout; when no slot comes to it by then
+        (more arrive above it than the slots take), the wait in a lull of the arrivals
+        above (:data:`LULLS`), the only way it can start."""
         if position < 0:
             return None
         w = self._waiting.get(order.id)
@@ -182,10 +184,12 @@ class Forecaster:
         else:
             known = self._known_at(order.bid, now, exclude=order)
         horizon = HORIZON_S if w is None or w.deadline is None else max(0.0, w.deadline - now)
-        wait = self._wait(order.bid, position, known, now, state, horizon)
-        if wait is None and w is not None and self.runs.seen:
-            wait = self.bands.left(order.bid, now - w.entered)
-        return wait
+        for share in LULLS:
+            wait = self._wait(order.bid, position, known, now, state, horizon, above=share)
+            if wait is not None or w is None:
+                return wait
+        # if it starts at all, it is in a lull of the orders above
+        return self._wait(order.bid, position, known, now, state, HORIZON_S, above=0.0)
 
     def wait_at(
         self,
@@ -212,7 +216,15 @@ class Forecaster:
         return [w for w in self._ranked.islice(0, end) if exclude is None or w.order is not exclude]
 
     def _wait(
-        self, bid: float, position: int, known: list[_Waiting], now: float, state: BookState, horizon: float
+        self,
+        bid: float,
+        position: int,
+        known: list[_Waiting],
+        now: float,
+        state: BookState,
+        horizon: float,
+        *,
+        above: float = 1.0,
     ) -> float | None:
         if position <= 0 and any(d.usable and d.floor <= bid and d.busy < d.slots for d in state.deployments):
             return 0.0  # a slot is free for it
@@ -221,7 +233,8 @@ class Forecaster:
             return None
         ahead = self._ahead(bid, position, known, now, state)
         scale = 1.0 if state.view is None else self._scale(state.view)
-        return wait_s(bid, slots, ahead, self.arrivals.rate_above(bid, now, scale), horizon)
+        rate = self.arrivals.rate_above(bid, now, scale) * above
+        return wait_s(bid, slots, ahead, rate, horizon)
 
     def _ahead(
         self, bid: float, position: int, known: list[_Waiting], now: float, state: BookState

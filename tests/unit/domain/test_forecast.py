@@ -9,7 +9,7 @@ import math
 import pytest
 
 from bourse.domain.book import Order, expected_wait_s
-from bourse.domain.forecast import Ahead, ArrivalHistory, BandWaits, RunHistory, RunModel, SlotFree, wait_s
+from bourse.domain.forecast import Ahead, ArrivalHistory, RunHistory, RunModel, SlotFree, wait_s
 from bourse.services.market_forecast import BookState, Forecaster, SlotState
 
 TWO_S = [(100.0, 2.0)] * 10
@@ -99,17 +99,6 @@ def test_the_runs_are_per_deployment_once_there_are_enough() -> None:
     assert slow is not None and slow.mean == pytest.approx(1.5)  # one run of its own: every deployment's
 
 
-def test_band_waits_say_what_was_left_of_the_waits_at_a_price() -> None:
-    bands = BandWaits()
-    assert bands.left(0.8, 0.0) is None
-    for w in (2.0, 4.0, 6.0):
-        bands.add(0.8, w)
-    assert bands.left(0.81, 0.0) == pytest.approx(4.0)  # the 0.80 band
-    assert bands.left(0.8, 3.0) is None  # two waits longer than 3 s: too few
-    bands.add(0.3, 9.0)
-    assert bands.left(0.3, 0.0) == pytest.approx(5.0)  # too few at 0.30: every band's
-
-
 # -- the forecast of one product ------------------------------------------------------------
 
 
@@ -178,22 +167,27 @@ def test_a_free_slot_is_no_wait_before_any_run_was_seen() -> None:
     assert fc.wait_at(0.05, 0.0, _state(0)) is None  # under the floor
 
 
-def test_an_order_no_slot_comes_to_in_time_is_told_the_waits_of_its_price() -> None:
+def test_an_order_no_slot_comes_to_in_time_is_told_its_wait_in_a_lull() -> None:
     """More arrive above it than the slot takes: the walk sees no slot for it before
-    its timeout; the waits the orders at its price had when admitted (in lulls) say."""
+    its timeout. It can start only in a lull of those arrivals: its wait at the first
+    share of their rate that lets it start in time."""
     fc = Forecaster(default_cap=256)
     _fed(fc, run_s=1.0)
-    for i in range(3):  # admitted lately at 0.5 after 3 s each
-        o = _order(f"low{i}", 0.5, 10 + i, 0.0)
-        fc.entering(o, 0.0, 60.0, 100)
-        fc.rested(o, 0.0, _state(1))
-        fc.admitted(o, "d", 3.0)
-        fc.released(o.id, 4.0)
     for i in range(40):  # 2 a second above it, the slot takes 1 a second
         fc.arrivals.add(20.0 + i * 0.5, 1.0)
-    low = _order("low", 0.5, 50, 40.0)
-    fc.entering(low, 40.0, 50.0, 100)
-    assert fc.rested(low, 40.0, _state(1)) == pytest.approx(3.0)
+    running = _order("run", 1.0, 99)
+    fc.entering(running, 39.5, None, 100)
+    fc.admitted(running, "d", 39.5)  # frees at 40.5, then every second
+    low = _order("low", 0.5, 100, 40.0)
+    fc.entering(low, 40.0, 43.0, 100)  # 3 s to start in
+    fc.arrivals = ArrivalHistory()
+    for i in range(40):
+        fc.arrivals.add(20.0 + i * 0.5, 1.0)
+    # a new order at 0.5 is told no wait (a quote: the arrivals above take every free)
+    assert fc.wait_at(0.5, 40.0, _state(1)) is None
+    # at 2 a second (and at 1.5) they take every free before its timeout; at half that
+    # rate, half of the first free is its, in expectation: 0.5 s
+    assert fc.rested(low, 40.0, _state(1)) == pytest.approx(0.5)
 
 
 def test_a_requeued_order_waits_again_without_being_scored_twice() -> None:
