@@ -711,7 +711,7 @@ def run(sc: Scenario, seconds: float, up: str, redis_url: str, seed: int) -> dic
     seconds *= sc.longer
     rng = random.Random(seed)
     orders = plan(seconds, sc.load, replicas, rng)
-    market_forecast.mark_quote_orders([o for _, o in orders], seed * 7 + 1)
+    market_forecast.mark_quote_orders([o for _, o in orders], seed * 7 + 1, sc.load * CAPACITY_PER_S)
     httpx.post(up + "/bench/log", timeout=10)  # reset
     with contextlib.ExitStack() as es:
         gws = [es.enter_context(gateway_process(cfg)) for _ in range(replicas)]

@@ -1,8 +1,8 @@
 """The wait forecast and the quotes in the market bench (issue 38, items 1 and 2): what
 ``bench/market.py`` adds to each run.
 
-- **quote orders**: one order in ten (chosen by a generator of its own, so the rest of
-  the plan is the same) first asks ``GET /v1/market/p/quote?within_s=S`` (S of
+- **quote orders**: half an order a second (chosen by a generator of its own, so the
+  rest of the plan is the same) first asks ``GET /v1/market/p/quote?within_s=S`` (S of
   :data:`QUOTE_WITHIN_S`) of its replica and bids the quoted price (its book timeout
   at least S + 3 s). The quote's **hit rate**: the share of those that bid a quoted
   price whose engine started within S of their arrival in the book;
@@ -26,17 +26,21 @@ from typing import Any
 import aiohttp
 import httpx
 
-QUOTE_SHARE = 0.1
+QUOTE_PER_S = 0.5
+"""Quote orders a second, whatever the load (a quarter of the capacity: more of them
+than the slots take would only bid against each other)."""
 QUOTE_WITHIN_S = (2.0, 5.0)
 WITHIN_2X = 0.9
 ERROR_OF_MEDIAN = 0.25
 
 
-def mark_quote_orders(orders: list[Any], seed: int) -> None:
-    """One order in ten asks a quote first (``o.quote_s``), its timeout long enough for it."""
+def mark_quote_orders(orders: list[Any], seed: int, per_s: float) -> None:
+    """Orders that ask a quote first (``o.quote_s``), :data:`QUOTE_PER_S` a second of the
+    ``per_s`` arriving, their timeouts long enough for it."""
     rng = random.Random(seed)
+    share = min(1.0, QUOTE_PER_S / per_s)
     for o in orders:
-        if rng.random() < QUOTE_SHARE:
+        if rng.random() < share:
             o.quote_s = rng.choice(QUOTE_WITHIN_S)
             o.timeout = max(o.timeout, o.quote_s + 3.0)
 
@@ -135,7 +139,7 @@ def section_lines(rows: list[dict[str, Any]]) -> list[str]:
         "Wait estimate and quotes (issue 38): the bench's own measure (every `: queued` frame's `wait_s` "
         "against the wait that followed, and each order's first frame), the gateway's own score "
         "(`forecast` of `/v1/market/p`: each order's wait predicted as it entered the book against the wait "
-        f"it had; replicas weighted by their orders), and the quote orders ({QUOTE_SHARE:.0%} of the orders "
+        f"it had; replicas weighted by their orders), and the quote orders ({QUOTE_PER_S:g} a second "
         f"ask `/v1/market/p/quote?within_s=S`, S of {', '.join(f'{s:g}' for s in QUOTE_WITHIN_S)} s, and bid "
         "the quoted price): the share that started within S. Targets: within 2x for "
         f"≥ {WITHIN_2X:.0%} of orders, median error ≤ {ERROR_OF_MEDIAN:.0%} of the median wait.",

@@ -21,6 +21,11 @@ from bourse.domain.values import immutable
 SCORE_ORDERS = 1000
 SCORE_WINDOW_S = 600.0
 SCORE_SLACK_S = 0.05
+MARGIN_QUANTILE = 0.8
+"""A quote stretches its predicted waits by this quantile of the recent waits over their
+predictions (:attr:`Score.margin`), so that about as many of its quotes come true."""
+MARGIN_MIN_ORDERS = 20
+MARGIN_MAX = 4.0
 
 
 @immutable
@@ -36,6 +41,10 @@ class Score:
     """The median wait the scored orders had (the error's scale)."""
     window_s: float
     max_orders: int
+    margin: float = 1.0
+    """The :data:`MARGIN_QUANTILE` quantile of the actual waits over the predicted ones
+    (at least 1, at most :data:`MARGIN_MAX`; 1 with fewer than :data:`MARGIN_MIN_ORDERS`
+    scored)."""
 
     def doc(self) -> dict[str, object]:
         """The score as the market view and the quote show it."""
@@ -44,6 +53,7 @@ class Score:
             "median_abs_error_s": _r(self.median_abs_error_s),
             "within_2x": _r(self.within_2x),
             "median_wait_s": _r(self.median_wait_s),
+            "margin": round(self.margin, 3),
             "window": {"orders": self.max_orders, "seconds": self.window_s},
         }
 
@@ -85,4 +95,13 @@ class WaitScore:
             median_wait_s=statistics.median(a for _, _, a in seen) if n else None,
             window_s=self.window_s,
             max_orders=self.max_orders,
+            margin=_margin([a / p for _, p, a in seen if p is not None and p >= SCORE_SLACK_S]),
         )
+
+
+def _margin(ratios: list[float]) -> float:
+    if len(ratios) < MARGIN_MIN_ORDERS:
+        return 1.0
+    ratios.sort()
+    q = ratios[min(len(ratios) - 1, int(MARGIN_QUANTILE * len(ratios)))]
+    return min(MARGIN_MAX, max(1.0, q))

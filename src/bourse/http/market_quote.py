@@ -27,9 +27,10 @@ MAX_WITHIN_S = 86_400.0
 MAX_TOKENS = 100_000_000
 NOTE = (
     "A quote is a prediction, not a promise: the book's recent history says an order at `bid` "
-    "should start within `within_s`; orders that arrive later with higher bids, runs longer than "
-    "those seen, or a deployment failing can make it wait longer. `forecast` says how well the "
-    "predictions did lately. To bound the price, send `max_price`."
+    "should start within `within_s` (its predicted wait `wait_s`, stretched by `margin`, how much "
+    "longer than predicted the recent waits were, fits); orders that arrive later with higher bids, "
+    "runs longer than those seen, or a deployment failing can make it wait longer. `forecast` says "
+    "how well the predictions did lately."
 )
 
 
@@ -72,6 +73,7 @@ async def quote_doc(name: str, m: Market, within_s: float, n: int | None) -> dic
     state = await outlook.fresh_state()
     now = outlook.now()
     q = outlook.forecast.quote(within_s, now, state)
+    score = outlook.score()
     level = state.view.level if state.view is not None else m.level()
     horizon = max(QUOTE_HORIZON_S, 4 * within_s)
     at_level = outlook.forecast.wait_at(level, now, state, horizon=horizon)
@@ -88,7 +90,8 @@ async def quote_doc(name: str, m: Market, within_s: float, n: int | None) -> dic
         "tokens": n,
         "max_cost_usd": None if q.bid is None or n is None else round(q.bid * n / 1e6, 9),
         "unit": "USD per 1M tokens",
-        "forecast": outlook.score().doc(),
+        "margin": round(score.margin, 3),
+        "forecast": score.doc(),
         "note": NOTE,
     }
 

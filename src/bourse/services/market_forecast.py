@@ -24,7 +24,7 @@ import math
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sortedcontainers import SortedKeyList
 
@@ -290,16 +290,22 @@ class Forecaster:
         return self.scores.score(now)
 
     def quote(self, within_s: float, now: float, state: BookState, exclude: Order | None = None) -> Quote:
-        """The lowest bid predicted to start within ``within_s``."""
+        """The lowest bid whose predicted wait, stretched by the score's margin (how much
+        longer than predicted the recent waits were, :attr:`~bourse.domain.forecast_score.Score.margin`),
+        is ``within_s`` or less; its wait as predicted (not stretched)."""
         floors = [d.floor for d in state.deployments if d.usable]
         if state.view is not None:
             bids: list[float] = state.view.bids
         else:
             bids = [w.order.bid for w in self._ranked if w.order is not exclude]
         horizon = max(QUOTE_HORIZON_S, 4 * within_s)
-        return lowest_bid(
-            candidate_bids(floors, bids), lambda b: self.wait_at(b, now, state, exclude, horizon), within_s
+        margin = self.scores.score(now).margin
+        q = lowest_bid(
+            candidate_bids(floors, bids),
+            lambda b: self.wait_at(b, now, state, exclude, horizon),
+            within_s / margin,
         )
+        return replace(q, within_s=within_s)
 
 
 def _others_since(view: BookView | None, deployment: str, own: list[_Running], n: int) -> list[float | None]:

@@ -39,3 +39,22 @@ def test_the_window_keeps_the_last_orders_and_none_too_old() -> None:
     assert s.score(62.5).orders == 2  # the ones at 1 and 2 s are over a minute old
     assert s.score(62.5).within_2x == pytest.approx(0.5)
     assert s.score(200.0).orders == 0
+
+
+def test_the_margin_is_how_much_longer_than_predicted_the_waits_were() -> None:
+    s = WaitScore()
+    for ratio in [1.0] * 15 + [1.5] * 5:
+        s.add(0.0, 2.0, 2.0 * ratio)
+    assert s.score(0.0).margin == pytest.approx(1.5)  # the 80th percentile of 20
+    for _ in range(5):
+        s.add(0.0, 2.0, 6.0)
+    assert s.score(0.0).margin == pytest.approx(3.0)
+    few = WaitScore()
+    for _ in range(19):
+        few.add(0.0, 1.0, 9.0)
+    assert few.score(0.0).margin == 1.0  # too few to go by
+    early = WaitScore()
+    for _ in range(30):
+        early.add(0.0, 2.0, 1.0)  # shorter than predicted: no margin under 1
+        early.add(0.0, 0.0, 0.01)  # predictions of no wait are not ratios
+    assert early.score(0.0).margin == 1.0

@@ -62,6 +62,15 @@ def test_the_quote_is_the_lowest_bid_whose_wait_fits() -> None:
     assert q.bid is None and q.top_bid == 1.01 and q.top_wait_s == pytest.approx(1.0)
 
 
+def test_the_quote_stretches_the_predicted_waits_by_the_margin() -> None:
+    fc = Forecaster(default_cap=256)
+    state = _book(fc)
+    for _ in range(30):  # lately the waits were twice as long as predicted
+        fc.scores.add(10.0, 1.0, 2.0)
+    q = fc.quote(8.0, 10.0, state)
+    assert q.bid == 1.01 and q.wait_s == pytest.approx(1.0) and q.within_s == 8.0  # 7 s * 2 is over 8
+
+
 def test_a_longer_wait_never_needs_a_higher_bid() -> None:
     fc = Forecaster(default_cap=256)
     state = _book(fc)
