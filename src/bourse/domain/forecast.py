@@ -53,7 +53,7 @@ MIN_FIT = 5
 ARRIVALS_KEPT = 4000
 ARRIVAL_WINDOW_S = 120.0
 """Arrivals older than this are not counted in a rate."""
-MIN_RATE_SPAN_S = 10.0
+MIN_RATE_SPAN_S = 2.0
 """A rate is counted over at least this span (the first arrivals make no burst)."""
 
 

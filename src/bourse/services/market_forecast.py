@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from sortedcontainers import SortedKeyList
 
 from bourse.domain.book import Order
-from bourse.domain.forecast import HORIZON_S, Ahead, ArrivalHistory, RunHistory, SlotFree, wait_s
+from bourse.domain.forecast import HORIZON_S, Ahead, ArrivalHistory, RunHistory, RunModel, SlotFree, wait_s
 from bourse.domain.forecast_score import Score, WaitScore
 from bourse.domain.market_quote import Quote, candidate_bids, lowest_bid
 from bourse.domain.values import immutable
@@ -39,6 +39,8 @@ LULLS = (1.0, 0.75, 0.5, 0.25)
 """An order no slot comes to before its timeout at the rate of arrivals above it can
 start only if fewer arrive: the wait at the first of these shares of that rate that
 lets it start in time (none: at no arrival above)."""
+MIN_RUNNING_S = 0.25
+"""Before any run has ended, the runs are guessed from the orders running this long."""
 QUOTE_HORIZON_S = 120.0
 """A quote predicts no wait past this, or four times the wait asked about."""
 STALE_AFTER_S = 3600.0
@@ -262,15 +264,20 @@ class Forecaster:
 
     def _slots(self, state: BookState, now: float) -> list[SlotFree] | None:
         """When each slot of the deployments taking orders frees next; None before any
-        run was seen (nothing to go by)."""
-        if self.runs.model() is None:
-            return None
+        run was seen or has run :data:`MIN_RUNNING_S` (nothing to go by)."""
+        prior = None
+        if self.runs.model() is None:  # a first guess: each running order is halfway through
+            running = [(r.cap or self.default_cap, 2 * (now - r.since)) for r in self._running.values()]
+            running = [(c, s) for c, s in running if s >= 2 * MIN_RUNNING_S]
+            if not running:
+                return None
+            prior = RunModel.fit(running)
         wall = time.time()
         out: list[SlotFree] = []
         for d in state.deployments:
             if not d.usable:
                 continue
-            model = self.runs.model(d.name)
+            model = prior or self.runs.model(d.name)
             assert model is not None
             own = [r for r in self._running.values() if r.deployment == d.name]
             lefts = [model.left(r.cap, now - r.since) for r in own]

@@ -167,6 +167,15 @@ def test_a_free_slot_is_no_wait_before_any_run_was_seen() -> None:
     assert fc.wait_at(0.05, 0.0, _state(0)) is None  # under the floor
 
 
+def test_before_any_run_ended_the_running_ones_are_taken_to_be_halfway() -> None:
+    fc = Forecaster(default_cap=256)
+    running = _order("run", 1.0, 1)
+    fc.entering(running, 0.0, None, 100)
+    fc.admitted(running, "d", 0.0)
+    assert fc.wait_at(1.0, 0.1, _state(1)) is None  # it has run 0.1 s: too little to go by
+    assert fc.wait_at(1.0, 1.0, _state(1)) == pytest.approx(1.0)  # 1 s run: 2 s runs, 1 s left
+
+
 def test_an_order_no_slot_comes_to_in_time_is_told_its_wait_in_a_lull() -> None:
     """More arrive above it than the slot takes: the walk sees no slot for it before
     its timeout. It can start only in a lull of those arrivals: its wait at the first

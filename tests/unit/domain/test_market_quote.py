@@ -114,6 +114,7 @@ async def test_a_deadline_orders_bid_is_clamped_to_the_floor_and_the_ceiling() -
     fc.entering(waiting, loop.time(), None, 100)
     await book.submit(waiting)
     fc.rested(waiting, loop.time(), outlook.state())
+    fc.arrivals = ArrivalHistory()  # the book as it stands: no arrivals above counted
     # to go first it must bid over 2.0; to start within 1 s it must go first
     assert await outlook.bid_for(1.0, ceiling=3.0) == 2.01
     assert await outlook.bid_for(1.0, ceiling=1.5) == 1.5  # never above the ceiling
