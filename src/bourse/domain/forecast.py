@@ -50,6 +50,8 @@ RUNS_KEPT = 500
 """Run lengths kept per deployment (the newest)."""
 MIN_FIT = 5
 """Runs needed before the line against the cap is fitted (fewer: their mean)."""
+SPREAD = 16
+"""Quantiles of a running order's time left (:meth:`RunModel.spread`)."""
 ARRIVALS_KEPT = 4000
 ARRIVAL_WINDOW_S = 120.0
 """Arrivals older than this are not counted in a rate."""
@@ -131,6 +133,33 @@ class RunModel:
         if over is None:  # running longer than any run seen: soon over, as far as is known
             return max(0.05, 0.1 * self.total(cap))
         return max(0.0, over)
+
+    def spread(self, cap: float | None, elapsed: float | None, k: int = SPREAD) -> list[float]:
+        """``k`` evenly spaced quantiles of the time left of such a run (see :meth:`left`):
+        what it may be, for :func:`frees`."""
+        if elapsed is None:
+            return [self.stationary_left] * k
+        if cap is None:
+            values, shift = self.runs, elapsed
+        else:
+            values, shift = self.errors, elapsed - (self.a + self.b * cap)
+        i = bisect_right(values, shift)
+        n = len(values) - i
+        if n == 0:
+            return [self.left(cap, elapsed)] * k
+        return [max(0.0, values[i + int((j + 0.5) * n / k)] - shift) for j in range(k)]
+
+
+def frees(spreads: Sequence[Sequence[float]]) -> list[float]:
+    """When the slots of ``len(spreads)`` running orders free, soonest first, each order's
+    time left given by its :meth:`RunModel.spread`: the expected order statistics of
+    their pooled spreads (the first of several uncertain runs ends sooner than the
+    soonest expected end: the fewer known the runs, the more so)."""
+    n = len(spreads)
+    if n == 0:
+        return []
+    pooled = sorted(x for s in spreads for x in s)
+    return [pooled[int((j + 0.5) * len(pooled) / n)] for j in range(n)]
 
 
 @dataclass(slots=True)

@@ -29,7 +29,16 @@ from dataclasses import dataclass, field, replace
 from sortedcontainers import SortedKeyList
 
 from bourse.domain.book import Order
-from bourse.domain.forecast import HORIZON_S, Ahead, ArrivalHistory, RunHistory, RunModel, SlotFree, wait_s
+from bourse.domain.forecast import (
+    HORIZON_S,
+    Ahead,
+    ArrivalHistory,
+    RunHistory,
+    RunModel,
+    SlotFree,
+    frees,
+    wait_s,
+)
 from bourse.domain.forecast_score import Score, WaitScore
 from bourse.domain.market_quote import Quote, candidate_bids, lowest_bid
 from bourse.domain.values import immutable
@@ -186,6 +195,7 @@ class Forecaster:
         else:
             known = self._known_at(order.bid, now, exclude=order)
         horizon = HORIZON_S if w is None or w.deadline is None else max(0.0, w.deadline - now)
+        state = _resting(state, order.bid)
         for share in LULLS:
             wait = self._wait(order.bid, position, known, now, state, horizon, above=share)
             if wait is not None or w is None:
@@ -280,15 +290,15 @@ class Forecaster:
             model = prior or self.runs.model(d.name)
             assert model is not None
             own = [r for r in self._running.values() if r.deployment == d.name]
-            lefts = [model.left(r.cap, now - r.since) for r in own]
+            spreads = [model.spread(r.cap, now - r.since) for r in own]
             others = max(0, d.busy - len(own))
             if others:
                 for since in _others_since(state.view, d.name, own, others):
-                    lefts.append(model.left(None, None if since is None else max(0.0, wall - since)))
-            lefts.sort()
+                    spreads.append(model.spread(None, None if since is None else max(0.0, wall - since)))
+            lefts = frees(spreads)
             excess = max(0, len(lefts) - d.slots)  # slots in use above ``slots``: given back, not out
-            frees = [0.0] * max(0, d.slots - len(lefts)) + lefts[excess:]
-            out += [SlotFree(d.floor, at, model.mean) for at in frees]
+            ats = [0.0] * max(0, d.slots - len(lefts)) + lefts[excess:]
+            out += [SlotFree(d.floor, at, model.mean) for at in ats]
         return out
 
     # -- scores and quotes ---------------------------------------------------------------
@@ -313,6 +323,15 @@ class Forecaster:
             within_s / margin,
         )
         return replace(q, within_s=within_s)
+
+
+def _resting(state: BookState, bid: float) -> BookState:
+    """The book as an order resting at ``bid`` knows it: no slot it may take is free (it
+    would have been admitted), whatever a view read a moment ago said."""
+    deps = tuple(
+        replace(d, busy=max(d.busy, d.slots)) if d.usable and d.floor <= bid else d for d in state.deployments
+    )
+    return replace(state, deployments=deps)
 
 
 def _others_since(view: BookView | None, deployment: str, own: list[_Running], n: int) -> list[float | None]:

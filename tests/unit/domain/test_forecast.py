@@ -9,7 +9,7 @@ import math
 import pytest
 
 from bourse.domain.book import Order, expected_wait_s
-from bourse.domain.forecast import Ahead, ArrivalHistory, RunHistory, RunModel, SlotFree, wait_s
+from bourse.domain.forecast import Ahead, ArrivalHistory, RunHistory, RunModel, SlotFree, frees, wait_s
 from bourse.services.market_forecast import BookState, Forecaster, SlotState
 
 TWO_S = [(100.0, 2.0)] * 10
@@ -47,6 +47,19 @@ def test_the_runs_are_fitted_against_the_output_cap() -> None:
     assert model.left(20, 5.0) == pytest.approx(0.1)  # longer than any run like it: soon over
     # found running at a random instant: E[R^2] / 2E[R] = (1 + 9) / 2 / (2 * 2)
     assert model.left(None, None) == pytest.approx(1.25)
+
+
+def test_the_first_of_several_uncertain_runs_ends_sooner_than_each_is_expected_to() -> None:
+    model = RunModel.fit(TWO_S)
+    assert model.spread(100, 0.5) == [pytest.approx(1.5)] * 16  # known runs: no spread
+    assert frees([model.spread(100, 0.5), model.spread(100, 1.5)]) == [pytest.approx(0.5), pytest.approx(1.5)]
+    # runs of 1 to 3 s, caps unknown (another replica's), both just started: each is
+    # expected to end in 2 s, the first of the two in about 1.5 and the second in 2.5
+    spread = RunModel.fit([(0.0, 1.0 + i / 50) for i in range(101)])
+    first, second = frees([spread.spread(None, 0.0), spread.spread(None, 0.0)])
+    assert spread.left(None, 0.0) == pytest.approx(2.0)
+    assert first == pytest.approx(1.5, abs=0.1) and second == pytest.approx(2.5, abs=0.1)
+    assert frees([]) == []
 
 
 def test_a_dearer_deployment_takes_the_orders_ahead_that_bid_enough_for_it() -> None:
@@ -141,6 +154,19 @@ def test_the_forecast_predicts_from_the_slot_in_use_and_the_orders_ahead() -> No
     fc.admitted(second, "d", 14.0)
     score = fc.score(14.0)
     assert score.orders == 2 and score.within_2x == 1.0 and score.median_abs_error_s == pytest.approx(0.0)
+
+
+def test_a_resting_order_knows_its_slots_are_busy_whatever_a_stale_view_said() -> None:
+    fc = Forecaster(default_cap=256)
+    _fed(fc)
+    running = _order("run", 1.0, 100)
+    fc.entering(running, 0.0, None, 100)
+    fc.admitted(running, "d", 0.0)
+    o = _order("o", 1.0, 101)
+    fc.entering(o, 0.5, 60.0, 100)
+    stale = _state(0)  # a shared book's view from before the slot was taken
+    assert fc.wait_at(1.0, 0.5, stale) == 0.0  # a new order: a free slot, as far as it says
+    assert fc.rested(o, 0.5, stale) == pytest.approx(1.5)  # it rested: the slot is busy
 
 
 def test_an_order_ahead_that_will_time_out_is_not_waited_for() -> None:
