@@ -10,7 +10,7 @@ loop's time, and passes the book's state in (:class:`BookState`).
 With the book in process every order of the product passes through here: the orders
 ahead, their timeouts, the slots in use and how long each has run are all known. With
 the shared book (Redis) a replica knows its own orders only, and reads the rest from
-the book's view (at most :data:`~bourse.services.market.VIEW_FRESH_S` old): the slots
+the book's view (at most :data:`~bourse.services.market_outlook.VIEW_FRESH_S` old): the slots
 in use, the bids waiting and the recent admissions' times. Its own orders ahead stand
 for the other replicas' (their timeouts), the other replicas' running orders are taken
 to be the newest admissions on their deployment, and the rate of arrivals is its own
@@ -165,6 +165,17 @@ class Forecaster:
             w = self._waiting[order.id] = _Waiting(order, order.arrived_at, None, cap)
         self._ranked.discard(w)
         self._ranked.add(w)
+
+    def rebid(self, order: Order, bid: float) -> None:
+        """``order``'s bid is ``bid`` from now on (a deadline order raised): call this in
+        place of setting ``order.bid`` while it waits (its place here is by its bid)."""
+        w = self._waiting.get(order.id)
+        ranked = w is not None and w in self._ranked
+        if ranked:
+            self._ranked.remove(w)
+        order.bid = bid
+        if ranked:
+            self._ranked.add(w)
 
     def gone(self, order: Order) -> None:
         """``order`` left the book unadmitted (timeout, its client left), or its slot was

@@ -239,3 +239,22 @@ def test_a_requeued_order_waits_again_without_being_scored_twice() -> None:
     assert fc.score(3.0).orders == 1
     fc.gone(o)
     assert math.isclose(fc.runs.model("d").mean, (10 * 2.0 + 1.0) / 11)  # type: ignore[union-attr]
+
+
+def test_a_raised_bid_moves_the_order_ahead_of_the_lower_ones() -> None:
+    fc = Forecaster(default_cap=256)
+    _fed(fc)
+    running = _order("run", 1.0, 100)
+    fc.entering(running, 0.0, None, 100)
+    fc.admitted(running, "d", 0.0)  # frees at 2, then every 2 s
+    first = _order("first", 1.0, 101)
+    fc.entering(first, 0.0, 60.0, 100)
+    fc.rested(first, 0.0, _state(1))
+    late = _order("late", 0.5, 102)
+    late.position_at_entry = 1
+    fc.entering(late, 0.0, 60.0, 100)
+    assert fc.rested(late, 0.0, _state(1)) == pytest.approx(4.0)
+    fc.rebid(late, 2.0)  # raised over the first: next
+    assert late.bid == 2.0
+    assert fc.predict(late, 0, 0.0, _state(1)) == pytest.approx(2.0)
+    assert fc.predict(first, 1, 0.0, _state(1)) == pytest.approx(4.0)
