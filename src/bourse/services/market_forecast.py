@@ -170,12 +170,12 @@ class Forecaster:
         """``order``'s bid is ``bid`` from now on (a deadline order raised): call this in
         place of setting ``order.bid`` while it waits (its place here is by its bid)."""
         w = self._waiting.get(order.id)
-        ranked = w is not None and w in self._ranked
-        if ranked:
-            self._ranked.remove(w)
+        if w is None or w not in self._ranked:
+            order.bid = bid
+            return
+        self._ranked.remove(w)
         order.bid = bid
-        if ranked:
-            self._ranked.add(w)
+        self._ranked.add(w)
 
     def gone(self, order: Order) -> None:
         """``order`` left the book unadmitted (timeout, its client left), or its slot was
