@@ -11,8 +11,9 @@ What it goes by:
   running (the mean of the seen runs that would last longer than it has run);
 - **slots that will free**: each slot of a deployment eligible at the bid (floor at or
   below it, taking orders) frees when its running order ends, then every mean run
-  length after that; slots of dearer deployments free too and take the orders ahead
-  that bid enough for them;
+  length after that (several running orders: the expected order statistics of their
+  times left, :func:`frees`); slots of dearer deployments free too and take the
+  orders ahead that bid enough for them;
 - **the orders ahead** (:class:`Ahead`), in rank order, each with when it would leave
   unadmitted (its book timeout, where known) and a weight (an order of another
   replica of a shared book is stood for by this replica's own);
