@@ -72,6 +72,7 @@ from typing import Any
 import aiohttp
 import httpx
 
+from bench import market_forecast
 from bench.common import free_port, gateway_process, pct, process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,6 +240,9 @@ class Order:
     """When it left the book (best estimate); certainly in [leave_lo, leave_hi]."""
     leave_lo: float = 0.0
     leave_hi: float = 0.0
+    quote_s: float | None = None
+    """Asks a quote to start within this many seconds first, and bids it (bench.market_forecast)."""
+    quoted: dict[str, Any] | None = None
 
 
 def plan(seconds: float, load: float, replicas: int, rng: random.Random) -> list[tuple[float, Order]]:
@@ -262,6 +266,9 @@ async def place(http: aiohttp.ClientSession, base: str, key: str, o: Order) -> N
             "sim": {"output_tokens": o.tokens, "tokens_per_s": TOKENS_PER_S}}  # fmt: skip
     if o.stream:
         body["stream_options"] = {"include_usage": True}
+    if o.quote_s is not None:
+        await market_forecast.ask_quote(http, base, o)
+        body["max_price"] = o.bid
     o.sent = time.time()
     task = asyncio.ensure_future(_exchange(http, base, key, body, o))
     if o.cancel_after is not None:
@@ -678,6 +685,8 @@ def analyse(orders: list[Order], records: list[list[Any]], stop: Stop | None) ->
     res["free_to_start_n"] = len(lat)
     res.update(prices(orders, stop))
     res.update(frames(orders, stop))
+    res.update(market_forecast.per_order(orders))
+    res.update(market_forecast.quotes(orders))
     res.update(lateness(orders, stop))
     res["peak_running"] = _peak(spans)
     return res
@@ -702,6 +711,7 @@ def run(sc: Scenario, seconds: float, up: str, redis_url: str, seed: int) -> dic
     seconds *= sc.longer
     rng = random.Random(seed)
     orders = plan(seconds, sc.load, replicas, rng)
+    market_forecast.mark_quote_orders([o for _, o in orders], seed * 7 + 1, sc.load * CAPACITY_PER_S)
     httpx.post(up + "/bench/log", timeout=10)  # reset
     with contextlib.ExitStack() as es:
         gws = [es.enter_context(gateway_process(cfg)) for _ in range(replicas)]
@@ -710,6 +720,7 @@ def run(sc: Scenario, seconds: float, up: str, redis_url: str, seed: int) -> dic
         log(f"{sc.name}: {len(orders)} orders over {seconds:g} s")
         stop, lags = asyncio.run(drive(bases, [(t, o) for t, o in orders], pause))
         left = _leftover(bases[0][0])
+        scores = market_forecast.gateway_scores([b for b, _ in bases])
         records = httpx.get(up + "/bench/log", timeout=30).json()
     dump = os.environ.get("BENCH_MARKET_DUMP")
     if dump:
@@ -719,6 +730,8 @@ def run(sc: Scenario, seconds: float, up: str, redis_url: str, seed: int) -> dic
         )  # fmt: skip
     res = analyse([o for _, o in orders], records, stop)
     res["left_in_book"] = left
+    res["gateway_forecast"] = scores
+    res.update(market_forecast.gateway_summary(scores))
     res["client_lag_p99_ms"] = pct(lags, 99) * 1000 if lags else float("nan")
     res["client_lag_max_ms"] = max(lags) * 1000 if lags else float("nan")
     res["name"] = sc.name
@@ -756,7 +769,10 @@ def _summary(r: dict[str, Any]) -> str:
     return (
         f"util {r['utilisation']:.4f} inv {r['inversions']} fifo {r['fifo']} "
         f"free->start p50 {r['free_to_start_p50_ms']:.1f} ms p99 {r['free_to_start_p99_ms']:.1f} ms "
-        f"pos in bounds {r['in_bounds']:.4f} max 408 late {r['max_late_s']:.2f} s left {r['left_in_book']}"
+        f"pos in bounds {r['in_bounds']:.4f} max 408 late {r['max_late_s']:.2f} s left {r['left_in_book']}; "
+        f"estimate: frames within 2x {r['wait_within_2x']:.3f} error/median {r['wait_error_of_median']:.2f}, "
+        f"gateway {r['gw_orders']} scored within 2x {r['gw_within_2x']:.3f} mae {r['gw_mae_s']:.2f} s "
+        f"of median {r['gw_median_wait_s']:.2f} s; quotes {r['quote_hits']}/{r['quoted']} hit"
     )
 
 
@@ -857,6 +873,7 @@ def section_lines(res: dict[str, Any]) -> list[str]:
             f"| {left['waiting']} waiting, {left['busy']} busy, {left['parked']} parked |"
         )
     L.append("")
+    L += market_forecast.section_lines(res["rows"])
     paused = [r for r in res["rows"] if "stopped" in r.get("name", "") and "failed" not in r]
     if paused:
         r = paused[0]

@@ -174,6 +174,9 @@ class LocalBook:
             return Pace(0, 0.0)
         return Pace(len(self.recent), max(0.0, time.time() - self.recent[0].at))
 
+    def occupancy(self) -> dict[str, int]:
+        return {d.name: d.busy for d in self.book.deployments}
+
     async def standing(self, order: Order | None) -> tuple[float, int]:
         return self.level(), -1 if order is None else self.book.position(order)
 

@@ -428,6 +428,9 @@ class RedisBook:
     def pace(self) -> Pace:
         return self._pace
 
+    def occupancy(self) -> None:
+        return None  # other replicas' slots: in Redis (see :meth:`view`)
+
     async def standing(self, order: Order | None) -> tuple[float, int]:
         member = "" if order is None or order.id not in self._waiting else f"{order.seq:016d}:{order.id}"
         res = await self._call("STANDING", member)

@@ -11,7 +11,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bourse.domain.book import expected_wait_s
 from bourse.domain.errors import model_not_found
 from bourse.http.deps import Services
 from bourse.http.responses import JSON
@@ -37,22 +36,14 @@ async def market_view(name: str, m: Market, *, depth: bool) -> dict[str, Any]:
     return market_doc(name, m, await m.view(), depth=depth)
 
 
-def _ahead(bids: list[float], price: float) -> int:
-    """Orders a new order at ``price`` would have ahead of it (bids best first)."""
-    return sum(1 for b in bids if b >= price)
-
-
-def _waits(v: BookView, free: int, now: float) -> tuple[float | None, Any]:
-    """(admissions per second lately, the expected wait of a new order at a price)."""
+def _waits(m: Market, v: BookView, now: float) -> tuple[float | None, Any]:
+    """(admissions per second lately, the predicted wait of a new order at a price)."""
     count = len(v.recent)
     span = now - v.recent[-1].at if v.recent else 0.0
     rate = count / span if count >= 2 and span > 0 else None
 
     def wait_at(price: float) -> float | None:
-        ahead = _ahead(v.bids, price)
-        if ahead == 0 and free > 0:
-            return 0.0
-        w = expected_wait_s(ahead, count, span)
+        w = m.outlook.wait_now(price)
         return None if w is None else round(w, 3)
 
     return (None if rate is None else round(rate, 3)), wait_at
@@ -60,14 +51,14 @@ def _waits(v: BookView, free: int, now: float) -> tuple[float | None, Any]:
 
 def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, Any]:
     """The market view of one product from a view of its book (``depth``: the book
-    and the recent admissions too). ``expected_wait_s``: the expected wait of a new
-    order at the default bid (per bucket of the book: at that price), from the
-    recent admissions' pace and the orders that would be ahead of it; ``waits``: the same
-    at each price bucket of the book."""
+    and the recent admissions too). ``expected_wait_s``: the predicted wait of a new
+    order at the default bid (:mod:`bourse.domain.forecast`); ``waits``: the same at
+    each price bucket of the book; ``forecast``: how well this replica's predictions
+    did lately (:mod:`bourse.domain.forecast_score`)."""
     busy = sum(d.busy for d in v.deployments)
     total = sum(d.slots for d in v.deployments)
     now = time.time()
-    rate, wait_at = _waits(v, max(0, total - busy), now)
+    rate, wait_at = _waits(m, v, now)
     out: dict[str, Any] = {
         "object": "bourse.market",
         "product": name,
@@ -81,6 +72,7 @@ def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, A
         "admitted_total": v.admitted_total,
         "admissions_per_s": rate,
         "expected_wait_s": wait_at(m.default_bid),
+        "forecast": (v.forecast or m.outlook.score()).doc(),
         "deployments": [
             {
                 "name": d.name,

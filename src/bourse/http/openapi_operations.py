@@ -181,7 +181,29 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Every product's market, without the book", "market", auth="none", answer="List"
     ),
     ("GET", "/v1/market/{product}"): Operation(
-        "A product's market: level, slots, book, recent clears", "market", auth="none", answer="Market"
+        "A product's market: level, slots, book, recent clears, the wait forecast's score",
+        "market",
+        auth="none",
+        answer="Market",
+    ),
+    ("GET", "/v1/market/{product}/quote"): Operation(
+        "The lowest bid predicted to start within `within_s` seconds (a prediction, not a promise)",
+        "market",
+        auth="none",
+        answer="Quote",
+        errors=(400, 404),
+        params=(
+            Param(
+                "within_s",
+                {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+                "the wait asked about, in seconds (required)",
+            ),
+            Param(
+                "tokens",
+                {"type": "integer", "minimum": 1, "maximum": 100_000_000},
+                "the order's tokens, to price the quote (`max_cost_usd`)",
+            ),
+        ),
     ),
     ("GET", "/v1/account"): Operation(
         "The key's account: balance, holds, spend", "account", answer="Account"

@@ -15,7 +15,8 @@ nothing on the hot path keeps them up to date. With the Redis book they are the
 shared book's (the view is read from Redis); holds and jobs are the ledger's. Those
 are the same on every replica, so they carry ``scope="cluster"`` (docs/operating.md:
 aggregate them with ``max``, the replica's own series with ``sum``); a deployment's
-``available`` is this replica's probes' verdict and carries no scope.
+``available`` is this replica's probes' verdict and carries no scope, nor does the
+wait forecast's score (``bourse_wait_forecast_*``: this replica's orders').
 
 Under ``serve --workers N`` a worker's own series carry ``worker="n"`` and a scrape
 holds every worker's (:mod:`~bourse.observability.worker_metrics`); the live state
@@ -341,6 +342,45 @@ def book_families(views: Mapping[str, BookView]) -> Iterator[Metric]:
             breaker.add_metric([product, d.name, c], breaker_state(d.breaker, d.healthy, d.available))
             available.add_metric([product, d.name], 1 if d.available else 0)
     yield from (waiting, level, best, cleared, admitted, slots, busy, breaker, available)
+    yield from forecast_families(views)
+
+
+def forecast_families(views: Mapping[str, BookView]) -> Iterator[Metric]:
+    """The wait forecast's score over its recent window, per product: this replica's own
+    (its orders' predicted and actual waits), so no ``scope``."""
+    p = ["product"]
+    scored = GaugeMetricFamily(
+        "bourse_wait_forecast_scored_orders",
+        "Orders whose predicted wait was scored against their actual wait, in the recent window.",
+        labels=p,
+    )
+    error = GaugeMetricFamily(
+        "bourse_wait_forecast_abs_error_seconds",
+        "Median absolute error of the predicted waits in the recent window (absent: none scored).",
+        labels=p,
+    )
+    within = GaugeMetricFamily(
+        "bourse_wait_forecast_within_2x_ratio",
+        "Share of the recent window's orders whose wait was predicted within a factor of 2.",
+        labels=p,
+    )
+    median = GaugeMetricFamily(
+        "bourse_wait_forecast_median_wait_seconds",
+        "Median actual wait of the recent window's scored orders (the scale of the error).",
+        labels=p,
+    )
+    for product, v in views.items():
+        f = v.forecast
+        if f is None:
+            continue
+        scored.add_metric([product], f.orders)
+        if f.median_abs_error_s is not None:
+            error.add_metric([product], f.median_abs_error_s)
+        if f.within_2x is not None:
+            within.add_metric([product], f.within_2x)
+        if f.median_wait_s is not None:
+            median.add_metric([product], f.median_wait_s)
+    yield from (scored, error, within, median)
 
 
 # -- the exposition -------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bourse.domain.book import Admission, Deployment, Order
+from bourse.domain.forecast_score import Score
 from bourse.domain.values import immutable
 
 
@@ -114,6 +115,8 @@ class BookView:
     parked: int = 0
     """Waiting orders of a replica gone silent (shared book): kept in their place,
     admitted to nobody until it speaks again; not counted in ``waiting``."""
+    forecast: Score | None = None
+    """How well this replica's wait forecast did lately (set by the market, not the book)."""
 
 
 def cleared(recent: list[Clear]) -> list[Clear]:
@@ -179,6 +182,11 @@ class BookPort(Protocol):
     def position(self, order: Order) -> int: ...
 
     def pace(self) -> Pace: ...
+
+    def occupancy(self) -> dict[str, int] | None:
+        """Slots in use per deployment, exactly and now (the book in process); None
+        when only a view can say (the shared book: :meth:`view`)."""
+        ...
 
     async def standing(self, order: Order | None) -> tuple[float, int]: ...
 

@@ -3,7 +3,7 @@ as you can, never above this price".
 
 A request sends ``deadline_s`` with ``max_price`` as its ceiling. Its order enters the
 book at the lowest bid the market predicts will be admitted within the deadline
-(:meth:`~bourse.services.market.Market.deadline_bid`), and while it waits
+(:meth:`~bourse.services.market.Market.bid_for`), and while it waits
 :func:`raise_bids` prices it again every tick (:func:`tick_s`) for the time left, each
 new bid a raise of the last (:func:`next_bid`: never lower, never above the ceiling),
 the ceiling itself in the last stretch before the deadline (:func:`last_stretch_s`). Each raise re-ranks the order
@@ -31,7 +31,7 @@ class Market(Protocol):
 
     policy: Policy
 
-    async def deadline_bid(self, within_s: float, ceiling: float, order: Order | None = None) -> float: ...
+    async def bid_for(self, within_s: float, ceiling: float, order: Order | None = None) -> float: ...
 
     async def rebid(self, order: Order, bid: float) -> bool: ...
 
@@ -71,7 +71,7 @@ def next_bid(current: float, proposed: float, left_s: float, stretch_s: float, c
 async def start_bid(market: Market, deadline_s: float, ceiling: float) -> float:
     """The bid a deadline order enters the book at."""
     stretch = last_stretch_s(deadline_s, tick_s(deadline_s, market.policy.quiet_interval_s))
-    return next_bid(0.0, await market.deadline_bid(deadline_s, ceiling), deadline_s, stretch, ceiling)
+    return next_bid(0.0, await market.bid_for(deadline_s, ceiling), deadline_s, stretch, ceiling)
 
 
 async def raise_bids(market: Market, order: Order, fut: asyncio.Future[Admission], deadline: float) -> None:
@@ -96,7 +96,7 @@ async def raise_bids(market: Market, order: Order, fut: asyncio.Future[Admission
         left = deadline - loop.time()
         if fut.done() or left <= 0:
             return
-        bid = next_bid(order.bid, await market.deadline_bid(left, ceiling, order), left, stretch, ceiling)
+        bid = next_bid(order.bid, await market.bid_for(left, ceiling, order), left, stretch, ceiling)
         if bid > order.bid:
             try:
                 await market.rebid(order, bid)

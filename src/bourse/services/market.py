@@ -14,21 +14,23 @@ import asyncio
 import math
 from collections.abc import Iterable
 
-from bourse.domain.book import Admission, BookFull, Deployment, Order, expected_wait_s, requeue_delay_s
+from bourse.domain.book import Admission, BookFull, Deployment, Order, requeue_delay_s
 from bourse.domain.breaker import CircuitBreaker, cooling_for
 from bourse.domain.errors import GatewayError, book_timeout, no_capacity
+from bourse.domain.market_quote import Quote
 from bourse.domain.policy import Policy
 from bourse.domain.values import immutable
 from bourse.ports.book import BookPort, BookUnavailable, BookView
 from bourse.ports.engine import Engine, Probed, TokenCounter
 from bourse.ports.observer import NULL_OBSERVER, Observer
 from bourse.services.deadline import raise_bids
+from bourse.services.market_outlook import Outlook
 
 
 @immutable
 class Progress:
     """Where a waiting order stands: the level, the orders ahead of it (-1: not
-    waiting) and its expected wait in seconds (None: unknown)."""
+    waiting) and its predicted wait in seconds (None: unknown; :mod:`bourse.domain.forecast`)."""
 
     level: float
     position: int
@@ -80,6 +82,8 @@ class Market:
         """Whether a request may carry its own ``sim`` settings (else 400)."""
         self.stall_timeout_s = stall_timeout_s
         """A generation with no token for this long is ended (the run's stall clock)."""
+        self.outlook = Outlook(book, lambda: self._deployments, max_output_tokens)
+        """The wait forecast, its score and the quotes (issue 38)."""
 
     @staticmethod
     def now() -> float:
@@ -106,43 +110,40 @@ class Market:
         floors = [d.floor for d in self._deployments if d.can_take(now)]
         return min(floors) if floors else self.book.min_floor
 
-    async def deadline_bid(self, within_s: float, ceiling: float, order: Order | None = None) -> float:
-        """The bid of a deadline order with ``within_s`` seconds left to its deadline,
-        clamped to [lowest available floor, ``ceiling``] (:mod:`bourse.services.deadline`);
-        ``order``: the order priced again while it waits (None: one about to enter).
-
-        PLACEHOLDER pricing (issue 38 item 3, built before items 1-2): the whole body is
-        to be replaced by ``return await self.bid_for(within_s, ceiling, order)``, the
-        lowest bid the wait prediction says is admitted within ``within_s``. Until then:
-        the lowest available floor while the book's recent pace says the orders now
-        waiting clear in time, else one step (1 %) over the level, the best bid waiting,
-        so that the order is next."""
-        lo = min(self.available_floor(), ceiling)
-        level = self.level()
-        if level <= lo:
-            return lo  # a slot is free, or nobody bids over the floor
-        wait = self.expected_wait_s(self.book.waiting_here())
-        if wait is None or wait < within_s:
-            return lo
-        return min(ceiling, max(lo, level * 1.01))
-
     # -- admission ---------------------------------------------------------------
 
     def new_order(self, order_id: str, bid: float) -> Order:
         return self.book.new_order(order_id, bid)
 
-    async def submit(self, order: Order) -> asyncio.Future[Admission]:
-        """Rest ``order`` in the book and run a clear; the future is done if admitted at once."""
+    async def submit(
+        self, order: Order, *, deadline: float | None = None, tokens: int | None = None
+    ) -> asyncio.Future[Admission]:
+        """Rest ``order`` in the book and run a clear; the future is done if admitted at
+        once. ``deadline`` (loop time: its book timeout) and ``tokens`` (its output cap)
+        feed the wait forecast."""
+        forecast = self.outlook.forecast
+        forecast.entering(order, self.now(), deadline, tokens)
         try:
-            return await self.book.submit(order)
+            fut = await self.book.submit(order)
         except BookUnavailable as exc:
+            forecast.gone(order)
             raise self.unavailable(exc) from None
         except BookFull:
+            forecast.gone(order)
             raise no_capacity(
                 f"The book of '{self.product}' holds its maximum of {self.book.max_waiting} waiting orders; "
                 "retry later or bid higher.",
                 retry_after_s=2,
             ) from None
+        except BaseException:
+            forecast.gone(order)
+            raise
+        if fut.done():
+            if not fut.cancelled() and fut.exception() is None:
+                forecast.admitted(order, fut.result().deployment, self.now())
+        else:
+            forecast.rested(order, self.now(), self.outlook.state())
+        return fut
 
     async def wait(self, order: Order, fut: asyncio.Future[Admission], deadline: float) -> Admission:
         """The order's admission; 408 ``book_timeout`` at ``deadline`` (loop time). A
@@ -151,29 +152,43 @@ class Market:
         if order.ceiling is not None and not fut.done():
             raiser = asyncio.create_task(raise_bids(self, order, fut, deadline))
         try:
-            return await self.book.wait(order, fut, deadline)
+            adm = await self.book.wait(order, fut, deadline)
         except TimeoutError:
+            self.outlook.forecast.gone(order)
             raise book_timeout(self.now() - order.arrived_at) from None
         except BookUnavailable as exc:
+            self.outlook.forecast.gone(order)
             raise self.unavailable(exc) from None
+        except BaseException:
+            self.outlook.forecast.gone(order)
+            raise
         finally:
             if raiser is not None:
                 raiser.cancel()
+        self.outlook.forecast.admitted(order, adm.deployment, self.now())
+        return adm
 
     async def rebid(self, order: Order, bid: float) -> bool:
         """Raise a waiting deadline order's bid to ``bid``: re-ranked at its new price,
-        its arrival kept; False if it was not waiting (admitted at its old bid, or gone)."""
+        its arrival kept; False if it was not waiting (admitted at its old bid, or gone).
+        The forecast ranks it again from the bid it had."""
+        was = order.bid
         try:
-            return await self.book.rebid(order, bid)
+            raised = await self.book.rebid(order, bid)
         except BookUnavailable as exc:
             raise self.unavailable(exc) from None
+        if raised:
+            self.outlook.forecast.rebid(order, max(order.bid, bid), was=was)
+        return raised
 
     def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None:
         """The order's client left: take it out of the book, or give back its slot."""
+        self.outlook.forecast.gone(order)
         self.book.withdraw(order, fut)
 
     def release(self, admission: Admission) -> None:
         """Give the admission's slot back and clear the book."""
+        self.outlook.forecast.released(admission.order.id, self.now())
         self.book.release(admission)
 
     async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
@@ -184,6 +199,7 @@ class Market:
         The slot is held through the wait so that the order keeps its place (no later
         order passes it) while the engine that failed is not asked again at once."""
         self.book.report_failure(admission.deployment, order)
+        self.outlook.forecast.requeued(order)
         await asyncio.sleep(requeue_delay_s(order.requeues))
         try:
             return await self.book.requeue(order, admission)
@@ -329,14 +345,20 @@ class Market:
             return self.book.level(), -1 if order is None else self.book.position(order)
 
     async def progress(self, order: Order) -> Progress:
-        """The order's standing and its expected wait at this bid (progress frames)."""
+        """The order's standing and its predicted wait at this bid (progress frames)."""
         level, pos = await self.standing(order)
-        return Progress(level, pos, None if pos < 0 else self.expected_wait_s(pos))
+        return Progress(level, pos, None if pos < 0 else self.outlook.wait(order, pos))
 
-    def expected_wait_s(self, ahead: int) -> float | None:
-        """The expected wait with ``ahead`` orders ahead, at the book's recent pace."""
-        pace = self.book.pace()
-        return expected_wait_s(ahead, pace.count, pace.span_s)
+    async def quote(self, within_s: float) -> Quote:
+        """The lowest bid predicted to start within ``within_s`` (a prediction, not a promise)."""
+        return await self.outlook.quote(within_s)
+
+    async def bid_for(self, within_s: float, ceiling: float, order: Order | None = None) -> float:
+        """The bid a deadline order needs to start within ``within_s``: the quote's,
+        clamped to [the lowest floor of the deployments taking orders, ``ceiling``]
+        (``ceiling`` when no bid is predicted to start in time). ``order``: an order
+        waiting already, priced again (it is not counted ahead of itself)."""
+        return await self.outlook.bid_for(within_s, ceiling, order)
 
     async def view(self) -> BookView:
         try:
@@ -347,6 +369,8 @@ class Market:
             engine = self.engines.get(d.name)
             if isinstance(engine, Probed):
                 d.flavor = engine.flavor
+        self.outlook.seen(view)
+        view.forecast = self.outlook.score()
         return view
 
     def unavailable_deployments(self) -> list[tuple[str, str]]:

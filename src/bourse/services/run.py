@@ -306,7 +306,7 @@ class Run:
         # watch, or the listener on another server)
         self._present_at = self._clock()
         self._deadline = order.arrived_at + ask.timeout_s  # a requeue or re-entry keeps it
-        self._fut = fut = await m.submit(order)
+        self._fut = fut = await m.submit(order, deadline=self._deadline, tokens=ask.max_output_tokens)
         if not fut.done():  # resting in the book: its client is asked when a slot comes
             self._present_at = -PRESENT_FRESH_S
         self._state.go(QUEUED)

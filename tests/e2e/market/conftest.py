@@ -43,6 +43,8 @@ PRODUCTS = [
     Product("dlx", [Dep("dlx-a", slots=1, floor=0.1)]),
     Product("dljob", [Dep("dljob-a", slots=1, floor=0.1)]),
     Product("dlresp", [Dep("dlresp-a", slots=1, floor=0.1)]),
+    # 9. the wait forecast, its score and the quotes
+    Product("fcst", [Dep("fcst-a", slots=1, floor=0.2)]),
 ]
 
 

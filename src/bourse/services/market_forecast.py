@@ -1,0 +1,364 @@
+"""The wait forecast of one product as this replica keeps it (issue 38, items 1 and
+2): the book's history it is fed (its orders' arrivals, waits and runs), its orders
+waiting and running, the predictions (:mod:`bourse.domain.forecast`), their score
+(:mod:`bourse.domain.forecast_score`) and the quotes (:mod:`bourse.domain.market_quote`).
+
+No I/O and no clock of its own: :class:`~bourse.services.market.Market` calls it at
+each step of an order (entering, resting, admitted, released, requeued, gone) with the
+loop's time, and passes the book's state in (:class:`BookState`).
+
+With the book in process every order of the product passes through here: the orders
+ahead, their timeouts, the slots in use and how long each has run are all known. With
+the shared book (Redis) a replica knows its own orders only, and reads the rest from
+the book's view (at most :data:`~bourse.services.market_outlook.VIEW_FRESH_S` old): the slots
+in use, the bids waiting and the recent admissions' times. Its own orders ahead stand
+for the other replicas' (their timeouts), the other replicas' running orders are taken
+to be the newest admissions on their deployment, and the rate of arrivals is its own
+scaled by the book's admissions over its own. Its runs seen are its own. The score is
+of its own orders.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from sortedcontainers import SortedKeyList
+
+from bourse.domain.book import Order
+from bourse.domain.forecast import (
+    HORIZON_S,
+    Ahead,
+    ArrivalHistory,
+    RunHistory,
+    RunModel,
+    SlotFree,
+    frees,
+    wait_s,
+)
+from bourse.domain.forecast_score import Score, WaitScore
+from bourse.domain.market_quote import Quote, candidate_bids, lowest_bid
+from bourse.domain.values import immutable
+from bourse.ports.book import BookView
+
+LULLS = (1.0, 0.75, 0.5, 0.25)
+"""An order no slot comes to before its timeout at the rate of arrivals above it can
+start only if fewer arrive: the wait at the first of these shares of that rate that
+lets it start in time (none: at no arrival above)."""
+MIN_RUNNING_S = 0.25
+"""Before any run has ended, the runs are guessed from the orders running this long."""
+QUOTE_HORIZON_S = 120.0
+"""A quote predicts no wait past this, or four times the wait asked about."""
+STALE_AFTER_S = 3600.0
+"""A waiting order kept past its timeout by this long was lost track of: forgotten."""
+
+
+@immutable
+class SlotState:
+    """One deployment as the forecast reads it now."""
+
+    name: str
+    floor: float
+    slots: int
+    busy: int
+    usable: bool
+    """Takes orders now (available, breaker not open)."""
+
+
+@immutable
+class BookState:
+    """The book now: its deployments, and (shared book) its last view."""
+
+    deployments: tuple[SlotState, ...]
+    view: BookView | None = None
+    """The shared book's last view (None: the book is in this process, known exactly)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Waiting:
+    order: Order
+    entered: float
+    deadline: float | None
+    cap: int | None
+    predicted: float | None = None
+    scored: bool = False
+    """Rested in the book at its entry: its wait is scored when it is admitted."""
+
+    def rank(self) -> tuple[float, int]:
+        return (-self.order.bid, self.order.seq)
+
+
+@dataclass(slots=True)
+class _Running:
+    deployment: str
+    since: float
+    wall: float
+    cap: int | None
+
+
+@dataclass(slots=True)
+class Forecaster:
+    """One product's forecast on this replica."""
+
+    default_cap: int
+    """The output cap of an order that names none (the product's ``max_output_tokens``)."""
+    runs: RunHistory = field(default_factory=RunHistory)
+    arrivals: ArrivalHistory = field(default_factory=ArrivalHistory)
+    scores: WaitScore = field(default_factory=WaitScore)
+    _waiting: dict[str, _Waiting] = field(default_factory=dict)
+    _ranked: SortedKeyList[_Waiting, tuple[float, int]] = field(
+        default_factory=lambda: SortedKeyList(key=_Waiting.rank)
+    )
+    _running: dict[str, _Running] = field(default_factory=dict)
+    _admissions: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    """This replica's recent admissions (wall time), against the shared book's."""
+    _swept: float = -math.inf
+
+    # -- an order's steps -----------------------------------------------------------
+
+    def entering(self, order: Order, now: float, deadline: float | None, cap: int | None) -> None:
+        """``order`` arrives (before the book has it): counted in the arrivals."""
+        self.arrivals.add(now, order.bid)
+        self._waiting[order.id] = _Waiting(order, order.arrived_at, deadline, cap)
+        if now - self._swept > 60.0:
+            self._sweep(now)
+
+    def rested(self, order: Order, now: float, state: BookState) -> float | None:
+        """``order`` rests in the book (not admitted at once): its wait predicted at its
+        place (``order.position_at_entry``), kept for its score, and returned."""
+        w = self._waiting.get(order.id)
+        if w is None:
+            return None
+        self._ranked.add(w)
+        w.predicted = self.predict(order, order.position_at_entry, now, state)
+        w.scored = True
+        return w.predicted
+
+    def admitted(self, order: Order, deployment: str, now: float) -> None:
+        """``order`` got a slot on ``deployment`` (at once, or after waiting)."""
+        w = self._waiting.pop(order.id, None)
+        if w is None:
+            return
+        self._ranked.discard(w)
+        if w.scored:
+            self.scores.add(now, w.predicted, now - w.entered)
+            w.scored = False
+        self._running[order.id] = _Running(deployment, now, time.time(), w.cap)
+        self._admissions.append(time.time())
+
+    def released(self, order_id: str, now: float) -> None:
+        """The slot of ``order_id`` came back: its run is seen."""
+        r = self._running.pop(order_id, None)
+        if r is not None:
+            self.runs.add(r.deployment, r.cap, now - r.since, default_cap=self.default_cap)
+
+    def requeued(self, order: Order) -> None:
+        """Its engine failed before any output: its slot goes back (no run to learn
+        from) and it waits again in its place (its wait was scored already)."""
+        r = self._running.pop(order.id, None)
+        cap = None if r is None else r.cap
+        w = self._waiting.get(order.id)
+        if w is None:
+            w = self._waiting[order.id] = _Waiting(order, order.arrived_at, None, cap)
+        self._ranked.discard(w)
+        self._ranked.add(w)
+
+    def rebid(self, order: Order, bid: float, *, was: float | None = None) -> None:
+        """``order``'s bid is ``bid`` from now on (a deadline order raised): call this in
+        place of setting ``order.bid`` while it waits (its place here is by its bid), or
+        right after the book set it, with ``was`` the bid it had (it is found by that)."""
+        w = self._waiting.get(order.id)
+        if was is not None:
+            order.bid = was  # at once, no await: the book's own ranking is not read meanwhile
+        if w is None or w not in self._ranked:
+            order.bid = bid
+            return
+        self._ranked.remove(w)
+        order.bid = bid
+        self._ranked.add(w)
+
+    def gone(self, order: Order) -> None:
+        """``order`` left the book unadmitted (timeout, its client left), or its slot was
+        given back without a run."""
+        w = self._waiting.pop(order.id, None)
+        if w is not None:
+            self._ranked.discard(w)
+        self._running.pop(order.id, None)
+
+    def _sweep(self, now: float) -> None:
+        self._swept = now
+        for w in list(self._waiting.values()):
+            if w.deadline is not None and now > w.deadline + STALE_AFTER_S:
+                self.gone(w.order)
+
+    # -- predictions ---------------------------------------------------------------
+
+    def predict(self, order: Order, position: int, now: float, state: BookState) -> float | None:
+        """The predicted wait of ``order``, waiting with ``position`` orders ahead: the
+        walk of the slots' frees until its timeout; when no slot comes to it by then
+        (more arrive above it than the slots take), the wait in a lull of the arrivals
+        above (:data:`LULLS`), the only way it can start."""
+        if position < 0:
+            return None
+        w = self._waiting.get(order.id)
+        if w is not None and w in self._ranked:
+            known = list(self._ranked.islice(0, self._ranked.index(w)))
+        else:
+            known = self._known_at(order.bid, now, exclude=order)
+        horizon = HORIZON_S if w is None or w.deadline is None else max(0.0, w.deadline - now)
+        state = _resting(state, order.bid)
+        for share in LULLS:
+            wait = self._wait(order.bid, position, known, now, state, horizon, above=share)
+            if wait is not None or w is None:
+                return wait
+        # if it starts at all, it is in a lull of the orders above
+        return self._wait(order.bid, position, known, now, state, HORIZON_S, above=0.0)
+
+    def wait_at(
+        self,
+        bid: float,
+        now: float,
+        state: BookState,
+        exclude: Order | None = None,
+        horizon: float = HORIZON_S,
+    ) -> float | None:
+        """The predicted wait of a new order at ``bid`` (behind the orders at ``bid``);
+        None when no slot comes to it within ``horizon``."""
+        known = self._known_at(bid, now, exclude)
+        if state.view is None:
+            position = len(known)
+        else:
+            position = sum(1 for b in state.view.bids if b >= bid)
+            if exclude is not None and exclude.id in self._waiting and exclude.bid >= bid:
+                position = max(0, position - 1)
+        return self._wait(bid, position, known, now, state, horizon)
+
+    def _known_at(self, bid: float, now: float, exclude: Order | None) -> list[_Waiting]:
+        """This replica's waiting orders a new order at ``bid`` would have ahead."""
+        end = self._ranked.bisect_key_right((-bid, sys.maxsize))
+        return [w for w in self._ranked.islice(0, end) if exclude is None or w.order is not exclude]
+
+    def _wait(
+        self,
+        bid: float,
+        position: int,
+        known: list[_Waiting],
+        now: float,
+        state: BookState,
+        horizon: float,
+        *,
+        above: float = 1.0,
+    ) -> float | None:
+        if position <= 0 and any(d.usable and d.floor <= bid and d.busy < d.slots for d in state.deployments):
+            return 0.0  # a slot is free for it
+        slots = self._slots(state, now)
+        if slots is None:
+            return None
+        ahead = self._ahead(bid, position, known, now, state)
+        scale = 1.0 if state.view is None else self._scale(state.view)
+        rate = self.arrivals.rate_above(bid, now, scale) * above
+        return wait_s(bid, slots, ahead, rate, horizon)
+
+    def _ahead(
+        self, bid: float, position: int, known: list[_Waiting], now: float, state: BookState
+    ) -> list[Ahead]:
+        if position <= 0:
+            return []
+        if known:
+            weight = position / len(known)
+            return [
+                Ahead(w.order.bid, math.inf if w.deadline is None else w.deadline - now, weight)
+                for w in known
+            ]
+        bids = [b for b in state.view.bids if b >= bid][:position] if state.view is not None else []
+        bids += [bid] * (position - len(bids))
+        return [Ahead(b) for b in bids]
+
+    def _scale(self, view: BookView) -> float:
+        """How many of the shared book's arrivals each of this replica's stands for:
+        the book's recent admissions over this replica's in the same span."""
+        if len(view.recent) < 2:
+            return 1.0
+        since = view.recent[-1].at
+        own = sum(1 for t in self._admissions if t >= since)
+        return max(1.0, len(view.recent) / own) if own else 1.0
+
+    def _slots(self, state: BookState, now: float) -> list[SlotFree] | None:
+        """When each slot of the deployments taking orders frees next; None before any
+        run was seen or has run :data:`MIN_RUNNING_S` (nothing to go by)."""
+        prior = None
+        if self.runs.model() is None:  # a first guess: each running order is halfway through
+            running = [(r.cap or self.default_cap, 2 * (now - r.since)) for r in self._running.values()]
+            running = [(c, s) for c, s in running if s >= 2 * MIN_RUNNING_S]
+            if not running:
+                return None
+            prior = RunModel.fit(running)
+        wall = time.time()
+        out: list[SlotFree] = []
+        for d in state.deployments:
+            if not d.usable:
+                continue
+            model = prior or self.runs.model(d.name)
+            assert model is not None
+            own = [r for r in self._running.values() if r.deployment == d.name]
+            spreads = [model.spread(r.cap, now - r.since) for r in own]
+            others = max(0, d.busy - len(own))
+            if others:
+                for since in _others_since(state.view, d.name, own, others):
+                    spreads.append(model.spread(None, None if since is None else max(0.0, wall - since)))
+            lefts = frees(spreads)
+            excess = max(0, len(lefts) - d.slots)  # slots in use above ``slots``: given back, not out
+            ats = [0.0] * max(0, d.slots - len(lefts)) + lefts[excess:]
+            out += [SlotFree(d.floor, at, model.mean) for at in ats]
+        return out
+
+    # -- scores and quotes ---------------------------------------------------------------
+
+    def score(self, now: float) -> Score:
+        return self.scores.score(now)
+
+    def quote(self, within_s: float, now: float, state: BookState, exclude: Order | None = None) -> Quote:
+        """The lowest bid whose predicted wait, stretched by the score's margin (how much
+        longer than predicted the recent waits were, :attr:`~bourse.domain.forecast_score.Score.margin`),
+        is ``within_s`` or less; its wait as predicted (not stretched)."""
+        floors = [d.floor for d in state.deployments if d.usable]
+        if state.view is not None:
+            bids: list[float] = state.view.bids
+        else:
+            bids = [w.order.bid for w in self._ranked if w.order is not exclude]
+        horizon = max(QUOTE_HORIZON_S, 4 * within_s)
+        margin = self.scores.score(now).margin
+        q = lowest_bid(
+            candidate_bids(floors, bids),
+            lambda b: self.wait_at(b, now, state, exclude, horizon),
+            within_s / margin,
+        )
+        return replace(q, within_s=within_s)
+
+
+def _resting(state: BookState, bid: float) -> BookState:
+    """The book as an order resting at ``bid`` knows it: no slot it may take is free (it
+    would have been admitted), whatever a view read a moment ago said."""
+    deps = tuple(
+        replace(d, busy=max(d.busy, d.slots)) if d.usable and d.floor <= bid else d for d in state.deployments
+    )
+    return replace(state, deployments=deps)
+
+
+def _others_since(view: BookView | None, deployment: str, own: list[_Running], n: int) -> list[float | None]:
+    """When the ``n`` orders other replicas run on ``deployment`` were admitted (wall
+    time; None: not known): the newest admissions there in the shared book's view, less
+    the ones nearest this replica's own."""
+    if view is None:
+        return [None] * n
+    times = [c.at for c in view.recent if c.deployment == deployment]  # newest first
+    for r in own:
+        if times:
+            nearest = min(range(len(times)), key=lambda i: abs(times[i] - r.wall))
+            if abs(times[nearest] - r.wall) < 0.5:
+                del times[nearest]
+    out: list[float | None] = list(times[:n])
+    return out + [None] * (n - len(out))

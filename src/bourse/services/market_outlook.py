@@ -1,0 +1,127 @@
+"""What a product's market predicts (issue 38): its :class:`~bourse.services.market_forecast.Forecaster`
+with the book's state read for it, the waits of the ``: queued`` frames, the quotes,
+and the bid a deadline order needs (:meth:`Outlook.bid_for`).
+
+The book in process says its slots in use exactly and at once; the shared book only
+through a view (a Redis call): the last one read is kept and read again, in the
+background, once it is :data:`VIEW_FRESH_S` old, so the frames of many waiting orders
+cost one view between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Sequence
+
+from bourse.domain.book import Deployment, Order
+from bourse.domain.forecast_score import Score
+from bourse.domain.market_quote import Quote
+from bourse.ports.book import BookPort, BookUnavailable, BookView
+from bourse.services.market_forecast import BookState, Forecaster, SlotState
+
+log = logging.getLogger("bourse.market")
+
+VIEW_FRESH_S = 0.5
+"""The shared book's view is read again once it is this old (seconds)."""
+
+
+class Outlook:
+    """One product's predictions on this replica."""
+
+    def __init__(
+        self, book: BookPort, deployments: Callable[[], Sequence[Deployment]], default_cap: int
+    ) -> None:
+        self.book = book
+        self._deployments = deployments
+        self.forecast = Forecaster(default_cap)
+        self._view: BookView | None = None
+        self._view_at = -math.inf
+        self._reading: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def now() -> float:
+        return asyncio.get_running_loop().time()
+
+    # -- the book's state ----------------------------------------------------------------
+
+    def state(self) -> BookState:
+        """The book now, as known without waiting (a shared book's view is read again
+        in the background when it is stale)."""
+        now = self.now()
+        busy = self.book.occupancy()
+        deps = self._deployments()
+        if busy is not None:
+            return BookState(
+                tuple(SlotState(d.name, d.floor, d.slots, busy.get(d.name, 0), d.can_take(now)) for d in deps)
+            )
+        if now - self._view_at > VIEW_FRESH_S:
+            self._read_soon()
+        view = self._view
+        seen = {} if view is None else {v.name: v for v in view.deployments}
+        out = []
+        for d in deps:
+            v = seen.get(d.name)
+            in_use = self.book.held_on(d.name) if v is None else v.busy
+            cooling = v is not None and not v.healthy
+            out.append(SlotState(d.name, d.floor, d.slots, in_use, d.can_take(now) and not cooling))
+        return BookState(tuple(out), view)
+
+    async def fresh_state(self) -> BookState:
+        """The book now, a shared book's view read first if it is stale (a quote)."""
+        if self.book.occupancy() is None and self.now() - self._view_at > VIEW_FRESH_S:
+            await self._read()
+        return self.state()
+
+    def seen(self, view: BookView) -> None:
+        """A view of the book just read (the market views): kept for the forecast."""
+        self._view, self._view_at = view, self.now()
+
+    def _read_soon(self) -> None:
+        if self._reading is None:
+            self._reading = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            self.seen(await self.book.view())
+        except BookUnavailable as exc:  # the last view stands; the frames go on
+            log.debug("book view for the forecast of %s: %s", self.book.product, exc)
+            self._view_at = self.now()
+        finally:
+            self._reading = None
+
+    # -- predictions -----------------------------------------------------------------------
+
+    def wait(self, order: Order, position: int) -> float | None:
+        """The predicted wait of ``order``, waiting with ``position`` orders ahead."""
+        return self.forecast.predict(order, position, self.now(), self.state())
+
+    def wait_now(self, bid: float) -> float | None:
+        """The predicted wait of a new order at ``bid``, from the book's state as known now."""
+        return self.forecast.wait_at(bid, self.now(), self.state())
+
+    def score(self) -> Score:
+        return self.forecast.score(self.now())
+
+    async def quote(self, within_s: float, order: Order | None = None) -> Quote:
+        """The lowest bid predicted to start within ``within_s`` (``order``: one waiting
+        already, priced again: left out of the orders ahead)."""
+        state = await self.fresh_state()
+        return self.forecast.quote(within_s, self.now(), state, exclude=order)
+
+    async def wait_at(self, bid: float) -> float | None:
+        """The predicted wait of a new order at ``bid``."""
+        state = await self.fresh_state()
+        return self.forecast.wait_at(bid, self.now(), state)
+
+    async def bid_for(self, within_s: float, ceiling: float, order: Order | None = None) -> float:
+        """The quote's bid for ``within_s``, clamped to [the lowest floor of the
+        deployments taking orders, ``ceiling``]: ``ceiling`` when no bid is predicted
+        to start in time (and when ``ceiling`` is under that floor)."""
+        q = await self.quote(within_s, order)
+        now = self.now()
+        floors = [d.floor for d in self._deployments() if d.can_take(now)]
+        low = min(floors) if floors else self.book.min_floor
+        bid = ceiling if q.bid is None else q.bid
+        return min(ceiling, max(low, bid))

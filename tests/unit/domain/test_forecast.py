@@ -1,0 +1,260 @@
+"""The wait forecast (issue 38, item 1): deterministic books whose waits are known,
+and the forecast of one product fed an order's steps (:mod:`bourse.domain.forecast`,
+:mod:`bourse.services.market_forecast`)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bourse.domain.book import Order, expected_wait_s
+from bourse.domain.forecast import Ahead, ArrivalHistory, RunHistory, RunModel, SlotFree, frees, wait_s
+from bourse.services.market_forecast import BookState, Forecaster, SlotState
+
+TWO_S = [(100.0, 2.0)] * 10
+"""Ten runs of 2 s, each of an order capped at 100 tokens."""
+
+
+def test_one_slot_with_known_runs_gives_the_known_wait() -> None:
+    model = RunModel.fit(TWO_S)
+    assert model.total(100) == pytest.approx(2.0) and model.mean == pytest.approx(2.0)
+    left = model.left(100, 0.5)  # has run 0.5 s of its 2
+    assert left == pytest.approx(1.5)
+    slot = SlotFree(0.1, left, model.mean)
+    # two ahead: the slot frees at 1.5 (the first), 3.5 (the second), 5.5 (this one)
+    assert wait_s(1.0, [slot], [Ahead(1.0), Ahead(1.0)]) == pytest.approx(5.5)
+    assert wait_s(1.0, [slot], []) == pytest.approx(1.5)
+
+
+def test_position_zero_with_a_slot_about_to_free_waits_little() -> None:
+    """Issue 38: ``wait_s=15.08`` at position 0 on a one-slot product. The pace of the
+    last admissions (two over 30 s: a quiet book, then a long run) said 15 s; the
+    run in the slot has 0.1 s left of the 2 s runs seen, so the wait is 0.1 s."""
+    assert expected_wait_s(0, 2, 30.16) == pytest.approx(15.08)  # the naive estimate
+    model = RunModel.fit(TWO_S)
+    slot = SlotFree(0.1, model.left(100, 1.9), model.mean)
+    assert wait_s(1.0, [slot], []) == pytest.approx(0.1)
+
+
+def test_the_runs_are_fitted_against_the_output_cap() -> None:
+    runs = [(20.0, 1.0), (60.0, 3.0)] * 5  # 20 tokens/s
+    model = RunModel.fit(runs)
+    assert model.total(40) == pytest.approx(2.0)
+    assert model.left(60, 1.0) == pytest.approx(2.0)
+    assert model.left(20, 0.5) == pytest.approx(0.5)
+    assert model.left(None, 2.0) == pytest.approx(1.0)  # cap unknown: the runs as seen, longer than 2 s
+    assert model.left(20, 5.0) == pytest.approx(0.1)  # longer than any run like it: soon over
+    # found running at a random instant: E[R^2] / 2E[R] = (1 + 9) / 2 / (2 * 2)
+    assert model.left(None, None) == pytest.approx(1.25)
+
+
+def test_the_first_of_several_uncertain_runs_ends_sooner_than_each_is_expected_to() -> None:
+    model = RunModel.fit(TWO_S)
+    assert model.spread(100, 0.5) == [pytest.approx(1.5)] * 16  # known runs: no spread
+    assert frees([model.spread(100, 0.5), model.spread(100, 1.5)]) == [pytest.approx(0.5), pytest.approx(1.5)]
+    # runs of 1 to 3 s, caps unknown (another replica's), both just started: each is
+    # expected to end in 2 s, the first of the two in about 1.5 and the second in 2.5
+    spread = RunModel.fit([(0.0, 1.0 + i / 50) for i in range(101)])
+    first, second = frees([spread.spread(None, 0.0), spread.spread(None, 0.0)])
+    assert spread.left(None, 0.0) == pytest.approx(2.0)
+    assert first == pytest.approx(1.5, abs=0.1) and second == pytest.approx(2.5, abs=0.1)
+    assert frees([]) == []
+
+
+def test_a_dearer_deployment_takes_the_orders_ahead_that_bid_enough_for_it() -> None:
+    cheap = SlotFree(0.1, 1.0, 2.0)
+    dear = SlotFree(1.0, 0.2, 2.0)
+    # the order at 2.0 ahead takes the dear slot at 0.2; the cheap one at 1.0 is this order's
+    assert wait_s(0.5, [cheap, dear], [Ahead(2.0)]) == pytest.approx(1.0)
+    # an order at 0.5 cannot take the dear slot: alone, the cheap slot's second free
+    assert wait_s(0.5, [cheap], [Ahead(2.0)]) == pytest.approx(3.0)
+    # no deployment at its bid: no wait predicted
+    assert wait_s(0.05, [cheap, dear], []) is None
+
+
+def test_an_order_ahead_that_times_out_first_does_not_delay_it() -> None:
+    slot = SlotFree(0.1, 1.0, 2.0)
+    assert wait_s(1.0, [slot], [Ahead(1.0, leaves_in=0.5)]) == pytest.approx(1.0)
+    assert wait_s(1.0, [slot], [Ahead(1.0, leaves_in=1.5)]) == pytest.approx(3.0)
+
+
+def test_arrivals_above_go_first_and_can_take_every_slot() -> None:
+    slot = SlotFree(0.1, 1.0, 1.0)  # frees every second
+    assert wait_s(0.5, [slot], [], above_per_s=0.2) == pytest.approx(1.0)  # 0.2 expected before it
+    # 0.7 expected before each free: 0.3 of each is its, in expectation: the second
+    assert wait_s(0.5, [slot], [], above_per_s=0.7) == pytest.approx(2.0)
+    assert wait_s(0.5, [slot], [], above_per_s=0.9) == pytest.approx(5.0)
+    assert wait_s(0.5, [slot], [], above_per_s=1.5) is None  # more arrive above than the slot takes
+    assert wait_s(0.5, [slot], [], above_per_s=0.9, horizon_s=4.5) is None
+    # the orders ahead at its bid go before it: 0.4 of each free is theirs, then its
+    assert wait_s(0.5, [slot], [Ahead(0.5)], above_per_s=0.6) == pytest.approx(4.0)
+
+
+def test_the_rate_of_arrivals_above_a_bid_is_by_price() -> None:
+    arrivals = ArrivalHistory()
+    for i in range(40):  # 40 arrivals over 20 s: half at 1.0, half at 0.5
+        arrivals.add(i * 0.5, 1.0 if i % 2 else 0.5)
+    assert arrivals.rate_above(0.5, 20.0) == pytest.approx(1.0)
+    assert arrivals.rate_above(0.4, 20.0) == pytest.approx(2.0)
+    assert arrivals.rate_above(1.0, 20.0) == 0.0
+    assert arrivals.rate_above(0.5, 20.0, scale=2.0) == pytest.approx(2.0)  # another replica's too
+
+
+def test_the_runs_are_per_deployment_once_there_are_enough() -> None:
+    runs = RunHistory()
+    assert runs.model() is None
+    for _ in range(5):
+        runs.add("fast", 10, 1.0, default_cap=100)
+    runs.add("slow", 10, 4.0, default_cap=100)
+    fast, slow = runs.model("fast"), runs.model("slow")
+    assert fast is not None and fast.mean == pytest.approx(1.0)
+    assert slow is not None and slow.mean == pytest.approx(1.5)  # one run of its own: every deployment's
+
+
+# -- the forecast of one product ------------------------------------------------------------
+
+
+def _order(oid: str, bid: float, seq: int, at: float = 0.0) -> Order:
+    return Order(id=oid, bid=bid, seq=seq, arrived_at=at)
+
+
+def _state(busy: int, slots: int = 1, floor: float = 0.1) -> BookState:
+    return BookState((SlotState("d", floor, slots, busy, True),))
+
+
+def _fed(fc: Forecaster, runs: int = 10, run_s: float = 2.0) -> None:
+    """``runs`` orders capped at 100 tokens, each holding the slot ``run_s``."""
+    for i in range(runs):
+        o = _order(f"past{i}", 1.0, i)
+        fc.entering(o, 0.0, None, 100)
+        fc.admitted(o, "d", 0.0)
+        fc.released(o.id, run_s)
+
+
+def test_the_forecast_predicts_from_the_slot_in_use_and_the_orders_ahead() -> None:
+    fc = Forecaster(default_cap=256)
+    _fed(fc)
+    running = _order("run", 1.0, 100)
+    fc.entering(running, 10.0, None, 100)
+    fc.admitted(running, "d", 10.0)  # runs 10.0 .. 12.0
+    first = _order("a", 1.0, 101, 10.5)
+    fc.entering(first, 10.5, 10.5 + 60, 100)
+    assert fc.rested(first, 10.5, _state(1)) == pytest.approx(1.5)
+    second = _order("b", 1.0, 102, 11.0)
+    second.position_at_entry = 1
+    fc.entering(second, 11.0, 11.0 + 60, 100)
+    assert fc.rested(second, 11.0, _state(1)) == pytest.approx(3.0)  # after a's run of 2 s
+    assert fc.predict(second, 1, 11.5, _state(1)) == pytest.approx(2.5)
+    # the running order ends at 12.0; a gets the slot; b is next
+    fc.released(running.id, 12.0)
+    fc.admitted(first, "d", 12.0)
+    assert fc.predict(second, 0, 12.0, _state(1)) == pytest.approx(2.0)
+    fc.released(first.id, 14.0)
+    fc.admitted(second, "d", 14.0)
+    score = fc.score(14.0)
+    assert score.orders == 2 and score.within_2x == 1.0 and score.median_abs_error_s == pytest.approx(0.0)
+
+
+def test_a_resting_order_knows_its_slots_are_busy_whatever_a_stale_view_said() -> None:
+    fc = Forecaster(default_cap=256)
+    _fed(fc)
+    running = _order("run", 1.0, 100)
+    fc.entering(running, 0.0, None, 100)
+    fc.admitted(running, "d", 0.0)
+    o = _order("o", 1.0, 101)
+    fc.entering(o, 0.5, 60.0, 100)
+    stale = _state(0)  # a shared book's view from before the slot was taken
+    assert fc.wait_at(1.0, 0.5, stale) == 0.0  # a new order: a free slot, as far as it says
+    assert fc.rested(o, 0.5, stale) == pytest.approx(1.5)  # it rested: the slot is busy
+
+
+def test_an_order_ahead_that_will_time_out_is_not_waited_for() -> None:
+    fc = Forecaster(default_cap=256)
+    _fed(fc)
+    running = _order("run", 1.0, 100)
+    fc.entering(running, 0.0, None, 100)
+    fc.admitted(running, "d", 0.0)
+    short = _order("short", 1.0, 101)
+    fc.entering(short, 0.0, 1.0, 100)  # its timeout: 1 s, before the slot frees at 2
+    fc.rested(short, 0.0, _state(1))
+    patient = _order("patient", 1.0, 102)
+    patient.position_at_entry = 1
+    fc.entering(patient, 0.0, 60.0, 100)
+    assert fc.rested(patient, 0.0, _state(1)) == pytest.approx(2.0)
+
+
+def test_a_free_slot_is_no_wait_before_any_run_was_seen() -> None:
+    fc = Forecaster(default_cap=256)
+    o = _order("o", 1.0, 1)
+    fc.entering(o, 0.0, None, 10)
+    assert fc.wait_at(1.0, 0.0, _state(0)) == 0.0
+    assert fc.wait_at(1.0, 0.0, _state(1)) is None  # busy, and no run seen: nothing to go by
+    assert fc.wait_at(0.05, 0.0, _state(0)) is None  # under the floor
+
+
+def test_before_any_run_ended_the_running_ones_are_taken_to_be_halfway() -> None:
+    fc = Forecaster(default_cap=256)
+    running = _order("run", 1.0, 1)
+    fc.entering(running, 0.0, None, 100)
+    fc.admitted(running, "d", 0.0)
+    assert fc.wait_at(1.0, 0.1, _state(1)) is None  # it has run 0.1 s: too little to go by
+    assert fc.wait_at(1.0, 1.0, _state(1)) == pytest.approx(1.0)  # 1 s run: 2 s runs, 1 s left
+
+
+def test_an_order_no_slot_comes_to_in_time_is_told_its_wait_in_a_lull() -> None:
+    """More arrive above it than the slot takes: the walk sees no slot for it before
+    its timeout. It can start only in a lull of those arrivals: its wait at the first
+    share of their rate that lets it start in time."""
+    fc = Forecaster(default_cap=256)
+    _fed(fc, run_s=1.0)
+    for i in range(40):  # 2 a second above it, the slot takes 1 a second
+        fc.arrivals.add(20.0 + i * 0.5, 1.0)
+    running = _order("run", 1.0, 99)
+    fc.entering(running, 39.5, None, 100)
+    fc.admitted(running, "d", 39.5)  # frees at 40.5, then every second
+    low = _order("low", 0.5, 100, 40.0)
+    fc.entering(low, 40.0, 43.0, 100)  # 3 s to start in
+    fc.arrivals = ArrivalHistory()
+    for i in range(40):
+        fc.arrivals.add(20.0 + i * 0.5, 1.0)
+    # a new order at 0.5 is told no wait (a quote: the arrivals above take every free)
+    assert fc.wait_at(0.5, 40.0, _state(1)) is None
+    # at 2 a second (and at 1.5) they take every free before its timeout; at half that
+    # rate, half of the first free is its, in expectation: 0.5 s
+    assert fc.rested(low, 40.0, _state(1)) == pytest.approx(0.5)
+
+
+def test_a_requeued_order_waits_again_without_being_scored_twice() -> None:
+    fc = Forecaster(default_cap=256)
+    _fed(fc)
+    o = _order("o", 1.0, 100)
+    fc.entering(o, 0.0, 60.0, 100)
+    fc.rested(o, 0.0, _state(1))
+    fc.admitted(o, "d", 1.0)
+    fc.requeued(o)
+    assert fc.predict(o, 0, 1.1, _state(1)) is not None
+    fc.admitted(o, "d", 2.0)
+    fc.released(o.id, 3.0)
+    assert fc.score(3.0).orders == 1
+    fc.gone(o)
+    assert math.isclose(fc.runs.model("d").mean, (10 * 2.0 + 1.0) / 11)  # type: ignore[union-attr]
+
+
+def test_a_raised_bid_moves_the_order_ahead_of_the_lower_ones() -> None:
+    fc = Forecaster(default_cap=256)
+    _fed(fc)
+    running = _order("run", 1.0, 100)
+    fc.entering(running, 0.0, None, 100)
+    fc.admitted(running, "d", 0.0)  # frees at 2, then every 2 s
+    first = _order("first", 1.0, 101)
+    fc.entering(first, 0.0, 60.0, 100)
+    fc.rested(first, 0.0, _state(1))
+    late = _order("late", 0.5, 102)
+    late.position_at_entry = 1
+    fc.entering(late, 0.0, 60.0, 100)
+    assert fc.rested(late, 0.0, _state(1)) == pytest.approx(4.0)
+    fc.rebid(late, 2.0)  # raised over the first: next
+    assert late.bid == 2.0
+    assert fc.predict(late, 0, 0.0, _state(1)) == pytest.approx(2.0)
+    assert fc.predict(first, 1, 0.0, _state(1)) == pytest.approx(4.0)
