@@ -70,14 +70,21 @@ async def _submit(market: Market, oid: str, bid: float, ceiling: float | None = 
     return order, await market.submit(order)
 
 
-async def test_a_deadline_order_starts_low_is_raised_and_overtakes_the_lower_bids() -> None:
+async def test_a_deadline_order_starts_low_is_raised_and_overtakes_the_lower_bids(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     market, book = _market()
+
+    async def floor_while_there_is_time(within_s: float, ceiling: float, order: Order | None = None) -> float:
+        return FLOOR  # the schedule under test, not the forecast: it raises only in the last stretch
+
+    monkeypatch.setattr(market, "bid_for", floor_while_there_is_time)
     _, fut = await _submit(market, "running", 5.0)
     held: Admission = fut.result()
     low, low_fut = await _submit(market, "low", 0.5)
     deadline_s, ceiling = 1.0, 2.0
     first = await start_bid(market, deadline_s, ceiling)
-    assert first == FLOOR  # the placeholder prices the lowest floor while there is time
+    assert first == FLOOR
     order, fut = await _submit(market, "dl", first, ceiling)
     order.start_bid = first
     loop = asyncio.get_running_loop()
