@@ -232,6 +232,6 @@ def test_every_page_works_390_px_wide(floor: Floor, page: Any) -> None:
         assert cut == [], f"{name}: cut off at 390 px: {cut[:6]}"
         _shot(page, f"phone-{name}")
     page.click("nav a[data-page='market']")
-    for label in ("Health", "Breaker"):
-        assert page.is_visible(f"#deployments td[data-label='{label}']")
+    for label in ("Health", "Breaker"):  # waited for: the page shows again after the click
+        page.wait_for_selector(f"#deployments td[data-label='{label}']", state="visible", timeout=WAIT_MS)
     assert httpx.get(floor.url + "/healthz").status_code == 200
