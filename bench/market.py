@@ -906,7 +906,8 @@ def section_lines(res: dict[str, Any]) -> list[str]:
         f"{res['load']} (the machine was shared with other work, so latencies are high and noisy). "
         f"Definitions in the docstring of `bench/market.py`; tolerance {TOL_S * 1000:.0f} ms. Peak running "
         f"is counted upstream, where a generation ends when its last write returns: that can be a millisecond "
-        f"after the gateway read it and gave the slot on (a 5 on 4 slots is such an overlap)."
+        f"after the gateway read it and gave the slot on (a 5 on 4 slots is such an overlap). Command: "
+        f"`PYTHONPATH=src:. .venv/bin/python -m bench.market{res.get('args', '')}`."
     )
     L.append("")
     rows = [r for r in res["rows"] if "failed" not in r]
@@ -998,6 +999,11 @@ def main() -> None:
         serve_upstream(args.upstream_port)
         return
     res = scenario(args.quick, args.seconds, args.redis, args.runs)
+    res["args"] = "".join(
+        f" {flag}" if value is True else f" {flag} {value}"
+        for flag, value in (("--quick", args.quick), ("--seconds", args.seconds), ("--runs", args.runs))
+        if value
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
     write_section(Path(args.out), section_lines(res))

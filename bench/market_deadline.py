@@ -240,5 +240,16 @@ def section_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"| {r['judged_with_deadline']} of {r['admissions']} ({r['inversions']}, {r['fifo']}) "
             f"| {'**met**' if met_ok else '**missed**'} | {'**met**' if price_ok else '**missed**'} |"
         )
+    done = [r for r in rows if "failed" not in r and "deadline_orders" in r]
+    if done:
+        met = sum(checks(r)[0] for r in done)
+        cheap = sum(checks(r)[1] for r in done)
+        L += [
+            "",
+            f"Deadline targets: met share in {met} of {len(done)} runs, price in {cheap} of {len(done)}. "
+            'A deadline order pays less only when it clears below its ceiling: "start bid of ceiling" is the '
+            'mean bid the gateway started them at (`Market.bid_for`) over their ceiling, "raised" how many '
+            'were seen bidding more later, "cleared at ceiling" how many of those met cleared at it.',
+        ]
     L.append("")
     return L
