@@ -16,7 +16,11 @@ capacity is 2 requests/s. Each order bids one of ten levels (0.1 ... 1.0), has a
 book timeout of 3-10 s, and one in ten gives up (disconnects) after 0.5-4 s if it
 has not started (an unary one may be running: then it is cut). Replicas take
 requests alternately; each has its own SQLite ledger
-(the book is what is measured). Everything runs on one 2-core machine, shared.
+(the book is what is measured). Everything runs on one 2-core machine, shared. One
+order in five is a deadline order (``deadline_s``, its planned bid the ceiling) and the
+next its control (a fixed bid at that ceiling, the deadline its timeout), both streamed
+and never cancelled (``bench/market_deadline.py``); half an order a second asks a
+quote first (``bench/market_forecast.py``).
 
 What is measured (every time on the one wall clock of this machine):
 
@@ -26,7 +30,8 @@ What is measured (every time on the one wall clock of this machine):
   it is *eligible* while certainly in the book unless its replica is stopped (from
   the SIGSTOP to 0.2 s after the SIGCONT);
 - **inversions**: admissions (engine starts) while an eligible order with a higher
-  bid certainly waited (over ``TOL_S`` on each side of the start: the client's and
+  bid certainly waited (a deadline order at the bid it had then: at least the last it
+  was seen to bid before, ``market_deadline.lo``; an admitted one at its receipt's) (over ``TOL_S`` on each side of the start: the client's and
   the upstream's view of an instant differ by that much under load); **FIFO
   violations**: while an eligible order of the same bid waited that certainly
   arrived first (its arrival interval, below, wholly before the other's);
@@ -72,7 +77,7 @@ from typing import Any
 import aiohttp
 import httpx
 
-from bench import market_forecast
+from bench import market_deadline, market_forecast
 from bench.common import free_port, gateway_process, pct, process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -243,6 +248,19 @@ class Order:
     quote_s: float | None = None
     """Asks a quote to start within this many seconds first, and bids it (bench.market_forecast)."""
     quoted: dict[str, Any] | None = None
+    role: str = ""
+    """deadline | control (its fixed-bid twin at the ceiling) | "" (bench.market_deadline)"""
+    twin: int | None = None
+    factor: float = 1.0
+    """A deadline order's deadline over the wait the fixed orders of its level had."""
+    deadline_s: float | None = None
+    """A deadline order's deadline (``bid`` is its ceiling; ``timeout`` is this too)."""
+    first_bid: float | None = None
+    """The bid its ``: queued bid=`` frame said (a deadline order's start bid)."""
+    bids: list[tuple[float, float]] = field(default_factory=list)
+    """(read, bid) of each ``: queued level=… bid=`` frame (a deadline order's bid then)."""
+    bid_points: list[tuple[float, float, float]] = field(default_factory=list)
+    floor: float = FLOOR
 
 
 def plan(seconds: float, load: float, replicas: int, rng: random.Random) -> list[tuple[float, Order]]:
@@ -260,10 +278,15 @@ def plan(seconds: float, load: float, replicas: int, rng: random.Random) -> list
         n += 1
 
 
-async def place(http: aiohttp.ClientSession, base: str, key: str, o: Order) -> None:
+async def place(
+    http: aiohttp.ClientSession, base: str, key: str, o: Order, seen: market_deadline.Seen | None = None
+) -> None:
     body = {"model": "p", "messages": [{"role": "user", "content": f"order {o.n}"}], "stream": o.stream,
             "max_price": o.bid, "timeout": o.timeout, "max_tokens": o.tokens,
             "sim": {"output_tokens": o.tokens, "tokens_per_s": TOKENS_PER_S}}  # fmt: skip
+    if o.deadline_s is not None:  # a deadline order: its deadline is its timeout
+        body["deadline_s"] = o.deadline_s
+        del body["timeout"]
     if o.stream:
         body["stream_options"] = {"include_usage": True}
     if o.quote_s is not None:
@@ -279,6 +302,8 @@ async def place(http: aiohttp.ClientSession, base: str, key: str, o: Order) -> N
         await task
     if task.cancelled():
         o.outcome, o.ended = "cancel", time.time()
+    if seen is not None:
+        seen.add(o)
 
 
 async def _exchange(http: aiohttp.ClientSession, base: str, key: str, body: dict[str, Any], o: Order) -> None:
@@ -302,8 +327,12 @@ async def _read_stream(r: aiohttp.ClientResponse, o: Order) -> None:
         line = raw.decode().rstrip("\r\n")
         if line.startswith(": queued bid="):
             o.queued_at = now
+            o.first_bid = float(line.split("=", 1)[1])
         elif line.startswith(": queued level="):
-            o.frames.append((now, *_position(line)))
+            p, w, b = _position(line)
+            o.frames.append((now, p, w))
+            if b is not None:
+                o.bids.append((now, b))
         elif line.startswith("data: {"):
             chunk = json.loads(line[6:])
             if "error" in chunk:
@@ -319,10 +348,11 @@ async def _read_stream(r: aiohttp.ClientResponse, o: Order) -> None:
         o.outcome = "timeout"
 
 
-def _position(line: str) -> tuple[int, float | None]:
+def _position(line: str) -> tuple[int, float | None, float | None]:
+    """position, wait_s, bid (a deadline order's bid now)"""
     fields = dict(p.split("=", 1) for p in line[2:].split()[1:])
-    w = fields.get("wait_s")
-    return int(fields["position"]), None if w is None else float(w)
+    w, b = fields.get("wait_s"), fields.get("bid")
+    return int(fields["position"]), None if w is None else float(w), None if b is None else float(b)
 
 
 def _read_unary(doc: dict[str, Any], o: Order) -> None:
@@ -360,12 +390,15 @@ async def drive(
             stopper = asyncio.create_task(_stop(pause, t0))
         lags: list[float] = []
         watch = asyncio.create_task(_lag(lags))
+        seen = market_deadline.Seen()
+        by_n = {o.n: o for _, o in orders}
         for offset, o in orders:
             delay = t0 + offset - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             base, key = bases[o.replica]
-            tasks.append(asyncio.create_task(place(http, base, key, o)))
+            market_deadline.prepare(o, seen, by_n)
+            tasks.append(asyncio.create_task(place(http, base, key, o, seen)))
         await asyncio.gather(*tasks)
         watch.cancel()
         if stopper is not None:
@@ -413,6 +446,7 @@ def attach(orders: list[Order], records: list[list[Any]], stop: Stop | None) -> 
         o.leave = o.start if o.start is not None else o.ended
         _arrival(o, stop)
         _leaving(o)
+    market_deadline.bid_points(orders, FLOOR, POS_TOL_S)
     return spans
 
 
@@ -497,25 +531,42 @@ def certainly_waiting(o: Order, t: float, stop: Stop | None) -> bool:
     return eligible(o, t - TOL_S, stop) and eligible(o, t + TOL_S, stop)
 
 
-def ahead_of(y: Order, x: Order, *, surely: bool) -> bool:
-    """``y`` ranks before ``x`` (``surely``: whatever their arrivals within their bounds)."""
-    if y.bid != x.bid:
-        return y.bid > x.bid
-    return y.arr_hi < x.arr_lo if surely else y.arr_lo < x.arr_hi
+def ahead_of(z: Order, y: Order, a: float, t: float, y_bid: tuple[float, float], *, surely: bool) -> bool:
+    """``z`` ranks before ``y`` at an instant of [a, t] when ``y`` bid within ``y_bid``
+    (``surely``: whatever their arrivals within their bounds, and their bids then within
+    theirs: a deadline order's rises, :mod:`bench.market_deadline`)."""
+    if surely:
+        zb = market_deadline.lo(z, a)
+        return zb > y_bid[1] or (zb >= y_bid[1] and z.arr_hi < y.arr_lo)
+    zb = market_deadline.hi(z, t)
+    return zb > y_bid[0] or (zb >= y_bid[0] and z.arr_lo < y.arr_hi)
 
 
 def priority(orders: list[Order], stop: Stop | None) -> dict[str, int]:
-    """Inversions and FIFO violations among the admissions."""
+    """Inversions and FIFO violations among the admissions, each order judged at the bid
+    it had then (a deadline order's: at least the last bid seen certainly before the
+    admission; the admitted one's: the bid it cleared at). An inversion: an order
+    certainly bidding more waited; a FIFO violation: one that certainly arrived first
+    waited, bidding at least as much (so a deadline order whose bid may have been
+    higher, but is not known to, counts here)."""
     started = sorted((o for o in orders if o.start is not None), key=lambda o: o.start or 0.0)
-    inv = fifo = 0
+    inv = fifo = with_deadline = 0
     for x in started:
         t = x.start or 0.0
+        xb = market_deadline.cleared_bid(x, t)
         waiting = [y for y in orders if y is not x and certainly_waiting(y, t, stop)]
-        if any(y.bid > x.bid for y in waiting):
+        bids = [(y, market_deadline.lo(y, t - TOL_S)) for y in waiting]
+        with_deadline += x.role == "deadline" or any(y.role == "deadline" for y in waiting)
+        if any(b > xb for _, b in bids):
             inv += 1
-        if any(y.bid == x.bid and y.arr_hi < x.arr_lo for y in waiting):
+        if any(b == xb and y.arr_hi < x.arr_lo for y, b in bids):
             fifo += 1
-    return {"admissions": len(started), "inversions": inv, "fifo": fifo}
+    return {
+        "admissions": len(started),
+        "inversions": inv,
+        "fifo": fifo,
+        "judged_with_deadline": with_deadline,
+    }
 
 
 def _events(
@@ -575,17 +626,21 @@ def prices(orders: list[Order], stop: Stop | None) -> dict[str, int]:
             continue
         n += 1
         price = float(price)
-        if price > x.bid + 1e-12:
-            above += 1
         t = x.start
+        xb = market_deadline.cleared_bid(x, t)
+        if price > xb + 1e-12:
+            above += 1
         others = [y for y in orders if y is not x and eligible(y, t - TOL_S / 4, stop)]
-        runner = max((y.bid for y in others), default=0.0)
-        if price == min(x.bid, max(FLOOR, runner)):
+        runner = max((market_deadline.lo(y, t - TOL_S / 4) for y in others), default=0.0)
+        if price == min(xb, max(FLOOR, runner)):
             exact += 1
-        near = {
-            y.bid for y in orders if y is not x and (possibly(y, t - TOL_S, stop) or possibly(y, t, stop))
-        }
-        if price not in {FLOOR, x.bid} | near:
+        # the bids possibly in the book then (a deadline order's: any it can have had)
+        near = [
+            (market_deadline.lo(y, t - TOL_S), market_deadline.hi(y, t + TOL_S))
+            for y in orders
+            if y is not x and (possibly(y, t - TOL_S, stop) or possibly(y, t, stop))
+        ]
+        if price not in {FLOOR, xb} and not any(a <= price <= b for a, b in near):
             inconsistent += 1
     return {"cleared": n, "above_bid": above, "second_price_violations": inconsistent, "exact": exact}
 
@@ -624,14 +679,21 @@ def frames(orders: list[Order], stop: Stop | None) -> dict[str, Any]:
     est: list[float] = []
     act: list[float] = []
     for y in orders:
+        seen = dict(y.bids)
         for t, p, w in y.frames:
             total += 1
             a = t - POS_TOL_S
+            b = seen.get(t)  # a deadline order's frame says its bid then
+            yb = (b, b) if b is not None else (market_deadline.lo(y, a), market_deadline.hi(y, t))
             lo = sum(
-                1 for z in orders if z is not y and ahead_of(z, y, surely=True) and _throughout(z, a, t, stop)
+                1
+                for z in orders
+                if z is not y and _throughout(z, a, t, stop) and ahead_of(z, y, a, t, yb, surely=True)
             )
             hi = sum(
-                1 for z in orders if z is not y and ahead_of(z, y, surely=False) and _sometime(z, a, t, stop)
+                1
+                for z in orders
+                if z is not y and _sometime(z, a, t, stop) and ahead_of(z, y, a, t, yb, surely=False)
             )
             inside += lo <= p <= hi
             if y.start is None or y.start < t:
@@ -687,6 +749,7 @@ def analyse(orders: list[Order], records: list[list[Any]], stop: Stop | None) ->
     res.update(frames(orders, stop))
     res.update(market_forecast.per_order(orders))
     res.update(market_forecast.quotes(orders))
+    res.update(market_deadline.summary(orders))
     res.update(lateness(orders, stop))
     res["peak_running"] = _peak(spans)
     return res
@@ -712,6 +775,7 @@ def run(sc: Scenario, seconds: float, up: str, redis_url: str, seed: int) -> dic
     rng = random.Random(seed)
     orders = plan(seconds, sc.load, replicas, rng)
     market_forecast.mark_quote_orders([o for _, o in orders], seed * 7 + 1, sc.load * CAPACITY_PER_S)
+    market_deadline.mark([o for _, o in orders], seed * 11 + 3)
     httpx.post(up + "/bench/log", timeout=10)  # reset
     with contextlib.ExitStack() as es:
         gws = [es.enter_context(gateway_process(cfg)) for _ in range(replicas)]
@@ -772,7 +836,9 @@ def _summary(r: dict[str, Any]) -> str:
         f"pos in bounds {r['in_bounds']:.4f} max 408 late {r['max_late_s']:.2f} s left {r['left_in_book']}; "
         f"estimate: frames within 2x {r['wait_within_2x']:.3f} error/median {r['wait_error_of_median']:.2f}, "
         f"gateway {r['gw_orders']} scored within 2x {r['gw_within_2x']:.3f} mae {r['gw_mae_s']:.2f} s "
-        f"of median {r['gw_median_wait_s']:.2f} s; quotes {r['quote_hits']}/{r['quoted']} hit"
+        f"of median {r['gw_median_wait_s']:.2f} s; quotes {r['quote_hits']}/{r['quoted']} hit; "
+        f"deadline met {r['deadline_met']}/{r['deadline_orders']} vs control {r['control_met']}/"
+        f"{r['control_orders']}, mean price {r['deadline_mean_price']:.3f} vs {r['control_mean_price']:.3f}"
     )
 
 
@@ -833,13 +899,15 @@ def section_lines(res: dict[str, Any]) -> list[str]:
         f"{TOKENS_PER_S:g} tokens/s: {CAPACITY_PER_S:g} requests/s) for {res['seconds']:g} s each (the run with "
         f"a stopped replica {res['seconds'] * SCENARIOS[-1].longer:g} s, as in the issue), bids of ten "
         f"levels ({BIDS[0]}-{BIDS[-1]}), half streamed, book timeouts {TIMEOUT_S[0]:g}-{TIMEOUT_S[1]:g} s, one "
-        f"order in ten cancelled after {CANCEL_AFTER_S[0]:g}-{CANCEL_AFTER_S[1]:g} s; Redis replicas with "
+        f"order in ten cancelled after {CANCEL_AFTER_S[0]:g}-{CANCEL_AFTER_S[1]:g} s (deadline orders and their "
+        f"controls, below, are streamed and not cancelled); Redis replicas with "
         f"`lease_s = {LEASE_S:g}` and the default `take_up_s` (0.5 s); the stopped replica gets SIGSTOP at 30 % "
         f"of the run for {PAUSE_S:g} s. Run time {res['minutes']:.1f} min; load average at the end "
         f"{res['load']} (the machine was shared with other work, so latencies are high and noisy). "
         f"Definitions in the docstring of `bench/market.py`; tolerance {TOL_S * 1000:.0f} ms. Peak running "
         f"is counted upstream, where a generation ends when its last write returns: that can be a millisecond "
-        f"after the gateway read it and gave the slot on (a 5 on 4 slots is such an overlap)."
+        f"after the gateway read it and gave the slot on (a 5 on 4 slots is such an overlap). Command: "
+        f"`PYTHONPATH=src:. .venv/bin/python -m bench.market{res.get('args', '')}`."
     )
     L.append("")
     rows = [r for r in res["rows"] if "failed" not in r]
@@ -874,6 +942,7 @@ def section_lines(res: dict[str, Any]) -> list[str]:
         )
     L.append("")
     L += market_forecast.section_lines(res["rows"])
+    L += market_deadline.section_lines(res["rows"])
     paused = [r for r in res["rows"] if "stopped" in r.get("name", "") and "failed" not in r]
     if paused:
         r = paused[0]
@@ -930,6 +999,11 @@ def main() -> None:
         serve_upstream(args.upstream_port)
         return
     res = scenario(args.quick, args.seconds, args.redis, args.runs)
+    res["args"] = "".join(
+        f" {flag}" if value is True else f" {flag} {value}"
+        for flag, value in (("--quick", args.quick), ("--seconds", args.seconds), ("--runs", args.runs))
+        if value
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
     write_section(Path(args.out), section_lines(res))

@@ -1,0 +1,255 @@
+"""Deadline orders in the market bench (issue 38, item 3): what ``bench/market.py`` adds
+to each run, and the bids the book's invariants judge them at.
+
+- **deadline orders**: one order in :data:`SHARE` (chosen by a generator of its own, so
+  the rest of the plan is the same; never a quote order) sends ``deadline_s`` with
+  ``max_price`` = its planned bid (one of the ten levels) as its ceiling. Its deadline
+  is the wait a fixed order at that level has seen so far in the run (the median of
+  the plain fixed orders of that level that have ended: their ``queued_ms`` if they
+  started, their book timeout if they got a 408; :data:`FIRST_WAIT_S` before any has
+  ended) times a factor drawn from :data:`FACTOR`, within :data:`DEADLINE_S`;
+- **their control group**: the next order of the plan (not a quote or deadline order)
+  becomes its twin, a fixed bid at the same ceiling with the deadline as its book
+  timeout, arriving right after it in the same mix. Both are streamed (so that every
+  bid the deadline order had is seen: its ``: queued bid=`` frame, then ``bid=`` on
+  each ``: queued level=`` frame) and neither is cancelled;
+- **met share**: the share admitted (its engine started) before the deadline, of the
+  deadline orders against the controls; **mean price**: the mean ``cleared_price`` of
+  those admitted. Targets: met share at most :data:`MET_PP` percentage points below the
+  control's; mean price at least :data:`SAVING` below it.
+
+A deadline order's bid rises while it waits, so the book's invariants judge it at the
+bid it had at each moment, known within bounds (:func:`lo`, :func:`hi`): each bid seen
+held at some instant of an interval (its start bid from its arrival on; a frame's, at
+most ``POS_TOL_S`` before the client read it; the receipt's ``bid``, at its admission),
+and a bid only rises. Before any is seen it is at least the floor; after the last, at
+most its ceiling.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from typing import Any
+
+SHARE = 0.2
+"""Deadline orders among all orders (and as many controls)."""
+FACTOR = (1.0, 3.0)
+DEADLINE_S = (1.0, 10.0)
+FIRST_WAIT_S = 2.0
+"""A deadline order's base wait before any fixed order of its level has ended (about a
+run's length)."""
+MET_PP = 2.0
+SAVING = 0.2
+
+
+def mark(orders: list[Any], seed: int) -> None:
+    """Make :data:`SHARE` of ``orders`` deadline orders (``role``), each followed by its
+    control (``twin``: the other's number both ways)."""
+    rng = random.Random(seed)
+    p = SHARE / (1.0 - SHARE)  # a control follows each deadline order
+    waiting: Any = None
+    for o in orders:
+        if o.quote_s is not None:
+            continue
+        if waiting is not None:
+            o.role, o.twin, waiting.twin = "control", waiting.n, o.n
+            o.bid, o.stream, o.cancel_after = waiting.bid, True, None
+            waiting = None
+        elif rng.random() < p:
+            o.role, o.stream, o.cancel_after = "deadline", True, None
+            o.factor = rng.uniform(*FACTOR)
+            waiting = o
+
+
+class Seen:
+    """The waits the plain fixed orders of each level have had so far in the run."""
+
+    def __init__(self) -> None:
+        self.waits: dict[float, list[float]] = {}
+
+    def add(self, o: Any) -> None:
+        if o.role or o.quote_s is not None:
+            return
+        xm = o.x_market or {}
+        if xm.get("queued_ms") is not None:
+            wait = float(xm["queued_ms"]) / 1000.0
+        elif o.outcome == "timeout":
+            wait = o.timeout  # it waited that long and was not admitted
+        else:
+            return
+        self.waits.setdefault(o.bid, []).append(wait)
+
+    def wait(self, level: float) -> float:
+        got = self.waits.get(level)
+        return statistics.median(got) if got else FIRST_WAIT_S
+
+
+def prepare(o: Any, seen: Seen, by_n: dict[int, Any]) -> None:
+    """Just before ``o`` is sent: a deadline order's deadline; a control's timeout (its
+    deadline order, earlier in the plan, was sent before it)."""
+    if o.role == "deadline":
+        d = seen.wait(o.bid) * o.factor
+        o.deadline_s = o.timeout = round(min(DEADLINE_S[1], max(DEADLINE_S[0], d)), 2)
+    elif o.role == "control":
+        o.timeout = by_n[o.twin].deadline_s
+
+
+# --------------------------------------------------------------------------- bids
+
+
+def bid_points(orders: list[Any], floor: float, pos_tol_s: float) -> None:
+    """Each deadline order's bids seen, as (earliest, latest instant, bid): call once
+    its arrival and leaving are known."""
+    for o in orders:
+        if o.role != "deadline":
+            continue
+        xm = o.x_market or {}
+        pts: list[tuple[float, float, float]] = []
+        start = o.first_bid if o.first_bid is not None else xm.get("start_bid")
+        if start is not None:
+            pts.append((o.arr_lo, o.arr_hi, float(start)))
+        pts += [(t - pos_tol_s, t, b) for t, b in o.bids]
+        if o.start is not None and xm.get("bid") is not None:
+            pts.append((o.leave_lo, o.leave_hi, float(xm["bid"])))
+        o.bid_points = pts
+        o.floor = floor
+
+
+def lo(o: Any, t: float) -> float:
+    """The least bid ``o`` can have had at ``t`` (a bid seen certainly before)."""
+    if o.role != "deadline":
+        return float(o.bid)
+    return float(max((b for _a, z, b in o.bid_points if z <= t), default=o.floor))
+
+
+def hi(o: Any, t: float) -> float:
+    """The greatest bid ``o`` can have had at ``t`` (a bid seen certainly after)."""
+    if o.role != "deadline":
+        return float(o.bid)
+    return min((b for a, _z, b in o.bid_points if a >= t), default=float(o.bid))
+
+
+def cleared_bid(o: Any, t: float) -> float:
+    """The bid an admitted order had when it cleared (at ``t``): its receipt's (a deadline
+    order's last), else the most it can have been."""
+    if o.role != "deadline":
+        return float(o.bid)
+    xm = o.x_market or {}
+    return float(xm["bid"]) if xm.get("bid") is not None else hi(o, t)
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def summary(orders: list[Any]) -> dict[str, Any]:
+    """Met share and mean price of the deadline orders and of their controls."""
+    out: dict[str, Any] = {}
+    for role in ("deadline", "control"):
+        group = [o for o in orders if o.role == role]
+        met = [o for o in group if o.start is not None]
+        paid = [float(o.x_market["cleared_price"]) for o in met
+                if o.x_market and o.x_market.get("cleared_price") is not None]  # fmt: skip
+        rel = [float(o.x_market["cleared_price"]) / o.bid for o in met
+               if o.x_market and o.x_market.get("cleared_price") is not None]  # fmt: skip
+        out[f"{role}_orders"] = len(group)
+        out[f"{role}_met"] = len(met)
+        out[f"{role}_met_share"] = len(met) / len(group) if group else float("nan")
+        out[f"{role}_mean_price"] = statistics.fmean(paid) if paid else float("nan")
+        out[f"{role}_price_of_ceiling"] = statistics.fmean(rel) if rel else float("nan")
+        out[f"{role}_mean_deadline_s"] = statistics.fmean(o.timeout for o in group) if group else float("nan")
+    dl = [o for o in orders if o.role == "deadline"]
+    out["deadline_raised"] = sum(1 for o in dl if _raised(o))
+    out["deadline_start_of_ceiling"] = _mean(
+        [float(s) / o.bid for o in dl if (s := _start_bid(o)) is not None]
+    )
+    out["deadline_cleared_at_ceiling"] = sum(
+        1 for o in dl if o.start is not None and (o.x_market or {}).get("bid") == o.bid
+    )
+    out["met_gap_pp"] = (out["deadline_met_share"] - out["control_met_share"]) * 100
+    c, d = out["control_mean_price"], out["deadline_mean_price"]
+    out["saving"] = 1.0 - d / c if c == c and d == d and c > 0 else float("nan")
+    return out
+
+
+def _start_bid(o: Any) -> float | None:
+    if o.first_bid is not None:
+        return float(o.first_bid)
+    s = (o.x_market or {}).get("start_bid")
+    return None if s is None else float(s)
+
+
+def _raised(o: Any) -> bool:
+    """Its bid was seen above its start bid."""
+    s = _start_bid(o)
+    seen = [b for _t, b in o.bids] + [float((o.x_market or {}).get("bid") or 0.0)]
+    return s is not None and max(seen) > s
+
+
+def _mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def _f(x: Any, fmt: str) -> str:
+    return "—" if x is None or (isinstance(x, float) and x != x) else format(x, fmt)
+
+
+def _pct(x: float, fmt: str = ".0f") -> str:
+    return "—" if x != x else f"{x * 100:{fmt}} %"
+
+
+def checks(r: dict[str, Any]) -> tuple[bool, bool]:
+    """(met share within :data:`MET_PP` of the control's, paid at least :data:`SAVING` less)."""
+    gap, saving = r["met_gap_pp"], r["saving"]
+    return gap == gap and gap >= -MET_PP, saving == saving and saving >= SAVING
+
+
+def section_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The deadline orders' table of the market section."""
+    L = [
+        f"Deadline orders (issue 38): one order in {round(1 / SHARE)} sends `deadline_s` with `max_price` its "
+        "planned level as the ceiling, the deadline the median wait the fixed orders of that level had so far "
+        f"in the run (their `queued_ms`, or their timeout if they got a 408; {FIRST_WAIT_S:g} s before any) "
+        f"times {FACTOR[0]:g}-{FACTOR[1]:g}, within {DEADLINE_S[0]:g}-{DEADLINE_S[1]:g} s; the next order of the "
+        "plan is its control, a fixed bid at the ceiling with the deadline as its book timeout. Both streamed, "
+        "neither cancelled. Met: admitted (engine started) before the deadline; price: the mean `cleared_price` "
+        "of those met (and as a share of their ceiling). The inversions and FIFO violations of the first table "
+        "judge a deadline order at the bid it had at each moment (its start bid, each frame's `bid=`, the "
+        "receipt's `bid`; a bid only rises). Targets: met share no more than "
+        f"{MET_PP:g} points below the control's; mean price at least {SAVING:.0%} lower.",
+        "",
+        "| run | deadline orders (mean deadline s) | met | controls | met | met gap, points "
+        "| mean price: deadline (of ceiling) | control (of ceiling) | saving "
+        "| start bid of ceiling | raised | cleared at ceiling | admissions judged with a deadline order "
+        "(inversions, FIFO) | met gap ≤ 2 points | saving ≥ 20 % |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        if "failed" in r or "deadline_orders" not in r:
+            continue
+        met_ok, price_ok = checks(r)
+        L.append(
+            f"| {r['name']} | {r['deadline_orders']} ({_f(r['deadline_mean_deadline_s'], '.1f')}) "
+            f"| {_pct(r['deadline_met_share'], '.1f')} ({r['deadline_met']}) "
+            f"| {r['control_orders']} | {_pct(r['control_met_share'], '.1f')} ({r['control_met']}) "
+            f"| {_f(r['met_gap_pp'], '+.1f')} "
+            f"| {_f(r['deadline_mean_price'], '.3f')} ({_pct(r['deadline_price_of_ceiling'])}) "
+            f"| {_f(r['control_mean_price'], '.3f')} ({_pct(r['control_price_of_ceiling'])}) "
+            f"| {_pct(r['saving'], '.1f')} | {_pct(r['deadline_start_of_ceiling'])} "
+            f"| {r['deadline_raised']} | {r['deadline_cleared_at_ceiling']} "
+            f"| {r['judged_with_deadline']} of {r['admissions']} ({r['inversions']}, {r['fifo']}) "
+            f"| {'**met**' if met_ok else '**missed**'} | {'**met**' if price_ok else '**missed**'} |"
+        )
+    done = [r for r in rows if "failed" not in r and "deadline_orders" in r]
+    if done:
+        met = sum(checks(r)[0] for r in done)
+        cheap = sum(checks(r)[1] for r in done)
+        L += [
+            "",
+            f"Deadline targets: met share in {met} of {len(done)} runs, price in {cheap} of {len(done)}. "
+            'A deadline order pays less only when it clears below its ceiling: "start bid of ceiling" is the '
+            'mean bid the gateway started them at (`Market.bid_for`) over their ceiling, "raised" how many '
+            'were seen bidding more later, "cleared at ceiling" how many of those met cleared at it.',
+        ]
+    L.append("")
+    return L
