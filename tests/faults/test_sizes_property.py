@@ -76,7 +76,9 @@ GENERATION = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 EVENT_STREAMS = ("/dashboard/api/markets/{product}/events", "/dashboard/api/requests/events")
 """Dashboard routes that stream until the client leaves: their head is read, not their body."""
 DASHBOARD_BODIES = {("POST", "/dashboard/api/session"), ("POST", "/dashboard/api/holds/{hold_id}/settle")} | {
-    (a.method, a.path) for a in ACTIONS if a.method not in ("GET", "DELETE") and not a.name.startswith("hold.")
+    (a.method, a.path)
+    for a in ACTIONS
+    if a.method not in ("GET", "DELETE") and not a.name.startswith("hold.")
 }
 """The dashboard routes that read a JSON body (the document's routes say so themselves;
 a DELETE reads none)."""
