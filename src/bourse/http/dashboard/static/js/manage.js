@@ -11,6 +11,7 @@
 
 import { get, patch, post, query } from "./api.js";
 import { confirmAction } from "./confirm.js";
+import { run, showError } from "./forms.js";
 import { $, h, notice, replaceRows, short, stamp, td, usd } from "./dom.js";
 
 const API = "/dashboard/api";
@@ -303,26 +304,4 @@ function selectAllowed(select) {
   if (select.selectedOptions[0] && !select.selectedOptions[0].disabled) return;
   const first = [...select.options].find((o) => !o.disabled);
   if (first) select.value = first.value;
-}
-
-function showError(form, message) {
-  const p = form.querySelector(".error");
-  p.textContent = message;
-  p.hidden = !message;
-}
-
-// Run a form's action: its buttons disabled meanwhile, the route's error shown in the form.
-async function run(ev, action) {
-  ev.preventDefault();
-  const form = ev.currentTarget.form || ev.currentTarget;
-  const buttons = [...form.querySelectorAll("button")];
-  showError(form, "");
-  for (const b of buttons) b.disabled = true;
-  try {
-    await action(form);
-  } catch (err) {
-    showError(form, err.message);
-  } finally {
-    for (const b of buttons) b.disabled = false;
-  }
 }

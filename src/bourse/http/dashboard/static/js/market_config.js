@@ -8,6 +8,7 @@
 
 import { del, get, patch, put } from "./api.js";
 import { confirmAction } from "./confirm.js";
+import { run, showError } from "./forms.js";
 import { $, h, notice } from "./dom.js";
 
 const API = "/dashboard/api";
@@ -223,26 +224,4 @@ function reset(form) {
   showDiff(form, null);
   const apply = form.querySelector("[data-step='apply']");
   if (apply) apply.hidden = true;
-}
-
-function showError(form, message) {
-  const p = form.querySelector(".error");
-  p.textContent = message;
-  p.hidden = !message;
-}
-
-// Run a form's step: its buttons disabled meanwhile, the route's error shown in the form.
-async function run(ev, action) {
-  ev.preventDefault();
-  const form = ev.currentTarget.form || ev.currentTarget;
-  const buttons = [...form.querySelectorAll("button")];
-  showError(form, "");
-  for (const b of buttons) b.disabled = true;
-  try {
-    await action(form);
-  } catch (err) {
-    showError(form, err.message);
-  } finally {
-    for (const b of buttons) b.disabled = false;
-  }
 }
