@@ -4,10 +4,12 @@ waiting for settlement, and the expected charge of a request."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -164,3 +166,18 @@ __all__ = [
     "units",
     "usage_of",
 ]
+
+
+def run_statements(gw: Gateway, db: str | None, statements: Sequence[tuple[str, object]]) -> None:
+    """Run each ``(sql, arg)`` (``?`` for its one parameter) on the gateway's ledger, the
+    embedded SQLite (``db`` None) or PostgreSQL: how a test moves a stored period back."""
+    if db is None:
+        with sqlite3.connect(Path(gw.data_dir) / "bourse.db", timeout=30) as conn:
+            for sql, arg in statements:
+                conn.execute(sql, (arg,))
+        return
+    import psycopg
+
+    with psycopg.connect(db, connect_timeout=10) as pg:
+        for sql, arg in statements:
+            pg.execute(sql.replace("?", "%s"), (arg,))

@@ -16,7 +16,6 @@ number that is not the current day's.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.e2e.money.support import As, expected_cost, quote_tokens
+from tests.e2e.money.support import As, expected_cost, quote_tokens, run_statements
 from tests.e2e.money.test_key_edit import _cli
 from tests.faults.ledger import check_ledger
 from tests.support.bodies import USER
@@ -87,16 +86,7 @@ def _yesterday(gw: Gateway, db: str | None, account: str) -> None:
         ("UPDATE accounts SET spend_period = spend_period - 1 WHERE id = ?", account),
         ("UPDATE holds SET account_period = account_period - 1 WHERE account_id = ?", account),
     ]
-    if db is None:
-        with sqlite3.connect(Path(gw.data_dir) / "bourse.db", timeout=30) as conn:
-            for sql, arg in statements:
-                conn.execute(sql, (arg,))
-        return
-    import psycopg
-
-    with psycopg.connect(db, connect_timeout=10) as pg:
-        for sql, arg in statements:
-            pg.execute(sql.replace("?", "%s"), (arg,))
+    run_statements(gw, db, statements)
 
 
 def test_a_daily_account_cap_refuses_every_key_on_the_wire_and_starts_again_next_day(db: str | None) -> None:

@@ -14,11 +14,10 @@ stored number that is not the current week's.
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.money.support import As, expected_cost, new_caller, quote_tokens
+from tests.e2e.money.support import As, expected_cost, new_caller, quote_tokens, run_statements
 from tests.e2e.money.test_key_edit import _cli
 from tests.faults.ledger import check_ledger
 from tests.support.bodies import USER
@@ -58,16 +57,7 @@ def _last_week(gw: Gateway, db: str | None, key_id: str) -> None:
         ("UPDATE api_keys SET spend_period = spend_period - 1 WHERE id = ?", key_id),
         ("UPDATE holds SET spend_period = spend_period - 1 WHERE key_id = ?", key_id),
     ]
-    if db is None:
-        with sqlite3.connect(Path(gw.data_dir) / "bourse.db", timeout=30) as conn:
-            for sql, arg in statements:
-                conn.execute(sql, (arg,))
-        return
-    import psycopg
-
-    with psycopg.connect(db, connect_timeout=10) as pg:
-        for sql, arg in statements:
-            pg.execute(sql.replace("?", "%s"), (arg,))
+    run_statements(gw, db, statements)
 
 
 def test_a_weekly_cap_refuses_past_it_and_starts_again_next_week(db: str | None) -> None:
