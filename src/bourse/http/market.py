@@ -12,6 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from bourse.domain.errors import model_not_found
+from bourse.domain.market_quote import candidate_bids
 from bourse.http.deps import Services
 from bourse.http.responses import JSON
 from bourse.ports.book import BookView, cleared
@@ -47,6 +48,32 @@ def _waits(m: Market, v: BookView, now: float) -> tuple[float | None, Any]:
         return None if w is None else round(w, 3)
 
     return (None if rate is None else round(rate, 3)), wait_at
+
+
+CURVE_PRICES = 24
+"""The most prices the dashboard's price-against-wait curve predicts at."""
+
+
+def wait_curve(m: Market, v: BookView) -> list[dict[str, Any]]:
+    """Price against expected wait (issue 38, item 2; the dashboard's market page): the
+    predicted wait of a new order at each price that matters (the floors of the
+    deployments taking orders, each bucket of the book and the price just above it;
+    :func:`~bourse.domain.market_quote.candidate_bids`), at most :data:`CURVE_PRICES`
+    of them spread over the range, lowest first. As in a quote, a higher price is never
+    shown waiting longer than a lower one; ``wait_s`` None: no start predicted within
+    the forecast's horizon. A prediction, as the quote is: not a promise."""
+    floors = [d.floor for d in v.deployments if d.available is not False] or [m.min_floor]
+    prices = candidate_bids(floors, [b["price"] for b in _buckets(v.bids)])
+    if len(prices) > CURVE_PRICES:
+        last = len(prices) - 1
+        prices = [prices[round(i * last / (CURVE_PRICES - 1))] for i in range(CURVE_PRICES)]
+    waits = [m.outlook.wait_now(p) for p in prices]
+    for i in range(len(waits) - 2, -1, -1):  # none waits less than a higher price
+        w, above = waits[i], waits[i + 1]
+        waits[i] = None if w is None or above is None else max(w, above)
+    return [
+        {"price": p, "wait_s": None if w is None else round(w, 3)} for p, w in zip(prices, waits, strict=True)
+    ]
 
 
 def market_doc(name: str, m: Market, v: BookView, *, depth: bool) -> dict[str, Any]:

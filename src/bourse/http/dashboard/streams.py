@@ -2,7 +2,8 @@
 
 ``GET /dashboard/api/markets/{product}/events``: first ``history`` (the samples and
 admissions the market tape keeps), then a ``snapshot`` at every sample (the market
-view with its book and deployments, the new point, the latest admissions).
+view with its book and deployments, its price-against-wait curve
+(:func:`~bourse.http.market.wait_curve`), the new point, the latest admissions).
 
 ``GET /dashboard/api/requests/events``: a ``request`` event per finished request of
 this process that the session may see and the filters (``key``, ``product``,
@@ -29,7 +30,7 @@ from bourse.domain.errors import model_not_found
 from bourse.http.dashboard.api import usage_filter
 from bourse.http.dashboard.guard import Guard
 from bourse.http.dashboard.views import clear_doc, point, request_row
-from bourse.http.market import market_doc
+from bourse.http.market import market_doc, wait_curve
 from bourse.ports.reports import UsageFilter
 from bourse.ports.stores import UsageRecord
 from bourse.services.dashboard import Dashboard
@@ -76,6 +77,7 @@ def routes(guard: Guard, dash: Dashboard, markets: Mapping[str, Market]) -> list
         _, clears = tape.history(name)
         doc = market_doc(name, m, sample.view, depth=True)
         doc.pop("recent_clears", None)
+        doc["wait_curve"] = wait_curve(m, sample.view)
         frame = event("snapshot", {**doc, "point": point(sample),
                                    "clears": [clear_doc(c) for c in clears[:RECENT_CLEARS]]})  # fmt: skip
         rendered[name] = (sample, frame)

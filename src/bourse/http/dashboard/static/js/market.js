@@ -4,7 +4,9 @@
 // who may change it, the product's configuration (market_config.js). A failed attempt
 // (an admission whose run failed before any output, marked `failed` by the server,
 // perhaps a sample after it first came) is no clear: it is listed apart and left out
-// of the cleared prices.
+// of the cleared prices. The price-against-wait curve is the forecast's: the wait a new
+// order would be predicted at each bid (`wait_curve`), with how well the predictions
+// came true lately (`forecast`).
 
 import { feed } from "./api.js";
 import { priceAxis, priceValue, timeChart } from "./charts.js";
@@ -86,6 +88,7 @@ function render(doc, state) {
   $("#stat-floor").textContent = price(doc.floor);
   $("#stat-admitted").textContent = String(doc.admitted_total);
   renderLadder(doc);
+  renderCurve(doc, state);
   replaceRows(
     $("#deployments tbody"),
     doc.deployments.map((d) =>
@@ -148,6 +151,32 @@ function renderLadder(doc) {
   tbody.replaceChildren(...rows);
 }
 
+// The cheapest bid for each predicted wait (the curve is lowest price first; a higher
+// price never waits longer), by wait: what the chart draws and the table lists.
+function curvePoints(curve) {
+  const best = new Map();
+  for (const c of curve || []) {
+    if (c.wait_s === null || c.wait_s === undefined) continue;
+    if (!best.has(c.wait_s)) best.set(c.wait_s, c.price);
+  }
+  return [...best.entries()].sort((a, b) => a[0] - b[0]);
+}
+
+function renderCurve(doc, state) {
+  const pts = curvePoints(doc.wait_curve);
+  state.curve = pts;
+  const rows = pts.map(([w, p]) => h("tr", { "data-price": p }, td(price(p), "num"), td(secs(w), "num")));
+  const none = (doc.wait_curve || []).filter((c) => c.wait_s === null).map((c) => c.price);
+  if (none.length) {
+    rows.push(h("tr", { class: "empty" }, h("td", { colspan: 2 }, `At ${price(Math.max(...none))} or less: no start predicted.`)));
+  }
+  replaceRows($("#wait-curve tbody"), rows, "Nothing predicted yet: no run seen.");
+  const f = doc.forecast || {};
+  $("#forecast-score").textContent = f.orders
+    ? `Lately ${Math.round(100 * f.within_2x)} % of ${f.orders} orders started within 2x of the wait predicted (median error ${secs(f.median_abs_error_s)}).`
+    : "No order has been scored yet.";
+}
+
 function slotsChart(deployments) {
   return timeChart(
     $("#chart-slots"),
@@ -176,6 +205,11 @@ function ensureCharts(state) {
       { axes: [priceAxis] },
     ),
     slots: slotsChart(state.deployments),
+    curve: timeChart(
+      $("#chart-curve"),
+      [{ label: "bid", scale: "price", value: priceValue }],
+      { scales: { x: { time: false } }, axes: [priceAxis] },
+    ),
   };
   return state.charts;
 }
@@ -190,4 +224,6 @@ function redraw(state) {
   charts.slots.set([ts, ...state.deployments.map((d) => state.points.map((p) => p.busy[d] ?? null))]);
   const cs = clearedOnly(state.clears);
   charts.cleared.set([cs.map((c) => c.t), cs.map((c) => c.price), cs.map((c) => c.bid)]);
+  const pts = state.curve || [];
+  charts.curve.set([pts.map(([w]) => w), pts.map(([, p]) => p)]);
 }
