@@ -27,16 +27,17 @@ const priceFmt = (u, v) => price(v);
 
 // A time chart in `el`: `series` is a list of {label, scale?, step?, points?, ...}.
 // Returns {set(data), destroy()}; `data` is [times, ...values] as uPlot takes it.
-export function timeChart(el, series, { scales = {}, axes = [], height = 220 } = {}) {
+// `x`: the x series and axis when x is not time ({series, axis}; `scales.x` too).
+export function timeChart(el, series, { scales = {}, axes = [], height = 220, x = {} } = {}) {
   const opts = {
     width: Math.max(240, el.clientWidth),
     height,
     scales: { x: { time: true }, ...scales },
     legend: { live: true },
     cursor: { drag: { x: false, y: false } },
-    axes: [axis({}), ...axes.map((a) => axis(a))],
+    axes: [axis(x.axis || {}), ...axes.map((a) => axis(a))],
     series: [
-      {},
+      x.series || {},
       ...series.map((s, i) => {
         const out = { width: 2, ...style(i), ...s };
         if (s.step) {

@@ -208,7 +208,14 @@ function ensureCharts(state) {
     curve: timeChart(
       $("#chart-curve"),
       [{ label: "bid", scale: "price", value: priceValue }],
-      { scales: { x: { time: false } }, axes: [priceAxis] },
+      {
+        scales: { x: { time: false } },
+        axes: [priceAxis],
+        x: {
+          series: { label: "expected wait", value: (u, v) => secs(v) },
+          axis: { values: (u, vals) => vals.map((v) => secs(v)) },
+        },
+      },
     ),
   };
   return state.charts;
