@@ -252,7 +252,9 @@ class Order:
     """deadline | control (its fixed-bid twin at the ceiling) | "" (bench.market_deadline)"""
     twin: int | None = None
     factor: float = 1.0
-    """A deadline order's deadline over the wait the fixed orders of its level had."""
+    """A deadline order's deadline over the wait the fixed orders of the level ``below`` its ceiling had."""
+    below: int = 1
+    """How many levels under its ceiling a deadline order's deadline is drawn from (bench.market_deadline)."""
     deadline_s: float | None = None
     """A deadline order's deadline (``bid`` is its ceiling; ``timeout`` is this too)."""
     first_bid: float | None = None

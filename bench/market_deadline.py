@@ -4,10 +4,13 @@ to each run, and the bids the book's invariants judge them at.
 - **deadline orders**: one order in :data:`SHARE` (chosen by a generator of its own, so
   the rest of the plan is the same; never a quote order) sends ``deadline_s`` with
   ``max_price`` = its planned bid (one of the ten levels) as its ceiling. Its deadline
-  is the wait a fixed order at that level has seen so far in the run (the median of
-  the plain fixed orders of that level that have ended: their ``queued_ms`` if they
-  started, their book timeout if they got a 408; :data:`FIRST_WAIT_S` before any has
-  ended) times a factor drawn from :data:`FACTOR`, within :data:`DEADLINE_S`;
+  is that of a buyer with slack: the wait a fixed order :data:`BELOW` (one or two,
+  drawn) levels under the ceiling has seen so far in the run (the median of the plain
+  fixed orders of that level that have ended: their ``queued_ms`` if they started,
+  their book timeout if they got a 408; :data:`FIRST_WAIT_S` before any has ended; the
+  lowest level for a ceiling with none under it) times a factor drawn from
+  :data:`FACTOR`, within :data:`DEADLINE_S`. The draw reads only orders that have
+  ended before it is sent, never its own outcome;
 - **their control group**: the next order of the plan (not a quote or deadline order)
   becomes its twin, a fixed bid at the same ceiling with the deadline as its book
   timeout, arriving right after it in the same mix. Both are streamed (so that every
@@ -34,7 +37,12 @@ from typing import Any
 
 SHARE = 0.2
 """Deadline orders among all orders (and as many controls)."""
-FACTOR = (1.0, 3.0)
+BELOW = (1, 2)
+"""A deadline order's deadline is drawn from the waits of the level this many levels
+(one of them, drawn) under its ceiling: enough time for a lower bid to clear."""
+LEVEL = 0.1
+"""The step between the bench's bid levels."""
+FACTOR = (2.0, 4.0)
 DEADLINE_S = (1.0, 10.0)
 FIRST_WAIT_S = 2.0
 """A deadline order's base wait before any fixed order of its level has ended (about a
@@ -59,6 +67,7 @@ def mark(orders: list[Any], seed: int) -> None:
         elif rng.random() < p:
             o.role, o.stream, o.cancel_after = "deadline", True, None
             o.factor = rng.uniform(*FACTOR)
+            o.below = rng.randint(*BELOW)
             waiting = o
 
 
@@ -85,11 +94,16 @@ class Seen:
         return statistics.median(got) if got else FIRST_WAIT_S
 
 
+def level_below(ceiling: float, steps: int) -> float:
+    """The bench's level ``steps`` under ``ceiling`` (the lowest level, :data:`LEVEL`, at least)."""
+    return round(max(LEVEL, ceiling - steps * LEVEL), 1)
+
+
 def prepare(o: Any, seen: Seen, by_n: dict[int, Any]) -> None:
     """Just before ``o`` is sent: a deadline order's deadline; a control's timeout (its
     deadline order, earlier in the plan, was sent before it)."""
     if o.role == "deadline":
-        d = seen.wait(o.bid) * o.factor
+        d = seen.wait(level_below(o.bid, o.below)) * o.factor
         o.deadline_s = o.timeout = round(min(DEADLINE_S[1], max(DEADLINE_S[0], d)), 2)
     elif o.role == "control":
         o.timeout = by_n[o.twin].deadline_s
@@ -208,9 +222,11 @@ def section_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The deadline orders' table of the market section."""
     L = [
         f"Deadline orders (issue 38): one order in {round(1 / SHARE)} sends `deadline_s` with `max_price` its "
-        "planned level as the ceiling, the deadline the median wait the fixed orders of that level had so far "
-        f"in the run (their `queued_ms`, or their timeout if they got a 408; {FIRST_WAIT_S:g} s before any) "
-        f"times {FACTOR[0]:g}-{FACTOR[1]:g}, within {DEADLINE_S[0]:g}-{DEADLINE_S[1]:g} s; the next order of the "
+        "planned level as the ceiling, the deadline that of a buyer with slack: the median wait the fixed "
+        f"orders {BELOW[0]}-{BELOW[1]} levels (drawn) under the ceiling had so far in the run (their "
+        f"`queued_ms`, or their timeout if they got a 408; {FIRST_WAIT_S:g} s before any; the lowest level "
+        f"for the lowest ceilings) times {FACTOR[0]:g}-{FACTOR[1]:g}, within {DEADLINE_S[0]:g}-{DEADLINE_S[1]:g} "
+        "s, drawn from orders ended before it is sent, never from its own outcome; the next order of the "
         "plan is its control, a fixed bid at the ceiling with the deadline as its book timeout. Both streamed, "
         "neither cancelled. Met: admitted (engine started) before the deadline; price: the mean `cleared_price` "
         "of those met (and as a share of their ceiling). The inversions and FIFO violations of the first table "
