@@ -364,14 +364,15 @@ class RunResponse:
     async def _queued_frame(self) -> bytes | None:
         """``: queued level=… position=… wait_s=…`` from the book (shared books answer
         over the network; ``wait_s``, the expected wait, when the pace is known; ``bid=…``,
-        a deadline order's bid now); None
-        if the order was admitted or the client left meanwhile."""
+        a deadline order's bid now); None if the order was admitted, the client left, or
+        the book says the order is not waiting (its timeout or admission took it out in
+        the instant the book was asked, before the run saw it)."""
         run = self.run
         assert run.order is not None
         p = await self.terms.ask.market.progress(run.order)  # its last known view if unreachable
-        if run.phase is not QUEUED or self.presence is _GONE or self.stage is _CLOSING:
+        if run.phase is not QUEUED or self.presence is _GONE or self.stage is _CLOSING or p.position < 0:
             return None
-        text = f"queued level={sse.fmt_price(p.level)} position={max(p.position, 0)}"
+        text = f"queued level={sse.fmt_price(p.level)} position={p.position}"
         if p.wait_s is not None:
             text += f" wait_s={p.wait_s:.2f}"
         if run.order.ceiling is not None:  # a deadline order: its bid now, raised as time passes
