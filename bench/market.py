@@ -17,8 +17,8 @@ book timeout of 3-10 s, and one in ten gives up (disconnects) after 0.5-4 s if i
 has not started (an unary one may be running: then it is cut). Replicas take
 requests alternately; each has its own SQLite ledger
 (the book is what is measured). Everything runs on one 2-core machine, shared. One
-order in five is a deadline order (``deadline_s``, its planned bid the ceiling) and the
-next its control (a fixed bid at that ceiling, the deadline its timeout), both streamed
+order in five is a deadline order (``deadline_s``, its planned bid the ceiling) and one
+next to it its control (a fixed bid at that ceiling, the deadline its timeout), both streamed
 and never cancelled (``bench/market_deadline.py``); half an order a second asks a
 quote first (``bench/market_forecast.py``).
 

@@ -11,11 +11,15 @@ to each run, and the bids the book's invariants judge them at.
   lowest level for a ceiling with none under it) times a factor drawn from
   :data:`FACTOR`, within :data:`DEADLINE_S`. The draw reads only orders that have
   ended before it is sent, never its own outcome;
-- **their control group**: the next order of the plan (not a quote or deadline order)
-  becomes its twin, a fixed bid at the same ceiling with the deadline as its book
-  timeout, arriving right after it in the same mix. Both are streamed (so that every
-  bid the deadline order had is seen: its ``: queued bid=`` frame, then ``bid=`` on
-  each ``: queued level=`` frame) and neither is cancelled;
+- **their control group**: the next order of the plan (not a quote order) becomes its
+  twin, a fixed bid at the same ceiling with the deadline as its book timeout, in the
+  same mix. Which of the two arrives first is drawn (even odds): with equal bids the
+  first of them ranks first and pays the other's bid (the best other bid), so a
+  deadline order raised to its ceiling always ahead of its control would always pay its
+  control's price, and never the reverse. The first of the pair draws the deadline as
+  it is sent; the second takes it. Both are streamed (so that every bid the deadline
+  order had is seen: its ``: queued bid=`` frame, then ``bid=`` on each ``: queued
+  level=`` frame) and neither is cancelled;
 - **met share**: the share admitted (its engine started) before the deadline, of the
   deadline orders against the controls; **mean price**: the mean ``cleared_price`` of
   those admitted. Targets: met share at most :data:`MET_PP` percentage points below the
@@ -52,20 +56,23 @@ SAVING = 0.2
 
 
 def mark(orders: list[Any], seed: int) -> None:
-    """Make :data:`SHARE` of ``orders`` deadline orders (``role``), each followed by its
-    control (``twin``: the other's number both ways)."""
+    """Make :data:`SHARE` of ``orders`` deadline orders (``role``), each next to its
+    control (``twin``: the other's number both ways), the first of the two drawn."""
     rng = random.Random(seed)
-    p = SHARE / (1.0 - SHARE)  # a control follows each deadline order
+    p = SHARE / (1.0 - SHARE)  # each pair takes two orders
     waiting: Any = None
     for o in orders:
         if o.quote_s is not None:
             continue
         if waiting is not None:
-            o.role, o.twin, waiting.twin = "control", waiting.n, o.n
+            o.role = "control" if waiting.role == "deadline" else "deadline"
+            o.twin, waiting.twin = waiting.n, o.n
             o.bid, o.stream, o.cancel_after = waiting.bid, True, None
+            o.factor, o.below = waiting.factor, waiting.below
             waiting = None
         elif rng.random() < p:
-            o.role, o.stream, o.cancel_after = "deadline", True, None
+            o.role = "deadline" if rng.random() < 0.5 else "control"
+            o.stream, o.cancel_after = True, None
             o.factor = rng.uniform(*FACTOR)
             o.below = rng.randint(*BELOW)
             waiting = o
@@ -100,13 +107,20 @@ def level_below(ceiling: float, steps: int) -> float:
 
 
 def prepare(o: Any, seen: Seen, by_n: dict[int, Any]) -> None:
-    """Just before ``o`` is sent: a deadline order's deadline; a control's timeout (its
-    deadline order, earlier in the plan, was sent before it)."""
+    """Just before ``o`` is sent: a deadline order's deadline, a control's timeout: drawn
+    by the first of the pair, taken by the second (its twin, earlier in the plan, was
+    sent before it)."""
+    if not o.role:
+        return
+    if o.twin is not None and o.twin < o.n:
+        d = by_n[o.twin].timeout
+    else:
+        d = round(
+            min(DEADLINE_S[1], max(DEADLINE_S[0], seen.wait(level_below(o.bid, o.below)) * o.factor)), 2
+        )
+    o.timeout = d
     if o.role == "deadline":
-        d = seen.wait(level_below(o.bid, o.below)) * o.factor
-        o.deadline_s = o.timeout = round(min(DEADLINE_S[1], max(DEADLINE_S[0], d)), 2)
-    elif o.role == "control":
-        o.timeout = by_n[o.twin].deadline_s
+        o.deadline_s = d
 
 
 # --------------------------------------------------------------------------- bids
@@ -227,7 +241,8 @@ def section_lines(rows: list[dict[str, Any]]) -> list[str]:
         f"`queued_ms`, or their timeout if they got a 408; {FIRST_WAIT_S:g} s before any; the lowest level "
         f"for the lowest ceilings) times {FACTOR[0]:g}-{FACTOR[1]:g}, within {DEADLINE_S[0]:g}-{DEADLINE_S[1]:g} "
         "s, drawn from orders ended before it is sent, never from its own outcome; the next order of the "
-        "plan is its control, a fixed bid at the ceiling with the deadline as its book timeout. Both streamed, "
+        "plan is its control, a fixed bid at the ceiling with the deadline as its book timeout, the first of "
+        "the two to arrive drawn (with equal bids the first ranks first and pays the other's bid). Both streamed, "
         "neither cancelled. Met: admitted (engine started) before the deadline; price: the mean `cleared_price` "
         "of those met (and as a share of their ceiling). The inversions and FIFO violations of the first table "
         "judge a deadline order at the bid it had at each moment (its start bid, each frame's `bid=`, the "
