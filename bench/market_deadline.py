@@ -187,6 +187,7 @@ def summary(orders: list[Any]) -> dict[str, Any]:
         out[f"{role}_price_of_ceiling"] = statistics.fmean(rel) if rel else float("nan")
         out[f"{role}_mean_deadline_s"] = statistics.fmean(o.timeout for o in group) if group else float("nan")
     dl = [o for o in orders if o.role == "deadline"]
+    by_n = {o.n: o for o in orders}
     out["deadline_raised"] = sum(1 for o in dl if _raised(o))
     out["deadline_start_of_ceiling"] = _mean(
         [float(s) / o.bid for o in dl if (s := _start_bid(o)) is not None]
@@ -194,10 +195,20 @@ def summary(orders: list[Any]) -> dict[str, Any]:
     out["deadline_cleared_at_ceiling"] = sum(
         1 for o in dl if o.start is not None and (o.x_market or {}).get("bid") == o.bid
     )
+    pairs = [(_paid(o), _paid(by_n[o.twin])) for o in dl if o.twin in by_n]
+    both = [(d, c) for d, c in pairs if d is not None and c is not None]
+    out["pairs_both_met"] = len(both)
+    out["pairs_saving"] = 1.0 - sum(d for d, _ in both) / sum(c for _, c in both) if both else float("nan")
     out["met_gap_pp"] = (out["deadline_met_share"] - out["control_met_share"]) * 100
     c, d = out["control_mean_price"], out["deadline_mean_price"]
     out["saving"] = 1.0 - d / c if c == c and d == d and c > 0 else float("nan")
     return out
+
+
+def _paid(o: Any) -> float | None:
+    """The price an admitted order paid (None: not admitted)."""
+    p = (o.x_market or {}).get("cleared_price") if o.start is not None else None
+    return None if p is None else float(p)
 
 
 def _start_bid(o: Any) -> float | None:
@@ -251,9 +262,10 @@ def section_lines(rows: list[dict[str, Any]]) -> list[str]:
         "",
         "| run | deadline orders (mean deadline s) | met | controls | met | met gap, points "
         "| mean price: deadline (of ceiling) | control (of ceiling) | saving "
-        "| start bid of ceiling | raised | cleared at ceiling | admissions judged with a deadline order "
+        "| start bid of ceiling | raised | cleared at ceiling | pairs both met: saving "
+        "| admissions judged with a deadline order "
         "(inversions, FIFO) | met gap ≤ 2 points | saving ≥ 20 % |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         if "failed" in r or "deadline_orders" not in r:
@@ -268,6 +280,7 @@ def section_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"| {_f(r['control_mean_price'], '.3f')} ({_pct(r['control_price_of_ceiling'])}) "
             f"| {_pct(r['saving'], '.1f')} | {_pct(r['deadline_start_of_ceiling'])} "
             f"| {r['deadline_raised']} | {r['deadline_cleared_at_ceiling']} "
+            f"| {r.get('pairs_both_met', '—')}: {_pct(r.get('pairs_saving', float('nan')), '.1f')} "
             f"| {r['judged_with_deadline']} of {r['admissions']} ({r['inversions']}, {r['fifo']}) "
             f"| {'**met**' if met_ok else '**missed**'} | {'**met**' if price_ok else '**missed**'} |"
         )
@@ -280,7 +293,9 @@ def section_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"Deadline targets: met share in {met} of {len(done)} runs, price in {cheap} of {len(done)}. "
             'A deadline order pays less only when it clears below its ceiling: "start bid of ceiling" is the '
             'mean bid the gateway started them at (`Market.bid_for`) over their ceiling, "raised" how many '
-            'were seen bidding more later, "cleared at ceiling" how many of those met cleared at it.',
+            'were seen bidding more later, "cleared at ceiling" how many of those met cleared at it; "pairs '
+            'both met" the pairs whose deadline order and control were both admitted, and the saving over '
+            "them (the total the deadline orders paid against their controls', ceiling for ceiling).",
         ]
     L.append("")
     return L
