@@ -28,7 +28,9 @@ async def test_no_queued_frame_for_an_order_that_left_the_book(exchange: Exchang
     still = await relay._queued_frame()
     assert still is not None and b"position=0" in still  # in the book: its frame
     # its timeout takes it out of the book; the run has not seen it yet
-    market.book.withdraw(order, waiting._fut)
+    fut = waiting._fut
+    assert fut is not None
+    market.book.withdraw(order, fut)
     assert waiting.phase is QUEUED
     assert await relay._queued_frame() is None
     for run in (waiting, busy):
