@@ -22,8 +22,9 @@ to each run, and the bids the book's invariants judge them at.
   level=`` frame) and neither is cancelled;
 - **met share**: the share admitted (its engine started) before the deadline, of the
   deadline orders against the controls; **mean price**: the mean ``cleared_price`` of
-  those admitted. Targets: met share at most :data:`MET_PP` percentage points below the
-  control's; mean price at least :data:`SAVING` below it.
+  those admitted (and, over the pairs both admitted, what the deadline orders paid in
+  all against their controls). Targets: met share at most :data:`MET_PP` percentage
+  points below the control's; mean price at least :data:`SAVING` below it.
 
 A deadline order's bid rises while it waits, so the book's invariants judge it at the
 bid it had at each moment, known within bounds (:func:`lo`, :func:`hi`): each bid seen

@@ -6,7 +6,10 @@ stream into one completion. Its state lives in the store, so a restarted gateway
 resumes it: queued and running jobs re-enter the book in their original order (a
 running job starts again from the beginning: nothing was delivered); the old hold,
 which start-up moved to ``reconciling``, is released and a new one placed, so the
-job is charged once. A job whose earlier run was already charged (the gateway
+job is charged once. The stored body carries the terms the submit's headers gave
+(``X-Max-Price``, ``X-Book-Timeout``, ``X-Deadline-S``), and a resumed deadline job
+keeps its original deadline (the time left since ``created_at``; 408 ``book_timeout``
+if none is). A job whose earlier run was already charged (the gateway
 stopped between the settlement and storing the result) is not run again: it fails
 with an error saying so. A draining gateway (SIGTERM) hands back the jobs it has not
 finished: each is stopped, its hold released without a usage record, and it is stored
