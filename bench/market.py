@@ -17,8 +17,8 @@ book timeout of 3-10 s, and one in ten gives up (disconnects) after 0.5-4 s if i
 has not started (an unary one may be running: then it is cut). Replicas take
 requests alternately; each has its own SQLite ledger
 (the book is what is measured). Everything runs on one 2-core machine, shared. One
-order in five is a deadline order (``deadline_s``, its planned bid the ceiling) and the
-next its control (a fixed bid at that ceiling, the deadline its timeout), both streamed
+order in five is a deadline order (``deadline_s``, its planned bid the ceiling) and one
+next to it its control (a fixed bid at that ceiling, the deadline its timeout), both streamed
 and never cancelled (``bench/market_deadline.py``); half an order a second asks a
 quote first (``bench/market_forecast.py``).
 
@@ -252,7 +252,9 @@ class Order:
     """deadline | control (its fixed-bid twin at the ceiling) | "" (bench.market_deadline)"""
     twin: int | None = None
     factor: float = 1.0
-    """A deadline order's deadline over the wait the fixed orders of its level had."""
+    """A deadline order's deadline over the wait the fixed orders of the level ``below`` its ceiling had."""
+    below: int = 1
+    """How many levels under its ceiling a deadline order's deadline is drawn from (bench.market_deadline)."""
     deadline_s: float | None = None
     """A deadline order's deadline (``bid`` is its ceiling; ``timeout`` is this too)."""
     first_bid: float | None = None

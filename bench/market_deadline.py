@@ -4,19 +4,27 @@ to each run, and the bids the book's invariants judge them at.
 - **deadline orders**: one order in :data:`SHARE` (chosen by a generator of its own, so
   the rest of the plan is the same; never a quote order) sends ``deadline_s`` with
   ``max_price`` = its planned bid (one of the ten levels) as its ceiling. Its deadline
-  is the wait a fixed order at that level has seen so far in the run (the median of
-  the plain fixed orders of that level that have ended: their ``queued_ms`` if they
-  started, their book timeout if they got a 408; :data:`FIRST_WAIT_S` before any has
-  ended) times a factor drawn from :data:`FACTOR`, within :data:`DEADLINE_S`;
-- **their control group**: the next order of the plan (not a quote or deadline order)
-  becomes its twin, a fixed bid at the same ceiling with the deadline as its book
-  timeout, arriving right after it in the same mix. Both are streamed (so that every
-  bid the deadline order had is seen: its ``: queued bid=`` frame, then ``bid=`` on
-  each ``: queued level=`` frame) and neither is cancelled;
+  is that of a buyer with slack: the wait a fixed order :data:`BELOW` (one or two,
+  drawn) levels under the ceiling has seen so far in the run (the median of the plain
+  fixed orders of that level that have ended: their ``queued_ms`` if they started,
+  their book timeout if they got a 408; :data:`FIRST_WAIT_S` before any has ended; the
+  lowest level for a ceiling with none under it) times a factor drawn from
+  :data:`FACTOR`, within :data:`DEADLINE_S`. The draw reads only orders that have
+  ended before it is sent, never its own outcome;
+- **their control group**: the next order of the plan (not a quote order) becomes its
+  twin, a fixed bid at the same ceiling with the deadline as its book timeout, in the
+  same mix. Which of the two arrives first is drawn (even odds): with equal bids the
+  first of them ranks first and pays the other's bid (the best other bid), so a
+  deadline order raised to its ceiling always ahead of its control would always pay its
+  control's price, and never the reverse. The first of the pair draws the deadline as
+  it is sent; the second takes it. Both are streamed (so that every bid the deadline
+  order had is seen: its ``: queued bid=`` frame, then ``bid=`` on each ``: queued
+  level=`` frame) and neither is cancelled;
 - **met share**: the share admitted (its engine started) before the deadline, of the
   deadline orders against the controls; **mean price**: the mean ``cleared_price`` of
-  those admitted. Targets: met share at most :data:`MET_PP` percentage points below the
-  control's; mean price at least :data:`SAVING` below it.
+  those admitted (and, over the pairs both admitted, what the deadline orders paid in
+  all against their controls). Targets: met share at most :data:`MET_PP` percentage
+  points below the control's; mean price at least :data:`SAVING` below it.
 
 A deadline order's bid rises while it waits, so the book's invariants judge it at the
 bid it had at each moment, known within bounds (:func:`lo`, :func:`hi`): each bid seen
@@ -34,7 +42,12 @@ from typing import Any
 
 SHARE = 0.2
 """Deadline orders among all orders (and as many controls)."""
-FACTOR = (1.0, 3.0)
+BELOW = (1, 2)
+"""A deadline order's deadline is drawn from the waits of the level this many levels
+(one of them, drawn) under its ceiling: enough time for a lower bid to clear."""
+LEVEL = 0.1
+"""The step between the bench's bid levels."""
+FACTOR = (2.0, 4.0)
 DEADLINE_S = (1.0, 10.0)
 FIRST_WAIT_S = 2.0
 """A deadline order's base wait before any fixed order of its level has ended (about a
@@ -44,21 +57,25 @@ SAVING = 0.2
 
 
 def mark(orders: list[Any], seed: int) -> None:
-    """Make :data:`SHARE` of ``orders`` deadline orders (``role``), each followed by its
-    control (``twin``: the other's number both ways)."""
+    """Make :data:`SHARE` of ``orders`` deadline orders (``role``), each next to its
+    control (``twin``: the other's number both ways), the first of the two drawn."""
     rng = random.Random(seed)
-    p = SHARE / (1.0 - SHARE)  # a control follows each deadline order
+    p = SHARE / (1.0 - SHARE)  # each pair takes two orders
     waiting: Any = None
     for o in orders:
         if o.quote_s is not None:
             continue
         if waiting is not None:
-            o.role, o.twin, waiting.twin = "control", waiting.n, o.n
+            o.role = "control" if waiting.role == "deadline" else "deadline"
+            o.twin, waiting.twin = waiting.n, o.n
             o.bid, o.stream, o.cancel_after = waiting.bid, True, None
+            o.factor, o.below = waiting.factor, waiting.below
             waiting = None
         elif rng.random() < p:
-            o.role, o.stream, o.cancel_after = "deadline", True, None
+            o.role = "deadline" if rng.random() < 0.5 else "control"
+            o.stream, o.cancel_after = True, None
             o.factor = rng.uniform(*FACTOR)
+            o.below = rng.randint(*BELOW)
             waiting = o
 
 
@@ -85,14 +102,26 @@ class Seen:
         return statistics.median(got) if got else FIRST_WAIT_S
 
 
+def level_below(ceiling: float, steps: int) -> float:
+    """The bench's level ``steps`` under ``ceiling`` (the lowest level, :data:`LEVEL`, at least)."""
+    return round(max(LEVEL, ceiling - steps * LEVEL), 1)
+
+
 def prepare(o: Any, seen: Seen, by_n: dict[int, Any]) -> None:
-    """Just before ``o`` is sent: a deadline order's deadline; a control's timeout (its
-    deadline order, earlier in the plan, was sent before it)."""
+    """Just before ``o`` is sent: a deadline order's deadline, a control's timeout: drawn
+    by the first of the pair, taken by the second (its twin, earlier in the plan, was
+    sent before it)."""
+    if not o.role:
+        return
+    if o.twin is not None and o.twin < o.n:
+        d = by_n[o.twin].timeout
+    else:
+        d = round(
+            min(DEADLINE_S[1], max(DEADLINE_S[0], seen.wait(level_below(o.bid, o.below)) * o.factor)), 2
+        )
+    o.timeout = d
     if o.role == "deadline":
-        d = seen.wait(o.bid) * o.factor
-        o.deadline_s = o.timeout = round(min(DEADLINE_S[1], max(DEADLINE_S[0], d)), 2)
-    elif o.role == "control":
-        o.timeout = by_n[o.twin].deadline_s
+        o.deadline_s = d
 
 
 # --------------------------------------------------------------------------- bids
@@ -159,6 +188,7 @@ def summary(orders: list[Any]) -> dict[str, Any]:
         out[f"{role}_price_of_ceiling"] = statistics.fmean(rel) if rel else float("nan")
         out[f"{role}_mean_deadline_s"] = statistics.fmean(o.timeout for o in group) if group else float("nan")
     dl = [o for o in orders if o.role == "deadline"]
+    by_n = {o.n: o for o in orders}
     out["deadline_raised"] = sum(1 for o in dl if _raised(o))
     out["deadline_start_of_ceiling"] = _mean(
         [float(s) / o.bid for o in dl if (s := _start_bid(o)) is not None]
@@ -166,10 +196,20 @@ def summary(orders: list[Any]) -> dict[str, Any]:
     out["deadline_cleared_at_ceiling"] = sum(
         1 for o in dl if o.start is not None and (o.x_market or {}).get("bid") == o.bid
     )
+    pairs = [(_paid(o), _paid(by_n[o.twin])) for o in dl if o.twin in by_n]
+    both = [(d, c) for d, c in pairs if d is not None and c is not None]
+    out["pairs_both_met"] = len(both)
+    out["pairs_saving"] = 1.0 - sum(d for d, _ in both) / sum(c for _, c in both) if both else float("nan")
     out["met_gap_pp"] = (out["deadline_met_share"] - out["control_met_share"]) * 100
     c, d = out["control_mean_price"], out["deadline_mean_price"]
     out["saving"] = 1.0 - d / c if c == c and d == d and c > 0 else float("nan")
     return out
+
+
+def _paid(o: Any) -> float | None:
+    """The price an admitted order paid (None: not admitted)."""
+    p = (o.x_market or {}).get("cleared_price") if o.start is not None else None
+    return None if p is None else float(p)
 
 
 def _start_bid(o: Any) -> float | None:
@@ -208,10 +248,13 @@ def section_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The deadline orders' table of the market section."""
     L = [
         f"Deadline orders (issue 38): one order in {round(1 / SHARE)} sends `deadline_s` with `max_price` its "
-        "planned level as the ceiling, the deadline the median wait the fixed orders of that level had so far "
-        f"in the run (their `queued_ms`, or their timeout if they got a 408; {FIRST_WAIT_S:g} s before any) "
-        f"times {FACTOR[0]:g}-{FACTOR[1]:g}, within {DEADLINE_S[0]:g}-{DEADLINE_S[1]:g} s; the next order of the "
-        "plan is its control, a fixed bid at the ceiling with the deadline as its book timeout. Both streamed, "
+        "planned level as the ceiling, the deadline that of a buyer with slack: the median wait the fixed "
+        f"orders {BELOW[0]}-{BELOW[1]} levels (drawn) under the ceiling had so far in the run (their "
+        f"`queued_ms`, or their timeout if they got a 408; {FIRST_WAIT_S:g} s before any; the lowest level "
+        f"for the lowest ceilings) times {FACTOR[0]:g}-{FACTOR[1]:g}, within {DEADLINE_S[0]:g}-{DEADLINE_S[1]:g} "
+        "s, drawn from orders ended before it is sent, never from its own outcome; the next order of the "
+        "plan is its control, a fixed bid at the ceiling with the deadline as its book timeout, the first of "
+        "the two to arrive drawn (with equal bids the first ranks first and pays the other's bid). Both streamed, "
         "neither cancelled. Met: admitted (engine started) before the deadline; price: the mean `cleared_price` "
         "of those met (and as a share of their ceiling). The inversions and FIFO violations of the first table "
         "judge a deadline order at the bid it had at each moment (its start bid, each frame's `bid=`, the "
@@ -220,9 +263,10 @@ def section_lines(rows: list[dict[str, Any]]) -> list[str]:
         "",
         "| run | deadline orders (mean deadline s) | met | controls | met | met gap, points "
         "| mean price: deadline (of ceiling) | control (of ceiling) | saving "
-        "| start bid of ceiling | raised | cleared at ceiling | admissions judged with a deadline order "
+        "| start bid of ceiling | raised | cleared at ceiling | pairs both met: saving "
+        "| admissions judged with a deadline order "
         "(inversions, FIFO) | met gap ≤ 2 points | saving ≥ 20 % |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         if "failed" in r or "deadline_orders" not in r:
@@ -237,6 +281,7 @@ def section_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"| {_f(r['control_mean_price'], '.3f')} ({_pct(r['control_price_of_ceiling'])}) "
             f"| {_pct(r['saving'], '.1f')} | {_pct(r['deadline_start_of_ceiling'])} "
             f"| {r['deadline_raised']} | {r['deadline_cleared_at_ceiling']} "
+            f"| {r.get('pairs_both_met', '—')}: {_pct(r.get('pairs_saving', float('nan')), '.1f')} "
             f"| {r['judged_with_deadline']} of {r['admissions']} ({r['inversions']}, {r['fifo']}) "
             f"| {'**met**' if met_ok else '**missed**'} | {'**met**' if price_ok else '**missed**'} |"
         )
@@ -249,7 +294,9 @@ def section_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"Deadline targets: met share in {met} of {len(done)} runs, price in {cheap} of {len(done)}. "
             'A deadline order pays less only when it clears below its ceiling: "start bid of ceiling" is the '
             'mean bid the gateway started them at (`Market.bid_for`) over their ceiling, "raised" how many '
-            'were seen bidding more later, "cleared at ceiling" how many of those met cleared at it.',
+            'were seen bidding more later, "cleared at ceiling" how many of those met cleared at it; "pairs '
+            'both met" the pairs whose deadline order and control were both admitted, and the saving over '
+            "them (the total the deadline orders paid against their controls', ceiling for ceiling).",
         ]
     L.append("")
     return L

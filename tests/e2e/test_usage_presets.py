@@ -48,8 +48,8 @@ def test_every_presets_usage_csv_row_has_its_quote(gw: Gateway) -> None:
         assert_row_is_record(rows[rid], record, gw.account)
         # every column is filled, but those the record has no field for: the estimate
         # flag (the engine counted), the operator's close (no hold went to reconciling),
-        # and ttft_ms where the preset's receipt has none
+        # ttft_ms where the preset's receipt has none, and deadline_s (a fixed order)
         empty = {column for column, cell in rows[rid].items() if cell == ""}
-        expected = {"usage_estimated", "reconciled", "reconciled_at"}
+        expected = {"usage_estimated", "reconciled", "reconciled_at", "deadline_s"}
         expected |= set() if PRESETS[name].receipt_ttft else {"ttft_ms"}
         assert empty == expected, (name, empty)

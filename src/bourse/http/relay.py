@@ -31,7 +31,8 @@ group would), so that none outlives the response.
 The per-chunk path is: rewrite (done by the run) -> ``orjson.dumps`` -> one
 ``send``. A policy may shape the chunks first (:meth:`RunResponse._shaped`): the role
 and the ``finish_reason`` on chunks of their own, or the terminal chunk (the one with
-the ``finish_reason``) held back to carry the usage once settled. Nothing waits: chunks that reached the engine together (one upstream read;
+the ``finish_reason``) held back to carry the usage once settled (the frames after the
+last chunk: :mod:`bourse.http.relay_tail`). Nothing waits: chunks that reached the engine together (one upstream read;
 the engine marks all but the last with ``more``) go out together in one ``send``,
 which saves a write per chunk and delays none. The relay only reads the run's
 state; it tells the run that the client left (:meth:`Run.client_gone`). Its own state
@@ -57,18 +58,12 @@ from starlette.types import Message, Receive, Scope, Send
 
 from bourse.domain.errors import GatewayError
 from bourse.http.relay_state import PRESENCE_MOVES, STAGE_MOVES, Presence, Stage, moved
+from bourse.http.relay_tail import tail
 from bourse.ports.engine import ChunkEvent
 from bourse.services.completion import Finished, Queued, Requeued, Run
 from bourse.services.run_state import ADMITTED, QUEUED, STREAMING
 from bourse.wire import sse
-from bourse.wire.chunks import (
-    Aggregator,
-    error_frame,
-    has_finish,
-    split_role_and_finish,
-    terminal_chunk,
-    usage_chunk,
-)
+from bourse.wire.chunks import Aggregator, has_finish, split_role_and_finish
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -369,14 +364,15 @@ class RunResponse:
     async def _queued_frame(self) -> bytes | None:
         """``: queued level=… position=… wait_s=…`` from the book (shared books answer
         over the network; ``wait_s``, the expected wait, when the pace is known; ``bid=…``,
-        a deadline order's bid now); None
-        if the order was admitted or the client left meanwhile."""
+        a deadline order's bid now); None if the order was admitted, the client left, or
+        the book says the order is not waiting (its timeout or admission took it out in
+        the instant the book was asked, before the run saw it)."""
         run = self.run
         assert run.order is not None
         p = await self.terms.ask.market.progress(run.order)  # its last known view if unreachable
-        if run.phase is not QUEUED or self.presence is _GONE or self.stage is _CLOSING:
+        if run.phase is not QUEUED or self.presence is _GONE or self.stage is _CLOSING or p.position < 0:
             return None
-        text = f"queued level={sse.fmt_price(p.level)} position={max(p.position, 0)}"
+        text = f"queued level={sse.fmt_price(p.level)} position={p.position}"
         if p.wait_s is not None:
             text += f" wait_s={p.wait_s:.2f}"
         if run.order.ceiling is not None:  # a deadline order: its bid now, raised as time passes
@@ -498,52 +494,10 @@ class RunResponse:
         return b"".join(sse.data_frame(orjson.dumps(c)) for c in chunks)
 
     def _tail(self, fin: Finished) -> bytes:
-        """The frames after the last chunk: the usage (or the terminal chunk held back
-        for it), the error frame, ``[DONE]``, each as the policy says."""
-        terms, policy = self.terms, self.policy
-        failed = fin.error is not None
-        with_usage = terms.ask.include_usage and (
-            not failed
-            or (policy.usage_before_error and (fin.text_tokens > 0 or policy.usage_chunk == "always"))
-        )
-        if with_usage:
-            out = self._usage_frame(fin)
-        else:
-            out = b"" if self._held is None else sse.data_frame(orjson.dumps(self._held))
-        self._held = None
-        if fin.error is None:
-            return out + sse.DONE
-        frame = error_frame(
-            terms.ask.kind,
-            terms.request_id,
-            terms.ask.market.product,
-            self.run.created,
-            fin.error,
-            shape=policy.error_frame,
-            fields=policy.error_fields,
-            finish_reason=policy.error_finish_reason,
-        )
-        out += sse.data_frame(orjson.dumps(frame))
-        return out + sse.DONE if policy.done_after_error else out
-
-    def _usage_frame(self, fin: Finished) -> bytes:
-        terms, policy, created = self.terms, self.policy, self.run.created
-        ask = terms.ask
-        if self._hold_terminal:  # on the terminal chunk
-            chunk = self._held or terminal_chunk(ask.kind, terms.request_id, ask.market.product, created)
-            chunk["usage"] = fin.usage
-            chunk[policy.receipt_name] = fin.receipt
-        else:
-            chunk = usage_chunk(
-                ask.kind,
-                terms.request_id,
-                ask.market.product,
-                created,
-                fin.usage,
-                policy.receipt_name,
-                fin.receipt,
-            )
-        return sse.data_frame(orjson.dumps(chunk))
+        """The frames after the last chunk (:func:`~bourse.http.relay_tail.tail`); the
+        terminal chunk held back goes out with them."""
+        held, self._held = self._held, None
+        return tail(self.run, fin, held, self._hold_terminal)
 
     # -- not streamed -------------------------------------------------------------
 

@@ -8,8 +8,11 @@ dashboard's download buttons. Each column is a field of the usage record as
 and the JSON record say the same thing; a field a preset renames in its receipt (the
 quote) has one path per name, taken from the presets (:data:`QUOTE_FIELDS`). USD
 is written with six decimals (:data:`USD_COLUMNS`), other numbers without an exponent.
-The last columns say how an operator closed a reconciling hold (the
-``reconciliation`` that the admin settle or release writes into the record). Text
+Two columns say how an operator closed a reconciling hold (the
+``reconciliation`` that the admin settle or release writes into the record); the
+last two, a deadline order's start bid and deadline (issue 38: the receipt's
+``start_bid``, its ``bid`` the last it bid; a fixed order's ``start_bid`` is its bid,
+its ``deadline_s`` empty). Text
 cells that a spreadsheet would run as a formula (``=``, ``+``, ``-``, ``@`` first)
 are prefixed with ``'``. New columns go at the end, so that a reader of the old ones
 finds them where they were.
@@ -74,6 +77,8 @@ COLUMNS: tuple[tuple[str, Paths], ...] = (
     ("quote_micros", tuple(("receipt", name) for name in QUOTE_FIELDS)),
     ("reconciled", _at("reconciliation", "action")),
     ("reconciled_at", _at("reconciliation", "at")),
+    ("start_bid", _at("usage", "x_market", "start_bid")),
+    ("deadline_s", _at("usage", "x_market", "deadline_s")),
 )
 """(column, its paths in the usage record: the first one present gives the cell);
 ``account`` is the record's account."""
@@ -82,6 +87,7 @@ USD_COLUMNS: Mapping[str, Paths] = {
     "cost_usd": _at("usage", "cost_micros"),
     "bid": (),
     "cleared_price": (),
+    "start_bid": (),
 }
 """The columns in USD (a cost; a price in USD per 1M tokens, which the book rounds to
 the micro-USD), each with the paths of the integer micro-USD the record keeps beside

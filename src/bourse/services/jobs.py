@@ -6,7 +6,10 @@ stream into one completion. Its state lives in the store, so a restarted gateway
 resumes it: queued and running jobs re-enter the book in their original order (a
 running job starts again from the beginning: nothing was delivered); the old hold,
 which start-up moved to ``reconciling``, is released and a new one placed, so the
-job is charged once. A job whose earlier run was already charged (the gateway
+job is charged once. The stored body carries the terms the submit's headers gave
+(``X-Max-Price``, ``X-Book-Timeout``, ``X-Deadline-S``), and a resumed deadline job
+keeps its original deadline (the time left since ``created_at``; 408 ``book_timeout``
+if none is). A job whose earlier run was already charged (the gateway
 stopped between the settlement and storing the result) is not run again: it fails
 with an error saying so. A draining gateway (SIGTERM) hands back the jobs it has not
 finished: each is stopped, its hold released without a usage record, and it is stored
@@ -32,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from bourse.domain.errors import GatewayError, invalid_request
+from bourse.domain.errors import GatewayError, book_timeout, invalid_request
 from bourse.domain.values import immutable
 from bourse.ports.engine import ChunkEvent, Kind
 from bourse.ports.limits import KeyLimits
@@ -57,6 +60,7 @@ from bourse.services.job_webhooks import JobWebhooks
 from bourse.services.run import Run
 from bourse.services.run_events import Finished, HandedBack
 from bourse.services.run_state import Phase
+from bourse.services.run_terms import Ask
 from bourse.services.webhooks import check_target
 from bourse.wire.chunks import Aggregator
 from bourse.wire.requests import check_storable, validate
@@ -188,7 +192,7 @@ class JobService:
             account_id=principal.account_id,
             key_id=principal.key.id,
             endpoint=route or endpoint,
-            body=body,
+            body=_recorded(body, run.terms.ask, max_price_header),
             status="queued",
             request_id=run.request_id,
             bid=run.bid,
@@ -494,6 +498,13 @@ class JobService:
         key = await self.store.key(job.key_id) or ApiKey(id=job.key_id, account_id=job.account_id)
         principal = Principal(key, KeyLimits())
         body = dict(job.body)
+        deadline = body.get("deadline_s")
+        if isinstance(deadline, int | float) and not isinstance(deadline, bool):
+            left = job.created_at + deadline - self._now()  # its original deadline, not a new one
+            if left <= 0:  # passed while no gateway ran it: the end its order would have had
+                await self._fail_resumed(job, book_timeout(deadline))
+                return
+            body["deadline_s"] = float(left)
         try:
             req = validate(kind, body)
             # accepted long ago: it waits out open breakers in the book rather than fail
@@ -544,3 +555,19 @@ class JobService:
         if self._claimer is not None:
             self._claimer.cancel()
             self._claimer = None
+
+
+def _recorded(body: dict[str, Any], ask: Ask, max_price_header: str | None) -> dict[str, Any]:
+    """The body a job's row keeps, which a later gateway resuming the job runs: the
+    request's own, with the terms its headers gave (``X-Max-Price``, ``X-Book-Timeout``
+    or the job's default timeout, ``X-Deadline-S``) written in as the body fields they
+    stand for, so that it bids and waits as it was asked. A deadline order's
+    ``deadline_s`` counts from the job's ``created_at``."""
+    out = dict(body)
+    if max_price_header is not None and out.get("max_price") is None:
+        out["max_price"] = ask.bid
+    if ask.deadline_s is not None:
+        out["deadline_s"] = ask.deadline_s
+    elif out.get("timeout") is None:
+        out["timeout"] = ask.timeout_s
+    return out

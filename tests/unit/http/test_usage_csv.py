@@ -68,13 +68,28 @@ def test_other_numbers_are_never_in_scientific_notation() -> None:
     assert (row["queued_ms"], row["ttft_ms"]) == ("0.00001", "15000000000000000")
 
 
-def test_an_operators_close_of_a_hold_is_in_the_last_columns() -> None:
+def test_a_deadline_orders_start_bid_and_deadline_have_their_columns() -> None:
+    rec = _rec(
+        "r8", usage={"x_market": {"bid": 0.9, "start_bid": 0.4, "deadline_s": 7.5, "cleared_price": 0.35}}
+    )
+    row = dict(zip(usage_csv.header(), usage_csv.row(rec), strict=True))
+    assert (row["bid"], row["start_bid"], row["cleared_price"]) == ("0.900000", "0.400000", "0.350000")
+    assert row["deadline_s"] == "7.5"
+    fixed = dict(
+        zip(usage_csv.header(), usage_csv.row(_rec("r9", usage={"x_market": {"bid": 0.2}})), strict=True)
+    )
+    assert (fixed["start_bid"], fixed["deadline_s"]) == ("", "")
+
+
+def test_an_operators_close_of_a_hold_follows_the_older_columns() -> None:
     rec = _rec(
         "r7", outcome="reconciling", usage={"cost_micros": 0, "cost": 0.0},
         reconciliation={"action": "released", "charged_micros": 0, "at": 1700000123.5, "note": "crash"},
     )  # fmt: skip
     header = usage_csv.header()
-    assert header[-2:] == ["reconciled", "reconciled_at"]
+    at = header.index("quote_micros")
+    assert header[at + 1 : at + 3] == ["reconciled", "reconciled_at"]
+    assert header[-2:] == ["start_bid", "deadline_s"]  # new columns at the end
     row = dict(zip(header, usage_csv.row(rec), strict=True))
     assert (row["outcome"], row["reconciled"], row["reconciled_at"]) == (
         "reconciling",
