@@ -1,5 +1,5 @@
 """The deployment files against the code they deploy (issue 39): deploy/k8s's config
-file loads as bourse's config; the stop budgets (Kubernetes' grace period, systemd's
+file loads as bourse's config, on PostgreSQL and Redis; the stop budgets (Kubernetes' grace period, systemd's
 ``TimeoutStopSec``) cover the longest drain the gateway can take; the preStop sleep
 covers ``drain_grace_s``; the unit is ``Type=notify`` and reloads with SIGHUP.
 ``scripts/check-deploy`` checks the files' syntax with systemd's and Kubernetes' own tools."""
@@ -37,6 +37,8 @@ def one(pattern: str, text: str) -> str:
 def test_the_k8s_config_loads_and_the_stop_budget_covers_the_longest_drain() -> None:
     config = load_config(K8S / "bourse.toml")
     assert config.products and config.cluster.key_prefix
+    # an emptyDir data folder: the ledger and the book are shared, never SQLite in the pod
+    assert (config.storage.database or "").startswith("postgresql://") and config.cluster.redis_url
     deployment = (K8S / "deployment.yaml").read_text()
     grace_period = int(one(r"^\s+terminationGracePeriodSeconds: (\d+)$", deployment))
     pre_stop = float(one(r'^\s+command: \["sleep", "(\d+)"\]$', deployment))
