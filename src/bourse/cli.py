@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,8 @@ from bourse.cli_errors import EXIT_FAILURE, failure_line
 if TYPE_CHECKING:
     import uvicorn
 
+    from bourse.http.sd_notify import ServiceNotes
+    from bourse.services.market import Market
     from bourse.settings import Config, ServerConfig
     from bourse.workers import WorkerLink
 
@@ -241,10 +243,33 @@ def _serve_locked(
     app = container.app()
     settle_heap()
     # SIGTERM and SIGINT drain the gateway before the server stops (then exit 0)
-    # and SIGHUP reads the config file again (bourse.live_terms)
-    uvicorn_server = GatewayServer(server_config(app, server), container.drainer(grace_s), container.reload)
+    # and SIGHUP reads the config file again (bourse.live_terms); a service manager is
+    # told each ($NOTIFY_SOCKET; with --workers, by worker 0: NotifyAccess=all)
+    notes = service_notes(container.completions.markets, f"serving {', '.join(config.products)} on {url}")
+    uvicorn_server = GatewayServer(
+        server_config(app, server),
+        container.drainer(grace_s),
+        container.reload,
+        notes if worker == 0 else None,
+    )
     uvicorn_server.run(sockets=[sock])
     return 0 if uvicorn_server.started else 3
+
+
+def service_notes(markets: Mapping[str, Market], serving: str) -> ServiceNotes:
+    """What ``serve`` tells a service manager on ``$NOTIFY_SOCKET`` (bourse.http.sd_notify):
+    ready when ``/readyz`` would answer 200."""
+    from bourse.http.app import readiness
+    from bourse.http.sd_notify import Notifier, ServiceNotes
+
+    def unready() -> str:
+        products, unavailable = readiness(markets)
+        reasons = [f"{u['deployment']}: {u['reason']}" for u in unavailable]
+        return "; ".join(reasons) or f"no product can serve ({', '.join(products)})"
+
+    return ServiceNotes(
+        Notifier.from_environment(), lambda: any(readiness(markets)[0].values()), unready, serving
+    )
 
 
 def _allow_open_files(wanted: int) -> None:

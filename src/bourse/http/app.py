@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -42,6 +42,7 @@ from bourse.http.edge import HotRouter, Templates, store_unavailable
 from bourse.http.responses import JSON, error_response
 from bourse.ports.stores import StoreUnavailable
 from bourse.services.ids import new_request_id
+from bourse.services.market import Market
 
 log = logging.getLogger("bourse.http")
 
@@ -63,6 +64,18 @@ def _allowed(routes: Sequence[BaseRoute], scope: Scope) -> str:
     return ", ".join(sorted(methods))
 
 
+def readiness(markets: Mapping[str, Market]) -> tuple[dict[str, bool], list[dict[str, str]]]:
+    """``/readyz`` but for the drain: whether each product can serve, and each deployment
+    that cannot, with why (its probes, its engine). Ready: some product can serve."""
+    products = {name: m.healthy() for name, m in markets.items()}
+    unavailable = [
+        {"product": name, "deployment": dep, "reason": why}
+        for name, m in markets.items()
+        for dep, why in m.unavailable_deployments()
+    ]
+    return products, unavailable
+
+
 def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIApp:
     """The gateway's ASGI app; behind CORS when ``cors_origins`` are given."""
     markets = services.completions.markets
@@ -71,15 +84,9 @@ def create_app(services: Services, *, cors_origins: Sequence[str] = ()) -> ASGIA
         return JSON({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        products = {name: m.healthy() for name, m in markets.items()}
+        products, unavailable = readiness(markets)
         ready = any(products.values())
         status = "draining" if services.completions.draining else "ready" if ready else "unready"
-        # each deployment that cannot serve, and why (its probes, its engine)
-        unavailable = [
-            {"product": name, "deployment": dep, "reason": why}
-            for name, m in markets.items()
-            for dep, why in m.unavailable_deployments()
-        ]
         doc = {"status": status, "products": products, "unavailable": unavailable}
         return JSON(doc, status_code=200 if status == "ready" else 503)
 

@@ -10,6 +10,9 @@ uvicorn does (every connection is idle by then) and ``serve`` returns, so the pr
 exits 0. A second signal ends the drain's wait for running generations at once.
 SIGHUP runs the gateway's reload (:mod:`bourse.live_terms`: the config file's floors,
 slots and default bids applied live), one at a time; it never stops the server.
+Each of these is told to a service manager listening on ``$NOTIFY_SOCKET``
+(:class:`~bourse.http.sd_notify.ServiceNotes`): ready once it listens, reloading,
+stopping.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Generator
 from typing import Protocol
 
 import uvicorn
+
+from bourse.http.sd_notify import ServiceNotes
 
 log = logging.getLogger("bourse")
 
@@ -41,7 +47,11 @@ class GatewayServer(uvicorn.Server):
     """A uvicorn server that drains the gateway before it stops."""
 
     def __init__(
-        self, config: uvicorn.Config, drain: Drainer, reload: Callable[[], Awaitable[None]] | None = None
+        self,
+        config: uvicorn.Config,
+        drain: Drainer,
+        reload: Callable[[], Awaitable[None]] | None = None,
+        notes: ServiceNotes | None = None,
     ) -> None:
         super().__init__(config)
         self._drain = drain
@@ -49,6 +59,15 @@ class GatewayServer(uvicorn.Server):
         self._reload = reload
         self._reloading: asyncio.Task[None] | None = None
         self._reload_again = False
+        self._notes = notes
+        self._announcing: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's start (the app's lifespan, then listening); then ``READY=1`` is told
+        once a product can serve."""
+        await super().startup(sockets)
+        if self.started and self._notes is not None and not self.should_exit:
+            self._announcing = asyncio.get_running_loop().create_task(self._notes.started())
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -78,6 +97,8 @@ class GatewayServer(uvicorn.Server):
         self._reloading = asyncio.get_running_loop().create_task(self._reload_loop(self._reload))
 
     async def _reload_loop(self, reload: Callable[[], Awaitable[None]]) -> None:
+        if self._notes is not None:
+            self._notes.reloading()
         while True:
             self._reload_again = False
             try:
@@ -85,12 +106,18 @@ class GatewayServer(uvicorn.Server):
             except Exception:
                 log.exception("SIGHUP: the reload failed; the terms in force are unchanged where it stopped")
             if not self._reload_again:
-                return
+                break
+        if self._notes is not None and self._draining is None:
+            self._notes.reloaded()
 
     def on_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name
         if self._draining is None:
             log.warning("%s: draining, then stopping", name)
+            if self._announcing is not None:
+                self._announcing.cancel()
+            if self._notes is not None:
+                self._notes.stopping()
             self._draining = asyncio.get_running_loop().create_task(self._drain_then_stop(self._drain))
         else:
             log.warning("%s again: running generations are ended now", name)
