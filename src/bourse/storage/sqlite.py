@@ -38,13 +38,16 @@ ledger writes is one statement per size (up to 128 rows, for the holds, the clos
 their usage records), so under load the default cache was refilled all the time and
 each statement compiled again: ~2 % of the instructions per request at 64 connections.
 SQLite's compiler looks up each ``?n`` by a linear scan, so a long one costs much."""
-PAGE_SIZE = 1024
-"""The page size of a new database file (SQLite's default is 4096). A commit logs every
-page it touched, whole, to the WAL, and the checkpoint writes it again: a request's
-hold and settle touch ~20 pages (each table and index it changes), so the page, not
-the row, is what a request costs on disk. At 1 KiB the gateway wrote 32 KB a request
-at c=1 where it wrote 89 KB at 4 KiB (2 KiB: 49 KB; bench/disk.py, docs/design.md).
-An existing file keeps the page size it was made with."""
+PAGE_SIZE = 512
+"""The page size of a new database file (SQLite's default is 4096; 512 is its least). A
+commit logs every page it touched, whole, to the WAL, and the checkpoint writes it
+again: a request's hold and settle, one at a time, touch ~22 pages (each table and
+index they change, in two commits), so the page, not the row, is what a request costs
+on disk. bench/disk.py, the gateway's bytes written a request at c=1 and c=32: 89 and
+85 KB at 4 KiB, 24 and 6 KB at 1 KiB, 14 and 4 KB at 512 bytes (with the indexes of
+migration 0017 and time-ordered ids; docs/design.md). The ledger's CPU a request is the
+same at each (bench/ledger.py); a large value (a stored response) spans more overflow
+pages. An existing file keeps the page size it was made with."""
 WAL_ATTEMPTS = 25
 """Tries to switch a new file to WAL while another process writes it (about 10 s)."""
 

@@ -3,13 +3,12 @@ hold placed and settled with its usage record, one request at a time.
 
 A commit logs every page it touched, whole. With 4 KiB pages and indexes that moved
 each hold's entry at its placing and again at its close, a request logged ~21 pages,
-~87 KB (bench/disk.py: 89 KB written by the gateway a request at c=1). New files use
-1 KiB pages and the hold indexes are entered once (migration 0017): ~21 KB.
+~85 KB (bench/disk.py: 89 KB written by the gateway a request at c=1). New files use
+512-byte pages and the hold indexes are entered once (migration 0017): ~13 KB.
 """
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from pathlib import Path
@@ -17,14 +16,15 @@ from pathlib import Path
 import pytest
 
 from bourse.ports.stores import Hold, UsageRecord
+from bourse.services.ids import new_hold_id, new_request_id
 from bourse.storage.sqlite import PAGE_SIZE, SqliteStore
 
 pytestmark = pytest.mark.anyio
 
 WARM = 300
 N = 300
-BOUND_BYTES = 28_000
-"""WAL a request at c=1, at most (measured ~21 KB; 87 KB before)."""
+BOUND_BYTES = 20_000
+"""WAL a request at c=1, at most (measured ~13 KB; 85 KB before)."""
 RECORD = {
     "id": "chatcmpl-x",
     "object": "bourse.usage",
@@ -48,7 +48,7 @@ def _quiet(store: SqliteStore) -> None:
 async def _requests(store: SqliteStore, n: int) -> None:
     now = time.time()
     for _ in range(n):
-        hold_id, request_id = "hold_" + os.urandom(12).hex(), "chatcmpl-" + os.urandom(12).hex()
+        hold_id, request_id = new_hold_id(), new_request_id("chat")
         await store.place_hold(Hold(hold_id, "acct", request_id, 55, "open", owner="gw_1", created_at=now))
         usage = UsageRecord(request_id, "acct", "sim", now, "completed", 19, {**RECORD, "id": request_id})
         await store.settle(hold_id, 19, usage, now)
@@ -60,7 +60,7 @@ async def test_a_new_file_has_small_pages(tmp_path: Path) -> None:
     await store.close()
     conn = sqlite3.connect(tmp_path / "bourse.db")
     try:
-        assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE == 1024
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE == 512
     finally:
         conn.close()
 
