@@ -108,8 +108,32 @@ FROM r WHERE block_ref ~ %s OR xid IN (SELECT xid FROM mine)
 """
 
 
-def _pg_wal(dsn: str, before: str) -> tuple[int, int]:
-    """(WAL bytes of this database's records, WAL bytes of the cluster) since ``before``:
+PROFILE = """
+WITH r AS (SELECT xid, record_length, fpi_length, resource_manager, record_type, block_ref
+           FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn)),
+mine AS (SELECT DISTINCT xid FROM r WHERE xid <> 0 AND block_ref ~ %s),
+ours AS (SELECT *, substring(block_ref from %s)::oid AS node FROM r
+         WHERE block_ref ~ %s OR xid IN (SELECT xid FROM mine))
+SELECT COALESCE(c.relname, resource_manager) AS what, SUM(record_length), SUM(fpi_length), COUNT(*)
+FROM ours LEFT JOIN pg_class c ON c.relfilenode = ours.node
+GROUP BY 1 ORDER BY 2 DESC
+"""
+
+
+def _pg_profile(dsn: str, before: str, after: str) -> dict[str, list[int]]:
+    """This database's WAL records by relation (their first block's; a commit record
+    by its resource manager): [bytes, of which full-page images, records]."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        oid = conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()
+        assert oid is not None
+        rel = f"rel [0-9]+/{int(oid[0])}/"
+        node = f"rel [0-9]+/{int(oid[0])}/([0-9]+)"
+        rows = conn.execute(PROFILE, (before, after, rel, node, rel)).fetchall()
+    return {str(w): [int(b), int(f or 0), int(k)] for w, b, f, k in rows}
+
+
+def _pg_wal(dsn: str, before: str) -> tuple[int, int, str]:
+    """(WAL bytes of this database's records, WAL bytes of the cluster, the LSN now) since ``before``:
     the records that name one of its relations' blocks, and every record (commits
     included) of a transaction that wrote one (``pg_walinspect``)."""
     after = _lsn(dsn)
@@ -119,7 +143,7 @@ def _pg_wal(dsn: str, before: str) -> tuple[int, int]:
         rel = f"rel [0-9]+/{int(oid[0])}/"
         row = conn.execute(OURS, (before, after, rel, after, before, rel)).fetchone()
     assert row is not None
-    return int(row[0]), int(row[1])
+    return int(row[0]), int(row[1]), after
 
 
 def wal_profile(db: Path) -> dict[str, Any]:
@@ -202,7 +226,9 @@ def measure(store: str, concurrency: int, n: int, warm: int, pg_url: str) -> dic
             profile = wal_profile(db) if dsn is None else {}
             time.sleep(IDLE_S)
             io1, db1 = write_bytes(proc.pid), _size(db)
-            wal_pg, wal_cluster = _pg_wal(dsn, lsn0) if dsn else (0, 0)
+            wal_pg, wal_cluster, lsn1 = _pg_wal(dsn, lsn0) if dsn else (0, 0, "")
+            if dsn:
+                profile = {"by_relation": _pg_profile(dsn, lsn0, lsn1)}
     finally:
         if dsn is not None:
             with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -251,13 +277,25 @@ def _summary(r: dict[str, Any]) -> str:
 
 
 def _profile_line(r: dict[str, Any]) -> str:
-    """The WAL's frames a request by table and index, and its commits a request."""
+    """SQLite: the WAL's frames a request by table and index (of the log since its last
+    restart: a sample of the run), and its commits a frame. PostgreSQL: the WAL's bytes
+    a request by relation, with the full-page images' share."""
     p, n = r.get("wal") or {}, r["n"]
+    if "by_relation" in p:
+        top = sorted(p["by_relation"].items(), key=lambda kv: -kv[1][0])
+        parts = ", ".join(
+            f"{name} {b / n:.0f} B ({f / n:.0f} in page images)" for name, (b, f, _) in top[:10]
+        )
+        return f"{r['store']} c={r['c']}: WAL bytes a request by relation: {parts}\n"
     if not p.get("frames"):
         return ""
     top = sorted(p["by_name"].items(), key=lambda kv: -kv[1])
     parts = ", ".join(f"{name} {k / n:.2f}" for name, k in top[:10])
-    return f"{r['store']} c={r['c']}: WAL frames a request {p['frames'] / n:.2f} ({parts}); commits a request {p['commits'] / n:.2f}\n"
+    share = ", ".join(f"{name} {k / p['frames'] * 100:.0f} %" for name, k in top[:10])
+    return (
+        f"{r['store']} c={r['c']}: WAL frames a commit {p['frames'] / max(1, p['commits']):.1f} "
+        f"({p['page_size']}-byte pages), by table or index: {share}\n"
+    )
 
 
 def target_rows(res: dict[str, Any]) -> list[list[str]]:
@@ -315,7 +353,10 @@ def section_lines(res: dict[str, Any]) -> list[str]:
     profiles = [line for r in res["rows"] if "error" not in r and (line := _profile_line(r))]
     if profiles:
         L.append(
-            "Where the SQLite WAL's pages went (frames of the log a request, by table or index; each is written twice, to the WAL and at the checkpoint):"
+            "Where the bytes went. SQLite: the WAL's pages by table or index (the frames of the log since its "
+            "last restart, a sample of the run; each page is written twice, to the WAL and at the checkpoint). "
+            "PostgreSQL: the database's WAL records by the relation of their first block (a commit record "
+            "by its resource manager, `Transaction`), and the full-page images in them:"
         )
         L.append("")
         L.extend(f"- {line.strip()}" for line in profiles)
