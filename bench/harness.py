@@ -1,7 +1,7 @@
 """bourse beside a direct call and beside its peers, in one run; rewrites bench/RESULTS.md.
 
     bash bench/run.sh            # installs what is missing, then runs this
-    .venv/bin/python -m bench.harness [--quick] [--only a,b,c,d,e,f,g,h] [--out FILE]
+    .venv/bin/python -m bench.harness [--quick] [--only a,b,c,d,e,f,g,h,i] [--out FILE]
 
 Layout on a 2-core machine: the gateway under test (bourse, LiteLLM proxy with one
 worker, Portkey's node gateway) on core 0; nginx (one worker, the echo module,
@@ -17,6 +17,7 @@ Scenarios (each against direct nginx, bourse and each peer that started):
   (f) the ledger alone (bench/ledger.py): settled requests/s on SQLite and PostgreSQL
   (g) the stack's alternatives (bench/alternatives.py): servers, upstream clients, decoders
   (h) the market under overload (bench/market.py): both books, one replica stopped
+  (i) bytes written to disk a request (bench/disk.py): SQLite and PostgreSQL, c=1 and c=32
 
 bourse runs twice in (a), (b) and (d): as configured by default (metrics and the access
 log on) and with ``[server] metrics = false`` and ``access_log = false`` (a second
@@ -44,7 +45,7 @@ from typing import Any
 
 import httpx
 
-from bench import market
+from bench import disk, market
 from bench.common import free_port, gateway_process, pinned, process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1086,6 +1087,8 @@ def write_results(
     h = res.get("h")
     if h is not None:
         L.extend(market.section_lines(h) if "rows" in h else [market.HEADING, "", f"error: {h['error']}", ""])
+    if res.get("i") is not None:
+        L.extend(disk.section_lines(res["i"]))
     add("## Targets (issue 17; the 10x LiteLLM row is issue 7's)")
     add("")
     add("| scenario | target | measured | met |")
@@ -1150,6 +1153,8 @@ def targets_table(res: dict[str, Any]) -> list[list[str]]:
     else:
         rows.append(["(d) streaming", "added TTFT p50 ≤ 0.5 ms; ≥ 3,000 streams/s", "—", verdict(None)])
     rows.append(_memory_target(res))
+    if res.get("i") is not None:
+        rows.extend(disk.target_rows(res["i"]))
     pg = [
         r
         for r in res.get("f", {}).get("rows", [])
@@ -1250,7 +1255,7 @@ def sanity_checks(stack: Stack) -> dict[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test of the harness)")
-    ap.add_argument("--only", default="a,b,c,d,e,f,g,h", help="scenarios to run, e.g. a,b")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i", help="scenarios to run, e.g. a,b")
     ap.add_argument("--out", default=str(BENCH / "RESULTS.md"))
     ap.add_argument(
         "--e-upstream",
@@ -1347,6 +1352,9 @@ def main() -> None:
         if "h" in only:
             log("(h) the market under overload")
             res["h"] = guarded(lambda: market.scenario(quick=args.quick))
+        if "i" in only:
+            log("(i) bytes written a request")
+            res["i"] = guarded(lambda: disk.scenario(quick=args.quick))
     (WORK / "results.json").write_text(json.dumps(res, indent=1, default=str))
     write_results(Path(args.out), stack, res, o, started, checks)
     log(f"wrote {args.out} in {(time.time() - started) / 60:.1f} min")

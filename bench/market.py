@@ -970,17 +970,17 @@ def section_lines(res: dict[str, Any]) -> list[str]:
     return L
 
 
-def write_section(path: Path, lines: list[str]) -> None:
-    """Put the section into ``path`` in place of an earlier one (before the targets
-    of issue 7 if it is new); the rest of the file is kept."""
+def write_section(path: Path, lines: list[str], heading: str = HEADING) -> None:
+    """Put the section headed ``heading`` into ``path`` in place of an earlier one
+    (before the targets table if it is new); the rest of the file is kept."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     block = "\n".join(lines).rstrip("\n") + "\n\n"
-    if HEADING in text:
-        start = text.index(HEADING)
-        nxt = text.find("\n## ", start + len(HEADING))
+    if heading in text:
+        start = text.index(heading)
+        nxt = text.find("\n## ", start + len(heading))
         text = text[:start] + block + (text[nxt + 1 :] if nxt >= 0 else "")
-    elif "## Targets (issue 7)" in text:
-        i = text.index("## Targets (issue 7)")
+    elif "## Targets (" in text:
+        i = text.index("## Targets (")
         text = text[:i] + block + text[i:]
     else:
         text = text.rstrip("\n") + "\n\n" + block

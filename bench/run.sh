@@ -15,6 +15,8 @@
 # in RESULTS.md as "not installed: <reason>"; the run goes on without it.
 # PostgreSQL for scenario (f): 127.0.0.1:5432, user postgres, database test
 # (BOURSE_TEST_POSTGRES_URL overrides); unreachable -> that row says "not run".
+# Scenario (i) makes a database of its own on that server (BOURSE_DISK_POSTGRES_URL
+# overrides; its pg_walinspect extension is PostgreSQL's contrib, 15 or later).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=bench/.work

@@ -12,7 +12,6 @@ with its reason, each a ledger entry and an audit entry written in one transacti
 
 from __future__ import annotations
 
-import os
 from typing import Any, Protocol
 
 from bourse.domain.errors import GatewayError, invalid_request
@@ -27,6 +26,7 @@ from bourse.ports.stores import (
     audit_entry,
 )
 from bourse.services.budgets import account_view
+from bourse.services.ids import new_hold_id, sortable_hex
 
 MAX_REASON = 500
 """The longest reason an adjustment keeps (characters)."""
@@ -62,9 +62,9 @@ class Adjustments:
         micros, reason = _checked(amount_usd, reason)
         now = self.now()
         store = self.store
-        request_id = "debit_" + os.urandom(12).hex()
+        request_id = "debit_" + sortable_hex()
         hold = Hold(
-            id="hold_" + os.urandom(12).hex(), account_id=account_id, request_id=request_id,
+            id=new_hold_id(), account_id=account_id, request_id=request_id,
             amount_micros=micros, state="open", created_at=now, note=f"debit: {reason}",
         )  # fmt: skip
         usage = debit_usage(hold, reason, actor, now)

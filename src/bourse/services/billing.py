@@ -61,6 +61,7 @@ from bourse.ports.stores import (
 )
 from bourse.services.clock import DatabaseClock
 from bourse.services.hold_sweep import HoldClose, HoldSweeper
+from bourse.services.ids import new_hold_id
 from bourse.wire.prompt import PromptSize
 
 log = logging.getLogger("bourse.billing")
@@ -230,7 +231,7 @@ class Billing:
     ) -> str:
         """Hold ``quote`` on ``account_id`` (counted on ``key``'s spend cap if it has
         one, and on its account's); the hold's id. 402 if the balance or a cap cannot cover it."""
-        hold_id = "hold_" + os.urandom(12).hex()
+        hold_id = new_hold_id()
         now = self.clock.now()
         period = account_period = None
         if key is not None and key.spend_cap_period is not None and key.spend_cap_micros is not None:

@@ -524,7 +524,8 @@ def totals(db: Executor) -> Totals:
         "SELECT "
         "COALESCE((SELECT SUM(amount_micros) FROM credits), 0) AS c, "
         "COALESCE((SELECT SUM(balance_micros) FROM accounts), 0) AS b, "
-        "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE state IN ('open', 'reconciling')), 0) AS h, "
+        "COALESCE((SELECT SUM(amount_micros) FROM holds WHERE state = 'open'), 0) "
+        "+ COALESCE((SELECT SUM(amount_micros) FROM holds WHERE state = 'reconciling'), 0) AS h, "
         "COALESCE((SELECT SUM(charged_micros) FROM holds WHERE state = 'settled'), 0) "
         "+ COALESCE((SELECT SUM(charged_micros) FROM pruned), 0) AS r"
     )
@@ -533,9 +534,12 @@ def totals(db: Executor) -> Totals:
 
 
 def hold_counts(db: Executor) -> dict[str, tuple[int, int]]:
+    # one query a state: each reads its partial index (holds_open, holds_reconciling)
     rows = db.fetch(
-        "SELECT state, COUNT(*) AS n, COALESCE(SUM(amount_micros), 0) AS m FROM holds "
-        "WHERE state IN ('open', 'reconciling') GROUP BY state"
+        "SELECT state, COUNT(*) AS n, COALESCE(SUM(amount_micros), 0) AS m FROM holds WHERE state = 'open' "
+        "GROUP BY state UNION ALL "
+        "SELECT state, COUNT(*) AS n, COALESCE(SUM(amount_micros), 0) AS m FROM holds WHERE state = 'reconciling' "
+        "GROUP BY state"
     )
     return {str(r["state"]): (int(r["n"]), int(r["m"])) for r in rows}
 

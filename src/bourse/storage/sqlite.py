@@ -38,6 +38,16 @@ ledger writes is one statement per size (up to 128 rows, for the holds, the clos
 their usage records), so under load the default cache was refilled all the time and
 each statement compiled again: ~2 % of the instructions per request at 64 connections.
 SQLite's compiler looks up each ``?n`` by a linear scan, so a long one costs much."""
+PAGE_SIZE = 512
+"""The page size of a new database file (SQLite's default is 4096; 512 is its least). A
+commit logs every page it touched, whole, to the WAL, and the checkpoint writes it
+again: a request's hold and settle, one at a time, touch ~22 pages (each table and
+index they change, in two commits), so the page, not the row, is what a request costs
+on disk. bench/disk.py, the gateway's bytes written a request at c=1 and c=32: 89 and
+85 KB at 4 KiB, 24 and 6 KB at 1 KiB, 14 and 4 KB at 512 bytes (with the indexes of
+migration 0017 and time-ordered ids; docs/design.md). The ledger's CPU a request is the
+same at each (bench/ledger.py); a large value (a stored response) spans more overflow
+pages. An existing file keeps the page size it was made with."""
 WAL_ATTEMPTS = 25
 """Tries to switch a new file to WAL while another process writes it (about 10 s)."""
 
@@ -183,6 +193,8 @@ class SqliteStore(SqlStore):
         conn = self._conn
         assert conn is not None
         try:
+            # a new file's pages (an existing file keeps its own: the setting is then a no-op)
+            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
             conn.execute("PRAGMA journal_mode=WAL")
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc):
