@@ -96,7 +96,11 @@ def stream(base: str, key: str, product: str) -> str:
         "max_tokens": 8,
         "stream": True,
     }
-    events = list(sse_events(f"{base}/v1/chat/completions", key, body))
+    return check_stream(list(sse_events(f"{base}/v1/chat/completions", key, body)))
+
+
+def check_stream(events: list[str]) -> str:
+    """A stream's ``data:`` payloads: content chunks, ``[DONE]`` last; a summary line."""
     if not events or events[-1] != "[DONE]":
         raise SmokeFailure(f"stream did not end with [DONE]: {events[-3:]}")
     chunks = [json.loads(e) for e in events[:-1]]
