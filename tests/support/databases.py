@@ -194,11 +194,12 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def create_database(admin_url: str | None = None) -> str:
-    """Create ``bourse_t_<hex>``; its DSN."""
+def create_database(admin_url: str | None = None, options: str = "") -> str:
+    """Create ``bourse_t_<hex>`` (``options``: more of ``CREATE DATABASE``, such as an
+    encoding); its DSN."""
     admin_url = admin_url or postgres_url()
     name = "bourse_t_" + secrets.token_hex(8)
-    _admin_execute(admin_url, f"CREATE DATABASE {_quote_ident(name)}")
+    _admin_execute(admin_url, f"CREATE DATABASE {_quote_ident(name)} {options}".rstrip())
     return with_database(admin_url, name)
 
 
@@ -220,11 +221,11 @@ async def adrop_database(dsn: str, admin_url: str | None = None) -> None:
 
 
 @contextmanager
-def fresh_postgres_database() -> Iterator[str]:
+def fresh_postgres_database(options: str = "") -> Iterator[str]:
     """A new PostgreSQL database for one test (sync); yields its DSN, drops it after.
     Skips or fails per the availability rule when PostgreSQL is not reachable."""
     admin = require_postgres()
-    dsn = create_database(admin)
+    dsn = create_database(admin, options)
     try:
         yield dsn
     finally:

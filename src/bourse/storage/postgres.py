@@ -247,6 +247,9 @@ class PostgresStore(SqlStore):
                 "row_factory": dict_row,
                 "connect_timeout": int(CONNECT_TIMEOUT_S),
                 "options": server_options(self.dsn, self.unavailable_timeout_s),
+                # text as str whatever the database's encoding: in a SQL_ASCII database
+                # (a bare initdb under the C locale) psycopg would read it as bytes
+                "client_encoding": "utf8",
                 "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
                 **KEEPALIVES,
             },
