@@ -447,7 +447,7 @@ class RedisBook:
 
     async def view(self) -> BookView:
         res = await self._call("VIEW", VIEW_BIDS)
-        level, waiting, admitted, busy, cool, bids, recent, now_ms, parked = res
+        level, waiting, admitted, busy, cool, bids, recent, now_ms, parked, held = res
         self._level = float(level)
         deps = []
         for d, b, c in zip(self.deployments, busy, cool, strict=True):
@@ -471,6 +471,7 @@ class RedisBook:
             bids=[float(b) for b in bids],
             recent=clears,
             parked=int(parked),
+            running=[(str(held[i]), str(held[i + 1]).split("|", 1)[0]) for i in range(0, len(held), 2)],
         )
 
     # -- lifecycle ------------------------------------------------------------------
