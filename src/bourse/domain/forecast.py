@@ -22,7 +22,8 @@ What it goes by:
   ``t`` with the chance ``exp(-r t)``, ``r`` the rate at which waiting orders gave up
   lately (:class:`GiveUps`: clients that leave before their timeout);
 - **arrivals above** (:class:`ArrivalHistory`): orders that arrive later with a higher
-  bid go before it; their rate over the newest arrivals, per price.
+  bid go before it; the rate of all arrivals (the larger over the newest 30 and the
+  newest 100, so a burst shows soon) times the share of the newest 100 above the bid.
 
 :func:`wait_s` answers the **median** of the wait, not its mean (the score counts the
 share within a factor of two and the median error, both best served by the median):
@@ -68,8 +69,12 @@ ARRIVALS_KEPT = 4000
 ARRIVAL_WINDOW_S = 120.0
 """Arrivals older than this are not counted in a rate."""
 RATE_ARRIVALS = 100
-"""A rate is counted over the newest this many arrivals (within the window): a burst
-shows in it within seconds, an hour-old quiet spell does not."""
+"""The share of the arrivals above a bid is counted over the newest this many (within
+the window)."""
+RATE_ARRIVALS_SOON = 30
+"""The rate of all arrivals is the larger of the rates over the newest
+:data:`RATE_ARRIVALS` and the newest this many: a burst, or the end of a quiet spell,
+shows within a few dozen arrivals."""
 GIVE_UP_WINDOW_S = 120.0
 """The time constant of the rate at which waiting orders give up (:class:`GiveUps`)."""
 MIN_RATE_SPAN_S = 2.0
@@ -262,7 +267,7 @@ class ArrivalHistory:
     window_s: float = ARRIVAL_WINDOW_S
     _arrivals: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=ARRIVALS_KEPT))
     _sorted: list[float] = field(default_factory=list)
-    _span: float = 0.0
+    _rate: float = 0.0
     _at: float = -math.inf
 
     def add(self, now: float, bid: float) -> None:
@@ -271,12 +276,14 @@ class ArrivalHistory:
 
     def rate_above(self, bid: float, now: float, scale: float = 1.0) -> float:
         """Arrivals per second with a bid over ``bid`` (``scale``: this replica's
-        arrivals stand for that many times as many in the shared book)."""
+        arrivals stand for that many times as many in the shared book): the rate of all
+        arrivals times the share of them above ``bid`` (of the newest
+        :data:`RATE_ARRIVALS`)."""
         self._refresh(now)
         if not self._sorted:
             return 0.0
         above = len(self._sorted) - bisect_right(self._sorted, bid)
-        return scale * above / self._span
+        return scale * self._rate * above / len(self._sorted)
 
     def _refresh(self, now: float) -> None:
         if now - self._at < 0.25:
@@ -286,9 +293,18 @@ class ArrivalHistory:
             arr.popleft()
         counted = list(arr)[-RATE_ARRIVALS:]
         self._sorted = sorted(b for _, b in counted)
-        oldest = counted[0][0] if counted else now
-        self._span = max(MIN_RATE_SPAN_S, min(self.window_s, now - oldest))
+        self._rate = max(
+            _rate(counted, now, self.window_s), _rate(counted[-RATE_ARRIVALS_SOON:], now, self.window_s)
+        )
         self._at = now
+
+
+def _rate(arrivals: Sequence[tuple[float, float]], now: float, window_s: float) -> float:
+    """Arrivals a second over the span from the oldest of ``arrivals`` to ``now`` (at
+    least :data:`MIN_RATE_SPAN_S`)."""
+    if not arrivals:
+        return 0.0
+    return len(arrivals) / max(MIN_RATE_SPAN_S, min(window_s, now - arrivals[0][0]))
 
 
 @dataclass(slots=True)

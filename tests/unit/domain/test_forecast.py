@@ -359,6 +359,17 @@ def test_the_rate_counts_the_newest_arrivals_not_a_quiet_spell_before_them() -> 
     assert arrivals.rate_above(0.5, 120.0) == pytest.approx(20 / 10.0, rel=0.05)
 
 
+def test_the_rate_follows_a_burst_within_a_few_dozen_arrivals() -> None:
+    arrivals = ArrivalHistory()
+    for i in range(100):  # 1 a second, half above 0.5
+        arrivals.add(i * 1.0, 1.0 if i % 2 else 0.2)
+    assert arrivals.rate_above(0.5, 100.0) == pytest.approx(0.5, rel=0.05)
+    for i in range(40):  # then 10 a second for 4 s
+        arrivals.add(100.0 + i * 0.1, 1.0 if i % 2 else 0.2)
+    # the newest 30 came at 10 a second; the share above 0.5 is still a half
+    assert arrivals.rate_above(0.5, 104.0) == pytest.approx(5.0, rel=0.1)
+
+
 def test_an_order_that_gave_up_counts_in_the_rate_a_timeout_does_not() -> None:
     fc = Forecaster(default_cap=256)
     orders = [_order(f"o{i}", 1.0, i) for i in range(4)]
