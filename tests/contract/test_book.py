@@ -190,6 +190,9 @@ async def test_orders_rank_by_bid_then_arrival(make_book: Books) -> None:
     view = await book.view()
     assert view.waiting == 5
     assert view.bids == [5.0, 3.0, 3.0, 2.0, 1.0]
+    # the shared book names the orders holding a slot (the wait forecast's other
+    # replicas' runs); the book in process knows its own and says nothing
+    assert view.running == ([("blocker", "d")] if isinstance(book, RedisBook) else None)
 
     pending = {o.id: (o, f) for o, f in orders}
     sequence = []
