@@ -1,8 +1,10 @@
 """The market under overload (issue 16): Poisson arrivals at 5x and 19x the capacity,
 ten bid levels, half streamed, with book timeouts and cancels, on the in-process
 book (one gateway) and on the Redis book (two replicas), 20 s each, and on Redis
-with one replica stopped (SIGSTOP) for 4.5 s in a 60 s run; writes its section of
-bench/RESULTS.md (the rest of the file is kept). About 4 minutes in all.
+with one replica stopped (SIGSTOP) for 4.5 s in a 60 s run; then bursty arrivals
+with short and long runs mixed at 5x on both books (issue 38,
+``bench/market_arrivals.py``); writes its section of bench/RESULTS.md (the rest of
+the file is kept). About 6 minutes in all.
 
     .venv/bin/python -m bench.market [--quick] [--seconds 20] [--runs 1,5] [--out bench/RESULTS.md]
 
@@ -907,7 +909,14 @@ def section_lines(res: dict[str, Any]) -> list[str]:
     L.append(
         f"Poisson arrivals at 5x and 19x the capacity ({SLOTS} slots, {TOKENS[0]}-{TOKENS[1]} tokens at "
         f"{TOKENS_PER_S:g} tokens/s: {CAPACITY_PER_S:g} requests/s) for {res['seconds']:g} s each (the run with "
-        f"a stopped replica {res['seconds'] * SCENARIOS[-1].longer:g} s, as in the issue), bids of ten "
+        f"a stopped replica {res['seconds'] * max(sc.longer for sc in SCENARIOS):g} s, as in the issue); the *bursty* runs' arrivals are on/off "
+        f"modulated Poisson of the same mean (on {market_arrivals.BURST_ON_S:g} s, off "
+        f"{market_arrivals.BURST_OFF_S:g} s on average), and in their *short and long runs* one order in "
+        f"{1 / market_arrivals.LONG_SHARE:g} asks {market_arrivals.LONG_TOKENS[0]}-{market_arrivals.LONG_TOKENS[1]} "
+        f"tokens (capacity {market_arrivals.capacity_per_s(SLOTS, TOKENS, TOKENS_PER_S, True):g} requests/s; "
+        f"`bench/market_arrivals.py`). Before each run, {market_arrivals.WARMUP_ORDERS} short orders per replica "
+        f"over {market_arrivals.WARMUP_SPAN_S:g} s, not measured (a gateway just started has seen no run to "
+        f"predict from). Bids of ten "
         f"levels ({BIDS[0]}-{BIDS[-1]}), half streamed, book timeouts {TIMEOUT_S[0]:g}-{TIMEOUT_S[1]:g} s, one "
         f"order in ten cancelled after {CANCEL_AFTER_S[0]:g}-{CANCEL_AFTER_S[1]:g} s (deadline orders and their "
         f"controls, below, are streamed and not cancelled); Redis replicas with "
