@@ -85,6 +85,8 @@ class _Waiting:
     predicted: float | None = None
     scored: bool = False
     """Rested in the book at its entry: its wait is scored when it is admitted."""
+    resting: bool = False
+    """In ``_ranked`` (an order admitted at once never is: it costs no more than this)."""
 
     def rank(self) -> tuple[float, int]:
         return (-self.order.bid, self.order.seq)
@@ -122,7 +124,6 @@ class Forecaster:
     def entering(self, order: Order, now: float, deadline: float | None, cap: int | None) -> None:
         """``order`` arrives (before the book has it): counted in the arrivals."""
         self.arrivals.add(now, order.bid)
-        self.give_ups.waiting(now, len(self._ranked))
         self._waiting[order.id] = _Waiting(order, order.arrived_at, deadline, cap)
         if now - self._swept > 60.0:
             self._sweep(now)
@@ -133,8 +134,10 @@ class Forecaster:
         w = self._waiting.get(order.id)
         if w is None:
             return None
-        self.give_ups.waiting(now, len(self._ranked))
-        self._ranked.add(w)
+        if not w.resting:
+            self.give_ups.waiting(now, len(self._ranked))
+            self._ranked.add(w)
+            w.resting = True
         w.predicted = self.predict(order, order.position_at_entry, now, state)
         w.scored = True
         return w.predicted
@@ -144,13 +147,16 @@ class Forecaster:
         w = self._waiting.pop(order.id, None)
         if w is None:
             return
-        self.give_ups.waiting(now, len(self._ranked))
-        self._ranked.discard(w)
-        if w.scored:
-            self.scores.add(now, w.predicted, now - w.entered)
-            w.scored = False
-        self._running[order.id] = _Running(deployment, now, time.time(), w.cap)
-        self._admissions.append(time.time())
+        if w.resting:
+            self.give_ups.waiting(now, len(self._ranked))
+            self._ranked.discard(w)
+            w.resting = False
+            if w.scored:
+                self.scores.add(now, w.predicted, now - w.entered)
+                w.scored = False
+        wall = time.time()
+        self._running[order.id] = _Running(deployment, now, wall, w.cap)
+        self._admissions.append(wall)
 
     def released(self, order_id: str, now: float) -> None:
         """The slot of ``order_id`` came back: its run is seen."""
@@ -166,8 +172,10 @@ class Forecaster:
         w = self._waiting.get(order.id)
         if w is None:
             w = self._waiting[order.id] = _Waiting(order, order.arrived_at, None, cap)
-        self._ranked.discard(w)
+        if w.resting:
+            self._ranked.discard(w)
         self._ranked.add(w)
+        w.resting = True
 
     def rebid(self, order: Order, bid: float, *, was: float | None = None) -> None:
         """``order``'s bid is ``bid`` from now on (a deadline order raised): call this in
@@ -176,7 +184,7 @@ class Forecaster:
         w = self._waiting.get(order.id)
         if was is not None:
             order.bid = was  # at once, no await: the book's own ranking is not read meanwhile
-        if w is None or w not in self._ranked:
+        if w is None or not w.resting:
             order.bid = bid
             return
         self._ranked.remove(w)
@@ -188,12 +196,13 @@ class Forecaster:
         its slot was given back without a run. ``now``: when (None: not counted in the
         rate at which waiting orders give up)."""
         w = self._waiting.pop(order.id, None)
-        if w is not None and w in self._ranked:
+        if w is not None and w.resting:
             if now is not None:
                 self.give_ups.waiting(now, len(self._ranked))
                 if gave_up:
                     self.give_ups.gave_up()
             self._ranked.discard(w)
+            w.resting = False
         self._running.pop(order.id, None)
 
     def _sweep(self, now: float) -> None:
@@ -213,7 +222,7 @@ class Forecaster:
         if position < 0:
             return None
         w = self._waiting.get(order.id)
-        if w is not None and w in self._ranked:
+        if w is not None and w.resting:
             known = list(self._ranked.islice(0, self._ranked.index(w)))
         else:
             known = self._known_at(order.bid, now, exclude=order)
