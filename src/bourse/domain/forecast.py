@@ -55,6 +55,10 @@ HORIZON_S = 3600.0
 """No wait is predicted past this (None: not within it)."""
 MAX_EVENTS = 20_000
 """Slot frees walked at most per prediction."""
+SURE = 0.99
+"""The walk of an order told its wait if it starts stops once it starts by then with
+this chance, or at 4 times its median wait (what is left moves the answer by little)."""
+EXACT_POISSON_MEAN = 60.0
 RUNS_KEPT = 500
 """Run lengths kept per deployment (the newest)."""
 MIN_FIT = 5
@@ -398,6 +402,7 @@ def wait_s(
     spare = 0.0
     best = 0.0
     seen: list[tuple[float, float]] = []  # (t, chance it started by t)
+    half = -1.0  # the median wait, once walked to
     for _ in range(MAX_EVENTS):
         t, floor, run = heapq.heappop(heap)
         if t > horizon_s:
@@ -421,18 +426,34 @@ def wait_s(
         mean = above_per_s * t
         best = max(best, poisson_cdf(room, mean))
         seen.append((t, best))
-        if (best >= 0.5 and not if_started) or best >= 1.0 - 1e-6:
-            break
-        if above_per_s >= pace and room < mean - 6.0 * math.sqrt(mean) - 2.0:
-            break  # the arrivals above take every free from here on
+        half = (
+            t if half < 0 <= best - 0.5 else half
+        )  # the first free by which it starts with a chance of one half
+        if _walked(t, best, half, if_started) or (
+            above_per_s >= pace and room < mean - 6.0 * math.sqrt(mean) - 2.0
+        ):
+            break  # known well enough, or the arrivals above take every free from here on
     if not seen or best <= 1e-12:
         return None
     target = 0.5 * best if if_started else 0.5
     return next((t for t, p in seen if p >= target - 1e-12), None)
 
 
+def _walked(t: float, best: float, half: float, if_started: bool) -> bool:
+    """Whether the walk of :func:`wait_s` (at ``t``, a start by then with the chance
+    ``best``, the median wait ``half``, -1 before it) has gone far enough: to the
+    median wait, or (``if_started``) to a start with the chance :data:`SURE`, or to 4
+    times the median wait."""
+    if best >= SURE:
+        return True
+    if half < 0:
+        return False
+    return not if_started or t > 4 * half
+
+
 def poisson_cdf(k: int, mean: float) -> float:
-    """P(N <= k) for N Poisson of ``mean`` (a normal approximation over a mean of 200)."""
+    """P(N <= k) for N Poisson of ``mean`` (a normal approximation over a mean of
+    :data:`EXACT_POISSON_MEAN`)."""
     if k < 0:
         return 0.0
     if mean <= 0.0:
@@ -440,7 +461,7 @@ def poisson_cdf(k: int, mean: float) -> float:
     sd = math.sqrt(mean)
     if k > mean + 12.0 * sd + 10.0:
         return 1.0
-    if mean > 200.0:
+    if mean > EXACT_POISSON_MEAN:
         return 0.5 * math.erfc((mean - k - 0.5) / (sd * math.sqrt(2.0)))
     term = total = math.exp(-mean)
     for i in range(1, k + 1):
