@@ -413,3 +413,21 @@ def test_another_replicas_running_orders_are_read_from_the_shared_books_view() -
     # a random instant (E[R^2] / 2E[R] = 1 s left), not the newest admission seen
     early = BookView(view.level, 0, None, 3, view.deployments, recent=recent[:1], running=[("mine", "d")])
     assert fc.predict(o, 1, 1.0, replace(state, view=early)) == pytest.approx(1.0, abs=0.05)
+
+
+def test_an_order_admitted_at_once_is_neither_ranked_nor_scored() -> None:
+    fc = Forecaster(default_cap=256)
+    o = _order("o", 1.0, 1)
+    fc.entering(o, 0.0, 60.0, 100)
+    fc.admitted(o, "d", 0.0)  # a slot was free: it never rested
+    assert len(fc._ranked) == 0 and fc.score(0.0).orders == 0
+    assert fc.give_ups._at is None  # the give-up sums are not touched
+    fc.released(o.id, 2.0)
+    assert fc.runs.seen == 1  # its run is learnt all the same
+    waiting = _order("w", 1.0, 2)
+    fc.entering(waiting, 2.0, 60.0, 100)
+    fc.rested(waiting, 2.0, _state(1))
+    fc.rested(waiting, 2.0, _state(1))  # told twice: ranked once
+    assert len(fc._ranked) == 1
+    fc.admitted(waiting, "d", 3.0)
+    assert len(fc._ranked) == 0 and fc.score(3.0).orders == 1
