@@ -154,6 +154,7 @@ class RedisBook:
                 self.max_waiting,
                 cool_for_ms,
                 order.requeues,
+                "" if order.cap is None else order.cap,
             )
         except BaseException:
             self._waiting.pop(oid, None)
@@ -471,7 +472,7 @@ class RedisBook:
             bids=[float(b) for b in bids],
             recent=clears,
             parked=int(parked),
-            running=[(str(held[i]), str(held[i + 1]).split("|", 1)[0]) for i in range(0, len(held), 2)],
+            running=[_running(str(held[i]), str(held[i + 1])) for i in range(0, len(held), 2)],
         )
 
     # -- lifecycle ------------------------------------------------------------------
@@ -550,6 +551,13 @@ def _clear(entry: str, skew: float) -> Clear:
     if len(parts) == 3 and parts[2].isdigit():
         dep, oid, attempt = parts[0], parts[1], int(parts[2])
     return Clear(float(at) / 1000.0 + skew, float(price), float(bid), dep, None, oid, attempt, failed)
+
+
+def _running(oid: str, held: str) -> tuple[str, str, int | None]:
+    """(order id, deployment, output cap or None) of a ``held`` entry."""
+    f = held.split("|")
+    cap = f[6] if len(f) > 6 else ""
+    return oid, f[0], int(cap) if cap.isdigit() else None
 
 
 def _held_terms(held: str) -> tuple[str, float, float, int, float | None]:

@@ -123,6 +123,8 @@ class Market:
         feed the wait forecast."""
         forecast = self.outlook.forecast
         forecast.entering(order, self.now(), deadline, tokens)
+        if tokens is not None:
+            order.cap = tokens
         try:
             fut = await self.book.submit(order)
         except BookUnavailable as exc:

@@ -14,8 +14,8 @@ the book's view (at most :data:`~bourse.services.market_outlook.VIEW_FRESH_S` ol
 first when an order rests, so its scored prediction has it): the slots in use, the
 orders holding them, the bids waiting and the recent admissions' times. Its own
 orders ahead stand for the other replicas' (their timeouts), the other replicas'
-running orders are the view's, each admitted when the view's recent admissions say
-(their caps not known), and the rate of arrivals is its own scaled by the book's
+running orders are the view's, with their output caps, each admitted when the
+view's recent admissions say, and the rate of arrivals is its own scaled by the book's
 admissions over its own. Its runs seen are its own, as are the give-ups it counts.
 The score is of its own orders.
 """
@@ -326,8 +326,8 @@ class Forecaster:
             spreads = [model.spread(r.cap, now - r.since) for r in own]
             others = max(0, d.busy - len(own))
             if others:
-                for since in _others_since(state.view, d.name, self._running, others):
-                    spreads.append(model.spread(None, None if since is None else max(0.0, wall - since)))
+                for since, cap in _others_since(state.view, d.name, self._running, others):
+                    spreads.append(model.spread(cap, None if since is None else max(0.0, wall - since)))
             lefts = frees(spreads)
             excess = max(0, len(lefts) - d.slots)  # slots in use above ``slots``: given back, not out
             ats = [0.0] * max(0, d.slots - len(lefts)) + lefts[excess:]
@@ -369,22 +369,26 @@ def _resting(state: BookState, bid: float) -> BookState:
 
 def _others_since(
     view: BookView | None, deployment: str, own: dict[str, _Running], n: int
-) -> list[float | None]:
+) -> list[tuple[float | None, int | None]]:
     """When the ``n`` orders other replicas run on ``deployment`` were admitted (wall
-    time; None: not known): the orders holding a slot there in the shared book's view
-    (:attr:`~bourse.ports.book.BookView.running`) that are not this replica's, each
-    admitted when the view's newest admission of it says (the rest, taken since the
-    view was read, not known); where the view does not say (an older book), the newest
-    admissions there less the ones nearest this replica's own."""
+    time) and their output caps (None: not known): the orders holding a slot there in
+    the shared book's view (:attr:`~bourse.ports.book.BookView.running`, with their caps)
+    that are not this replica's, each admitted when the view's newest admission of it
+    says (the rest, taken since the view was read, not known); where the view does not
+    say (an older book), the newest admissions there less the ones nearest this
+    replica's own."""
+    unknown: tuple[float | None, int | None] = (None, None)
     if view is None:
-        return [None] * n
+        return [unknown] * n
     if view.running is not None:
         admitted: dict[str, float] = {}
         for c in reversed(view.recent):  # oldest first: the newest admission of each order wins
             admitted[c.order_id] = c.at
-        held = [admitted.get(oid) for oid, dep in view.running if dep == deployment and oid not in own]
-        held.sort(key=lambda at: -math.inf if at is None else -at)  # newest first, unknown last
-        return (held + [None] * n)[:n]
+        held = [
+            (admitted.get(oid), cap) for oid, dep, cap in view.running if dep == deployment and oid not in own
+        ]
+        held.sort(key=lambda h: -math.inf if h[0] is None else -h[0])  # newest first, unknown last
+        return (held + [unknown] * n)[:n]
     times = [c.at for c in view.recent if c.deployment == deployment]  # newest first
     for r in own.values():
         if r.deployment != deployment:
@@ -393,5 +397,5 @@ def _others_since(
             nearest = min(range(len(times)), key=lambda i: abs(times[i] - r.wall))
             if abs(times[nearest] - r.wall) < 0.5:
                 del times[nearest]
-    out: list[float | None] = list(times[:n])
-    return out + [None] * (n - len(out))
+    out: list[tuple[float | None, int | None]] = [(t, None) for t in times[:n]]
+    return out + [unknown] * (n - len(out))

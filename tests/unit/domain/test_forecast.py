@@ -400,7 +400,7 @@ def test_another_replicas_running_orders_are_read_from_the_shared_books_view() -
     ]
     view = BookView(
         1.0, 0, None, 3, [DeploymentView("d", 0.1, 2, 2, True, "closed")],
-        recent=recent, running=[("mine", "d"), ("theirs", "d")],
+        recent=recent, running=[("mine", "d", 100), ("theirs", "d", None)],
     )  # fmt: skip
     state = BookState((SlotState("d", 0.1, 2, 2, True),), view)
     o = _order("o", 1.0, 101, 1.0)
@@ -411,7 +411,9 @@ def test_another_replicas_running_orders_are_read_from_the_shared_books_view() -
     assert fc.predict(o, 1, 1.0, replace(state, view=older)) == pytest.approx(1.3, abs=0.05)
     # a view read before theirs was admitted names only mine: theirs is a run found at
     # a random instant (E[R^2] / 2E[R] = 1 s left), not the newest admission seen
-    early = BookView(view.level, 0, None, 3, view.deployments, recent=recent[:1], running=[("mine", "d")])
+    early = BookView(
+        view.level, 0, None, 3, view.deployments, recent=recent[:1], running=[("mine", "d", 100)]
+    )
     assert fc.predict(o, 1, 1.0, replace(state, view=early)) == pytest.approx(1.0, abs=0.05)
 
 
@@ -431,3 +433,28 @@ def test_an_order_admitted_at_once_is_neither_ranked_nor_scored() -> None:
     assert len(fc._ranked) == 1
     fc.admitted(waiting, "d", 3.0)
     assert len(fc._ranked) == 0 and fc.score(3.0).orders == 1
+
+
+def test_another_replicas_running_order_is_known_by_its_cap() -> None:
+    """Runs of 20 tokens a second: another replica's order capped at 20 tokens that has
+    run 0.5 s frees in 0.5 s; not knowing its cap, in 1.5 s (the runs of 1 to 3 s
+    longer than 0.5, on average)."""
+    fc = Forecaster(default_cap=256)
+    for i in range(21):  # runs of 1 to 3 s, caps 20 to 60
+        o = _order(f"past{i}", 1.0, i)
+        fc.entering(o, 0.0, None, 20 + 2 * i)
+        fc.admitted(o, "d", 0.0)
+        fc.released(o.id, (20 + 2 * i) / 20.0)
+    wall = time.time()
+    view = BookView(
+        1.0, 0, None, 1, [DeploymentView("d", 0.1, 1, 1, True, "closed")],
+        recent=[Clear(wall - 0.5, 1.0, 1.0, "d", None, "theirs")], running=[("theirs", "d", 20)],
+    )  # fmt: skip
+    state = BookState((SlotState("d", 0.1, 1, 1, True),), view)
+    o = _order("o", 1.0, 100, 1.0)
+    fc.entering(o, 1.0, 60.0, 100)
+    assert fc.predict(o, 0, 1.0, state) == pytest.approx(0.5, abs=0.05)
+    blind = BookView(
+        view.level, 0, None, 1, view.deployments, recent=view.recent, running=[("theirs", "d", None)]
+    )
+    assert fc.predict(o, 0, 1.0, replace(state, view=blind)) == pytest.approx(1.5, abs=0.15)
