@@ -1,8 +1,10 @@
 """The market under overload (issue 16): Poisson arrivals at 5x and 19x the capacity,
 ten bid levels, half streamed, with book timeouts and cancels, on the in-process
 book (one gateway) and on the Redis book (two replicas), 20 s each, and on Redis
-with one replica stopped (SIGSTOP) for 4.5 s in a 60 s run; writes its section of
-bench/RESULTS.md (the rest of the file is kept). About 4 minutes in all.
+with one replica stopped (SIGSTOP) for 4.5 s in a 60 s run; then bursty arrivals
+with short and long runs mixed at 5x on both books (issue 38,
+``bench/market_arrivals.py``); writes its section of bench/RESULTS.md (the rest of
+the file is kept). About 6 minutes in all.
 
     .venv/bin/python -m bench.market [--quick] [--seconds 20] [--runs 1,5] [--out bench/RESULTS.md]
 
@@ -77,7 +79,7 @@ from typing import Any
 import aiohttp
 import httpx
 
-from bench import market_deadline, market_forecast
+from bench import market_arrivals, market_deadline, market_forecast
 from bench.common import free_port, gateway_process, pct, process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,6 +178,10 @@ class Scenario:
     load: float
     """Arrivals per second, as a multiple of the capacity."""
     pause: bool = False
+    bursty: bool = False
+    """On/off modulated arrivals of the same mean rate (``bench/market_arrivals.py``)."""
+    mixed: bool = False
+    """Short and long runs mixed (``bench/market_arrivals.py``)."""
     longer: float = 1.0
     """Its arrivals last this many times the other runs' (the stop's run: as long as the
     issue's experiment, 60 s by default)."""
@@ -187,6 +193,8 @@ SCENARIOS = [
     Scenario("Redis book, 2 replicas, 5x", True, 5.0),
     Scenario("Redis book, 2 replicas, 19x", True, 19.0),
     Scenario("Redis book, 2 replicas, 19x, one stopped 4.5 s", True, 19.0, pause=True, longer=3.0),
+    Scenario("in-process book, 5x, bursty, short and long runs", False, 5.0, bursty=True, mixed=True),
+    Scenario("Redis book, 2 replicas, 5x, bursty, short and long runs", True, 5.0, bursty=True, mixed=True),
 ]
 
 
@@ -265,19 +273,21 @@ class Order:
     floor: float = FLOOR
 
 
-def plan(seconds: float, load: float, replicas: int, rng: random.Random) -> list[tuple[float, Order]]:
-    """(offset from the start, order): Poisson arrivals at ``load`` x the capacity."""
-    rate = load * CAPACITY_PER_S
+def plan(
+    seconds: float, load: float, replicas: int, rng: random.Random, sc: Scenario | None = None, seed: int = 0
+) -> list[tuple[float, Order]]:
+    """(offset from the start, order): arrivals at ``load`` x the capacity, Poisson or
+    bursty, runs short or mixed (``sc``; ``bench/market_arrivals.py``)."""
+    bursty, mixed = (sc.bursty, sc.mixed) if sc is not None else (False, False)
+    rate = load * market_arrivals.capacity_per_s(SLOTS, TOKENS, TOKENS_PER_S, mixed)
     out: list[tuple[float, Order]] = []
-    t, n = 0.0, 0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= seconds:
-            return out
+    for n, t in enumerate(market_arrivals.arrival_times(seconds, rate, bursty, rng, seed * 13 + 5)):
         cancel = rng.uniform(*CANCEL_AFTER_S) if rng.random() < CANCEL_SHARE else None
         out.append((t, Order(n, n % replicas, rng.choice(BIDS), rng.random() < 0.5,
                              round(rng.uniform(*TIMEOUT_S), 2), rng.randint(*TOKENS), cancel)))  # fmt: skip
-        n += 1
+    if mixed:
+        market_arrivals.long_runs([o for _, o in out], seed * 17 + 9)
+    return out
 
 
 async def place(
@@ -775,13 +785,15 @@ def run(sc: Scenario, seconds: float, up: str, redis_url: str, seed: int) -> dic
     replicas = 2 if sc.redis else 1
     seconds *= sc.longer
     rng = random.Random(seed)
-    orders = plan(seconds, sc.load, replicas, rng)
-    market_forecast.mark_quote_orders([o for _, o in orders], seed * 7 + 1, sc.load * CAPACITY_PER_S)
+    orders = plan(seconds, sc.load, replicas, rng, sc, seed)
+    capacity = market_arrivals.capacity_per_s(SLOTS, TOKENS, TOKENS_PER_S, sc.mixed)
+    market_forecast.mark_quote_orders([o for _, o in orders], seed * 7 + 1, sc.load * capacity)
     market_deadline.mark([o for _, o in orders], seed * 11 + 3)
-    httpx.post(up + "/bench/log", timeout=10)  # reset
     with contextlib.ExitStack() as es:
         gws = [es.enter_context(gateway_process(cfg)) for _ in range(replicas)]
         bases = [(base, key) for base, key, _ in gws]
+        asyncio.run(market_arrivals.warm_up(bases, TOKENS, TOKENS_PER_S))
+        httpx.post(up + "/bench/log", timeout=10)  # reset: the warm-up is not measured
         pause = (gws[1][2].pid, 1, seconds * 0.3) if sc.pause else None
         log(f"{sc.name}: {len(orders)} orders over {seconds:g} s")
         stop, lags = asyncio.run(drive(bases, [(t, o) for t, o in orders], pause))
@@ -899,7 +911,14 @@ def section_lines(res: dict[str, Any]) -> list[str]:
     L.append(
         f"Poisson arrivals at 5x and 19x the capacity ({SLOTS} slots, {TOKENS[0]}-{TOKENS[1]} tokens at "
         f"{TOKENS_PER_S:g} tokens/s: {CAPACITY_PER_S:g} requests/s) for {res['seconds']:g} s each (the run with "
-        f"a stopped replica {res['seconds'] * SCENARIOS[-1].longer:g} s, as in the issue), bids of ten "
+        f"a stopped replica {res['seconds'] * max(sc.longer for sc in SCENARIOS):g} s, as in the issue); the *bursty* runs' arrivals are on/off "
+        f"modulated Poisson of the same mean (on {market_arrivals.BURST_ON_S:g} s, off "
+        f"{market_arrivals.BURST_OFF_S:g} s on average), and in their *short and long runs* one order in "
+        f"{1 / market_arrivals.LONG_SHARE:g} asks {market_arrivals.LONG_TOKENS[0]}-{market_arrivals.LONG_TOKENS[1]} "
+        f"tokens (capacity {market_arrivals.capacity_per_s(SLOTS, TOKENS, TOKENS_PER_S, True):g} requests/s; "
+        f"`bench/market_arrivals.py`). Before each run, {market_arrivals.WARMUP_ORDERS} short orders per replica "
+        f"over {market_arrivals.WARMUP_SPAN_S:g} s, not measured (a gateway just started has seen no run to "
+        f"predict from). Bids of ten "
         f"levels ({BIDS[0]}-{BIDS[-1]}), half streamed, book timeouts {TIMEOUT_S[0]:g}-{TIMEOUT_S[1]:g} s, one "
         f"order in ten cancelled after {CANCEL_AFTER_S[0]:g}-{CANCEL_AFTER_S[1]:g} s (deadline orders and their "
         f"controls, below, are streamed and not cancelled); Redis replicas with "

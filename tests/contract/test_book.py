@@ -175,8 +175,9 @@ def _no_background(book: RedisBook) -> Any:
 @pytest.mark.anyio
 async def test_orders_rank_by_bid_then_arrival(make_book: Books) -> None:
     book = await make_book([("d", 0.5, 1)])
-    _, bf = await submit(book, "blocker", 10.0)
-    holder = now_admitted(bf)
+    blocker = book.new_order("blocker", 10.0)
+    blocker.cap = 100  # its output cap: a shared book's view says it (the wait forecast)
+    holder = now_admitted(await book.submit(blocker))
     assert holder.deployment == "d"
 
     bids = [1.0, 3.0, 2.0, 3.0, 5.0]
@@ -190,6 +191,9 @@ async def test_orders_rank_by_bid_then_arrival(make_book: Books) -> None:
     view = await book.view()
     assert view.waiting == 5
     assert view.bids == [5.0, 3.0, 3.0, 2.0, 1.0]
+    # the shared book names the orders holding a slot (the wait forecast's other
+    # replicas' runs); the book in process knows its own and says nothing
+    assert view.running == ([("blocker", "d", 100)] if isinstance(book, RedisBook) else None)
 
     pending = {o.id: (o, f) for o, f in orders}
     sequence = []

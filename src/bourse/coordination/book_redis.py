@@ -154,6 +154,7 @@ class RedisBook:
                 self.max_waiting,
                 cool_for_ms,
                 order.requeues,
+                "" if order.cap is None else order.cap,
             )
         except BaseException:
             self._waiting.pop(oid, None)
@@ -447,7 +448,7 @@ class RedisBook:
 
     async def view(self) -> BookView:
         res = await self._call("VIEW", VIEW_BIDS)
-        level, waiting, admitted, busy, cool, bids, recent, now_ms, parked = res
+        level, waiting, admitted, busy, cool, bids, recent, now_ms, parked, held = res
         self._level = float(level)
         deps = []
         for d, b, c in zip(self.deployments, busy, cool, strict=True):
@@ -471,6 +472,7 @@ class RedisBook:
             bids=[float(b) for b in bids],
             recent=clears,
             parked=int(parked),
+            running=[_running(str(held[i]), str(held[i + 1])) for i in range(0, len(held), 2)],
         )
 
     # -- lifecycle ------------------------------------------------------------------
@@ -549,6 +551,13 @@ def _clear(entry: str, skew: float) -> Clear:
     if len(parts) == 3 and parts[2].isdigit():
         dep, oid, attempt = parts[0], parts[1], int(parts[2])
     return Clear(float(at) / 1000.0 + skew, float(price), float(bid), dep, None, oid, attempt, failed)
+
+
+def _running(oid: str, held: str) -> tuple[str, str, int | None]:
+    """(order id, deployment, output cap or None) of a ``held`` entry."""
+    f = held.split("|")
+    cap = f[6] if len(f) > 6 else ""
+    return oid, f[0], int(cap) if cap.isdigit() else None
 
 
 def _held_terms(held: str) -> tuple[str, float, float, int, float | None]:

@@ -57,6 +57,9 @@ class Order:
     nears, never above this (None: a fixed bid, never raised)."""
     start_bid: float | None = None
     """The bid a deadline order entered the book at (None: a fixed bid, ``bid`` throughout)."""
+    cap: int | None = None
+    """Its output cap (``max_tokens``), where known: a shared book carries it to the other
+    replicas' wait forecasts (how long its run will hold the slot)."""
 
     def rank(self) -> tuple[float, int]:
         return (-self.bid, self.seq)

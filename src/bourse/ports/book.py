@@ -117,6 +117,10 @@ class BookView:
     admitted to nobody until it speaks again; not counted in ``waiting``."""
     forecast: Score | None = None
     """How well this replica's wait forecast did lately (set by the market, not the book)."""
+    running: list[tuple[str, str, int | None]] | None = None
+    """(order id, deployment, output cap or None) of each order holding a slot, every
+    replica's (the shared book's; None from a book in process, which knows its own
+    exactly, and from a book that does not say)."""
 
 
 def cleared(recent: list[Clear]) -> list[Clear]:

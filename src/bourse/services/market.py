@@ -123,6 +123,8 @@ class Market:
         feed the wait forecast."""
         forecast = self.outlook.forecast
         forecast.entering(order, self.now(), deadline, tokens)
+        if tokens is not None:
+            order.cap = tokens
         try:
             fut = await self.book.submit(order)
         except BookUnavailable as exc:
@@ -141,8 +143,8 @@ class Market:
         if fut.done():
             if not fut.cancelled() and fut.exception() is None:
                 forecast.admitted(order, fut.result().deployment, self.now())
-        else:
-            forecast.rested(order, self.now(), self.outlook.state())
+        else:  # a shared book's view read first if it is stale: its wait is scored
+            forecast.rested(order, self.now(), await self.outlook.fresh_state())
         return fut
 
     async def wait(self, order: Order, fut: asyncio.Future[Admission], deadline: float) -> Admission:
@@ -154,13 +156,13 @@ class Market:
         try:
             adm = await self.book.wait(order, fut, deadline)
         except TimeoutError:
-            self.outlook.forecast.gone(order)
+            self.outlook.forecast.gone(order, self.now())
             raise book_timeout(self.now() - order.arrived_at) from None
         except BookUnavailable as exc:
-            self.outlook.forecast.gone(order)
+            self.outlook.forecast.gone(order, self.now())
             raise self.unavailable(exc) from None
-        except BaseException:
-            self.outlook.forecast.gone(order)
+        except BaseException:  # its client left (or the run was cancelled)
+            self.outlook.forecast.gone(order, self.now(), gave_up=True)
             raise
         finally:
             if raiser is not None:
@@ -183,7 +185,7 @@ class Market:
 
     def withdraw(self, order: Order, fut: asyncio.Future[Admission]) -> None:
         """The order's client left: take it out of the book, or give back its slot."""
-        self.outlook.forecast.gone(order)
+        self.outlook.forecast.gone(order, self.now(), gave_up=True)
         self.book.withdraw(order, fut)
 
     def release(self, admission: Admission) -> None:

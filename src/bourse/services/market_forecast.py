@@ -10,12 +10,14 @@ loop's time, and passes the book's state in (:class:`BookState`).
 With the book in process every order of the product passes through here: the orders
 ahead, their timeouts, the slots in use and how long each has run are all known. With
 the shared book (Redis) a replica knows its own orders only, and reads the rest from
-the book's view (at most :data:`~bourse.services.market_outlook.VIEW_FRESH_S` old): the slots
-in use, the bids waiting and the recent admissions' times. Its own orders ahead stand
-for the other replicas' (their timeouts), the other replicas' running orders are taken
-to be the newest admissions on their deployment, and the rate of arrivals is its own
-scaled by the book's admissions over its own. Its runs seen are its own. The score is
-of its own orders.
+the book's view (at most :data:`~bourse.services.market_outlook.VIEW_FRESH_S` old; read
+first when an order rests, so its scored prediction has it): the slots in use, the
+orders holding them, the bids waiting and the recent admissions' times. Its own
+orders ahead stand for the other replicas' (their timeouts), the other replicas'
+running orders are the view's, with their output caps, each admitted when the
+view's recent admissions say, and the rate of arrivals is its own scaled by the book's
+admissions over its own. Its runs seen are its own, as are the give-ups it counts.
+The score is of its own orders.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from bourse.domain.forecast import (
     HORIZON_S,
     Ahead,
     ArrivalHistory,
+    GiveUps,
     RunHistory,
     RunModel,
     SlotFree,
@@ -44,10 +47,6 @@ from bourse.domain.market_quote import Quote, candidate_bids, lowest_bid
 from bourse.domain.values import immutable
 from bourse.ports.book import BookView
 
-LULLS = (1.0, 0.75, 0.5, 0.25)
-"""An order no slot comes to before its timeout at the rate of arrivals above it can
-start only if fewer arrive: the wait at the first of these shares of that rate that
-lets it start in time (none: at no arrival above)."""
 MIN_RUNNING_S = 0.25
 """Before any run has ended, the runs are guessed from the orders running this long."""
 QUOTE_HORIZON_S = 120.0
@@ -86,6 +85,8 @@ class _Waiting:
     predicted: float | None = None
     scored: bool = False
     """Rested in the book at its entry: its wait is scored when it is admitted."""
+    resting: bool = False
+    """In ``_ranked`` (an order admitted at once never is: it costs no more than this)."""
 
     def rank(self) -> tuple[float, int]:
         return (-self.order.bid, self.order.seq)
@@ -108,6 +109,7 @@ class Forecaster:
     runs: RunHistory = field(default_factory=RunHistory)
     arrivals: ArrivalHistory = field(default_factory=ArrivalHistory)
     scores: WaitScore = field(default_factory=WaitScore)
+    give_ups: GiveUps = field(default_factory=GiveUps)
     _waiting: dict[str, _Waiting] = field(default_factory=dict)
     _ranked: SortedKeyList[_Waiting, tuple[float, int]] = field(
         default_factory=lambda: SortedKeyList(key=_Waiting.rank)
@@ -132,7 +134,10 @@ class Forecaster:
         w = self._waiting.get(order.id)
         if w is None:
             return None
-        self._ranked.add(w)
+        if not w.resting:
+            self.give_ups.waiting(now, len(self._ranked))
+            self._ranked.add(w)
+            w.resting = True
         w.predicted = self.predict(order, order.position_at_entry, now, state)
         w.scored = True
         return w.predicted
@@ -142,12 +147,16 @@ class Forecaster:
         w = self._waiting.pop(order.id, None)
         if w is None:
             return
-        self._ranked.discard(w)
-        if w.scored:
-            self.scores.add(now, w.predicted, now - w.entered)
-            w.scored = False
-        self._running[order.id] = _Running(deployment, now, time.time(), w.cap)
-        self._admissions.append(time.time())
+        if w.resting:
+            self.give_ups.waiting(now, len(self._ranked))
+            self._ranked.discard(w)
+            w.resting = False
+            if w.scored:
+                self.scores.add(now, w.predicted, now - w.entered)
+                w.scored = False
+        wall = time.time()
+        self._running[order.id] = _Running(deployment, now, wall, w.cap)
+        self._admissions.append(wall)
 
     def released(self, order_id: str, now: float) -> None:
         """The slot of ``order_id`` came back: its run is seen."""
@@ -163,8 +172,10 @@ class Forecaster:
         w = self._waiting.get(order.id)
         if w is None:
             w = self._waiting[order.id] = _Waiting(order, order.arrived_at, None, cap)
-        self._ranked.discard(w)
+        if w.resting:
+            self._ranked.discard(w)
         self._ranked.add(w)
+        w.resting = True
 
     def rebid(self, order: Order, bid: float, *, was: float | None = None) -> None:
         """``order``'s bid is ``bid`` from now on (a deadline order raised): call this in
@@ -173,19 +184,25 @@ class Forecaster:
         w = self._waiting.get(order.id)
         if was is not None:
             order.bid = was  # at once, no await: the book's own ranking is not read meanwhile
-        if w is None or w not in self._ranked:
+        if w is None or not w.resting:
             order.bid = bid
             return
         self._ranked.remove(w)
         order.bid = bid
         self._ranked.add(w)
 
-    def gone(self, order: Order) -> None:
-        """``order`` left the book unadmitted (timeout, its client left), or its slot was
-        given back without a run."""
+    def gone(self, order: Order, now: float | None = None, *, gave_up: bool = False) -> None:
+        """``order`` left the book unadmitted (timeout, its client left: ``gave_up``), or
+        its slot was given back without a run. ``now``: when (None: not counted in the
+        rate at which waiting orders give up)."""
         w = self._waiting.pop(order.id, None)
-        if w is not None:
+        if w is not None and w.resting:
+            if now is not None:
+                self.give_ups.waiting(now, len(self._ranked))
+                if gave_up:
+                    self.give_ups.gave_up()
             self._ranked.discard(w)
+            w.resting = False
         self._running.pop(order.id, None)
 
     def _sweep(self, now: float) -> None:
@@ -198,23 +215,22 @@ class Forecaster:
 
     def predict(self, order: Order, position: int, now: float, state: BookState) -> float | None:
         """The predicted wait of ``order``, waiting with ``position`` orders ahead: the
-        walk of the slots' frees until its timeout; when no slot comes to it by then
-        (more arrive above it than the slots take), the wait in a lull of the arrivals
-        above (:data:`LULLS`), the only way it can start."""
+        median of the waits it may have if it starts before its timeout
+        (:func:`~bourse.domain.forecast.wait_s` with ``if_started``); when it has almost
+        no chance to (more arrive above it than the slots take), its wait in a lull of
+        the arrivals above (none arriving), the only way it can start."""
         if position < 0:
             return None
         w = self._waiting.get(order.id)
-        if w is not None and w in self._ranked:
+        if w is not None and w.resting:
             known = list(self._ranked.islice(0, self._ranked.index(w)))
         else:
             known = self._known_at(order.bid, now, exclude=order)
         horizon = HORIZON_S if w is None or w.deadline is None else max(0.0, w.deadline - now)
         state = _resting(state, order.bid)
-        for share in LULLS:
-            wait = self._wait(order.bid, position, known, now, state, horizon, above=share)
-            if wait is not None or w is None:
-                return wait
-        # if it starts at all, it is in a lull of the orders above
+        wait = self._wait(order.bid, position, known, now, state, horizon, if_started=w is not None)
+        if wait is not None or w is None:
+            return wait
         return self._wait(order.bid, position, known, now, state, HORIZON_S, above=0.0)
 
     def wait_at(
@@ -251,6 +267,7 @@ class Forecaster:
         horizon: float,
         *,
         above: float = 1.0,
+        if_started: bool = False,
     ) -> float | None:
         if position <= 0 and any(d.usable and d.floor <= bid and d.busy < d.slots for d in state.deployments):
             return 0.0  # a slot is free for it
@@ -260,7 +277,9 @@ class Forecaster:
         ahead = self._ahead(bid, position, known, now, state)
         scale = 1.0 if state.view is None else self._scale(state.view)
         rate = self.arrivals.rate_above(bid, now, scale) * above
-        return wait_s(bid, slots, ahead, rate, horizon)
+        return wait_s(
+            bid, slots, ahead, rate, horizon, if_started=if_started, gives_up_per_s=self.give_ups.per_s()
+        )
 
     def _ahead(
         self, bid: float, position: int, known: list[_Waiting], now: float, state: BookState
@@ -307,8 +326,8 @@ class Forecaster:
             spreads = [model.spread(r.cap, now - r.since) for r in own]
             others = max(0, d.busy - len(own))
             if others:
-                for since in _others_since(state.view, d.name, own, others):
-                    spreads.append(model.spread(None, None if since is None else max(0.0, wall - since)))
+                for since, cap in _others_since(state.view, d.name, self._running, others):
+                    spreads.append(model.spread(cap, None if since is None else max(0.0, wall - since)))
             lefts = frees(spreads)
             excess = max(0, len(lefts) - d.slots)  # slots in use above ``slots``: given back, not out
             ats = [0.0] * max(0, d.slots - len(lefts)) + lefts[excess:]
@@ -348,17 +367,35 @@ def _resting(state: BookState, bid: float) -> BookState:
     return replace(state, deployments=deps)
 
 
-def _others_since(view: BookView | None, deployment: str, own: list[_Running], n: int) -> list[float | None]:
+def _others_since(
+    view: BookView | None, deployment: str, own: dict[str, _Running], n: int
+) -> list[tuple[float | None, int | None]]:
     """When the ``n`` orders other replicas run on ``deployment`` were admitted (wall
-    time; None: not known): the newest admissions there in the shared book's view, less
-    the ones nearest this replica's own."""
+    time) and their output caps (None: not known): the orders holding a slot there in
+    the shared book's view (:attr:`~bourse.ports.book.BookView.running`, with their caps)
+    that are not this replica's, each admitted when the view's newest admission of it
+    says (the rest, taken since the view was read, not known); where the view does not
+    say (an older book), the newest admissions there less the ones nearest this
+    replica's own."""
+    unknown: tuple[float | None, int | None] = (None, None)
     if view is None:
-        return [None] * n
+        return [unknown] * n
+    if view.running is not None:
+        admitted: dict[str, float] = {}
+        for c in reversed(view.recent):  # oldest first: the newest admission of each order wins
+            admitted[c.order_id] = c.at
+        held = [
+            (admitted.get(oid), cap) for oid, dep, cap in view.running if dep == deployment and oid not in own
+        ]
+        held.sort(key=lambda h: -math.inf if h[0] is None else -h[0])  # newest first, unknown last
+        return (held + [unknown] * n)[:n]
     times = [c.at for c in view.recent if c.deployment == deployment]  # newest first
-    for r in own:
+    for r in own.values():
+        if r.deployment != deployment:
+            continue
         if times:
             nearest = min(range(len(times)), key=lambda i: abs(times[i] - r.wall))
             if abs(times[nearest] - r.wall) < 0.5:
                 del times[nearest]
-    out: list[float | None] = list(times[:n])
-    return out + [None] * (n - len(out))
+    out: list[tuple[float | None, int | None]] = [(t, None) for t in times[:n]]
+    return out + [unknown] * (n - len(out))

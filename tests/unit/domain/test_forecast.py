@@ -5,11 +5,24 @@ and the forecast of one product fed an order's steps (:mod:`bourse.domain.foreca
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import replace
 
 import pytest
 
 from bourse.domain.book import Order, expected_wait_s
-from bourse.domain.forecast import Ahead, ArrivalHistory, RunHistory, RunModel, SlotFree, frees, wait_s
+from bourse.domain.forecast import (
+    Ahead,
+    ArrivalHistory,
+    GiveUps,
+    RunHistory,
+    RunModel,
+    SlotFree,
+    frees,
+    poisson_cdf,
+    wait_s,
+)
+from bourse.ports.book import BookView, Clear, DeploymentView
 from bourse.services.market_forecast import BookState, Forecaster, SlotState
 
 TWO_S = [(100.0, 2.0)] * 10
@@ -80,15 +93,78 @@ def test_an_order_ahead_that_times_out_first_does_not_delay_it() -> None:
 
 
 def test_arrivals_above_go_first_and_can_take_every_slot() -> None:
+    """The wait is the median: the first free by which at most as many arrived above
+    as the frees left over, with a chance of one half (a Poisson count)."""
     slot = SlotFree(0.1, 1.0, 1.0)  # frees every second
-    assert wait_s(0.5, [slot], [], above_per_s=0.2) == pytest.approx(1.0)  # 0.2 expected before it
-    # 0.7 expected before each free: 0.3 of each is its, in expectation: the second
+    # P(no arrival above in 1 s) = exp(-0.2) = 0.82: the first free
+    assert wait_s(0.5, [slot], [], above_per_s=0.2) == pytest.approx(1.0)
+    # exp(-0.7) = 0.497 < 1/2 at 1 s; P(N(2) <= 1) = exp(-1.4) * 2.4 = 0.59 at 2 s
     assert wait_s(0.5, [slot], [], above_per_s=0.7) == pytest.approx(2.0)
-    assert wait_s(0.5, [slot], [], above_per_s=0.9) == pytest.approx(5.0)
+    # at 0.9 a second: P(N(3) <= 2) = 0.49, P(N(3.6) <= 3) = 0.52 at 4 s
+    assert wait_s(0.5, [slot], [], above_per_s=0.9) == pytest.approx(4.0)
     assert wait_s(0.5, [slot], [], above_per_s=1.5) is None  # more arrive above than the slot takes
-    assert wait_s(0.5, [slot], [], above_per_s=0.9, horizon_s=4.5) is None
-    # the orders ahead at its bid go before it: 0.4 of each free is theirs, then its
+    assert wait_s(0.5, [slot], [], above_per_s=0.9, horizon_s=3.5) is None
+    # the order ahead at its bid takes the first free; then P(N(2) <= 0) = 0.30,
+    # P(N(3) <= 1) = 0.46, P(N(4) <= 2) = 0.57
     assert wait_s(0.5, [slot], [Ahead(0.5)], above_per_s=0.6) == pytest.approx(4.0)
+
+
+def test_a_short_wait_is_not_lengthened_by_an_arrival_above_less_likely_than_not() -> None:
+    """Issue 38: counted in expectation, 0.6 arrivals above in the 1 s to the first
+    free pushed the wait to the second free; one arrives there with a chance of
+    1 - exp(-0.6) = 0.45, so half the orders start at the first."""
+    slot = SlotFree(0.1, 1.0, 1.0)
+    assert wait_s(0.5, [slot], [], above_per_s=0.6) == pytest.approx(1.0)
+    # exp(-0.75) = 0.47 at 1 s; P(N(2) <= 1) = exp(-1.5) * 2.5 = 0.56 at 2 s
+    assert wait_s(0.5, [slot], [], above_per_s=0.75) == pytest.approx(2.0)
+
+
+def test_the_wait_if_it_starts_is_the_median_of_the_waits_before_its_timeout() -> None:
+    """An order likely to time out (its chance to start by then under one half) is
+    told the median of the waits it has if it does start: the first free by which
+    the chance reaches half the chance of starting at all."""
+    slot = SlotFree(0.1, 0.5, 1.0)  # frees at 0.5, 1.5, 2.5
+    # 2 a second above: P(started by 0.5) = exp(-1) = 0.37, later frees no better
+    assert wait_s(0.5, [slot], [], above_per_s=2.0, horizon_s=3.0) is None
+    assert wait_s(0.5, [slot], [], above_per_s=2.0, horizon_s=3.0, if_started=True) == pytest.approx(0.5)
+    # 0.6 a second: 0.74 by 0.5, more later: the median of the waits before 3 s is 0.5
+    assert wait_s(0.5, [slot], [], above_per_s=0.6, horizon_s=3.0, if_started=True) == pytest.approx(0.5)
+    # one ahead: P(N(1.5) <= 0) = 0.41, P(N(2.5) <= 1) = 0.56 by 3 s: half of it by 1.5
+    assert wait_s(0.5, [slot], [Ahead(0.5)], above_per_s=0.6, horizon_s=3.0) == pytest.approx(2.5)
+    assert wait_s(
+        0.5, [slot], [Ahead(0.5)], above_per_s=0.6, horizon_s=3.0, if_started=True
+    ) == pytest.approx(1.5)
+
+
+def test_poisson_cdf() -> None:
+    assert poisson_cdf(-1, 1.0) == 0.0
+    assert poisson_cdf(0, 0.0) == 1.0
+    assert poisson_cdf(0, 1.0) == pytest.approx(math.exp(-1.0))
+    assert poisson_cdf(2, 1.5) == pytest.approx(math.exp(-1.5) * (1 + 1.5 + 1.5**2 / 2))
+    assert poisson_cdf(300, 300.0) == pytest.approx(0.515, abs=0.005)  # the normal approximation
+    assert poisson_cdf(10_000, 3.0) == 1.0
+
+
+def test_orders_ahead_that_may_give_up_weigh_less_as_time_passes() -> None:
+    slot = SlotFree(0.1, 1.0, 1.0)  # frees at 1, 2, 3 ...
+    ahead = [Ahead(1.0)] * 4
+    assert wait_s(0.5, [slot], ahead) == pytest.approx(5.0)
+    # each still there at t with the chance exp(-0.5 t): 0.61 at 1 s, 0.37 at 2 s, 0.22
+    # at 3 s: the frees at 1 and 2 s take 1 and 0.87 of them, the one at 3 s is its
+    assert wait_s(0.5, [slot], ahead, gives_up_per_s=0.5) == pytest.approx(3.0)
+    assert wait_s(0.5, [slot], ahead, gives_up_per_s=1.0) == pytest.approx(2.0)
+
+
+def test_the_rate_at_which_waiting_orders_give_up() -> None:
+    g = GiveUps(window_s=1e9)  # no decay: plain sums
+    assert g.per_s() == 0.0
+    g.waiting(0.0, 0)
+    g.waiting(10.0, 4)  # 4 orders waited 10 s: 40 order-seconds
+    g.gave_up()
+    g.gave_up()
+    assert g.per_s() == pytest.approx(2 / 40)
+    g.waiting(20.0, 0)  # none waiting: no more order-seconds
+    assert g.per_s() == pytest.approx(2 / 40)
 
 
 def test_the_rate_of_arrivals_above_a_bid_is_by_price() -> None:
@@ -258,3 +334,127 @@ def test_a_raised_bid_moves_the_order_ahead_of_the_lower_ones() -> None:
     assert late.bid == 2.0
     assert fc.predict(late, 0, 0.0, _state(1)) == pytest.approx(2.0)
     assert fc.predict(first, 1, 0.0, _state(1)) == pytest.approx(4.0)
+
+
+def test_runs_cut_short_do_not_bend_the_line_against_the_cap() -> None:
+    """Runs are nearly set by their cap (20 tokens a second here); a run cut short (its
+    client left) is off the line: left out of the fit, kept among the errors."""
+    runs = [(float(c), c / 20.0) for c in range(20, 61, 2)]  # 21 runs, 1 to 3 s
+    cut = [(60.0, 0.3), (56.0, 0.5), (50.0, 0.2)]  # cut after a fraction of a second
+    model = RunModel.fit(runs + cut)
+    assert model.b == pytest.approx(0.05) and model.a == pytest.approx(0.0, abs=1e-9)
+    assert model.total(40) == pytest.approx(2.0)
+    assert model.errors[0] < -2.0  # a cut run is among the errors still
+    plain = RunModel.fit(runs)
+    assert plain.total(40) == pytest.approx(2.0)
+
+
+def test_the_rate_counts_the_newest_arrivals_not_a_quiet_spell_before_them() -> None:
+    arrivals = ArrivalHistory()
+    for i in range(5):  # a few, long ago (within the window)
+        arrivals.add(i * 10.0, 1.0)
+    for i in range(200):  # then 10 a second for 20 s, one in five above 0.5
+        arrivals.add(100.0 + i * 0.1, 1.0 if i % 5 == 0 else 0.2)
+    # the newest 100 arrivals span 9.9 s: 20 of them above 0.5
+    assert arrivals.rate_above(0.5, 120.0) == pytest.approx(20 / 10.0, rel=0.05)
+
+
+def test_the_rate_follows_a_burst_within_a_few_dozen_arrivals() -> None:
+    arrivals = ArrivalHistory()
+    for i in range(100):  # 1 a second, half above 0.5
+        arrivals.add(i * 1.0, 1.0 if i % 2 else 0.2)
+    assert arrivals.rate_above(0.5, 100.0) == pytest.approx(0.5, rel=0.05)
+    for i in range(40):  # then 10 a second for 4 s
+        arrivals.add(100.0 + i * 0.1, 1.0 if i % 2 else 0.2)
+    # the newest 30 came at 10 a second; the share above 0.5 is still a half
+    assert arrivals.rate_above(0.5, 104.0) == pytest.approx(5.0, rel=0.1)
+
+
+def test_an_order_that_gave_up_counts_in_the_rate_a_timeout_does_not() -> None:
+    fc = Forecaster(default_cap=256)
+    orders = [_order(f"o{i}", 1.0, i) for i in range(4)]
+    for o in orders:
+        fc.entering(o, 0.0, 100.0, 100)
+        fc.rested(o, 0.0, _state(1))
+    fc.gone(orders[0], 10.0, gave_up=True)  # 4 waited 10 s: 40 order-seconds
+    fc.gone(orders[1], 10.0)  # its timeout
+    assert fc.give_ups.per_s() == pytest.approx(1 / 40, rel=0.1)
+    fc.gone(orders[2], 10.0, gave_up=True)
+    fc.gone(orders[2], 10.0, gave_up=True)  # once only
+    assert fc.give_ups.per_s() == pytest.approx(2 / 40, rel=0.1)
+
+
+def test_another_replicas_running_orders_are_read_from_the_shared_books_view() -> None:
+    """A shared book's view names the orders holding a slot; this replica knows its own
+    runs, and takes the others' start from their admissions in the view (not the
+    newest admissions there, which may have ended)."""
+    fc = Forecaster(default_cap=256)
+    _fed(fc)  # runs of 2 s
+    mine = _order("mine", 1.0, 100)
+    fc.entering(mine, 0.0, None, 100)
+    fc.admitted(mine, "d", 0.0)  # loop time 0: frees at 2.0
+    wall = time.time()
+    recent = [  # newest first
+        Clear(wall - 0.7, 1.0, 1.0, "d", None, "done"),  # admitted, ended since
+        Clear(wall - 1.5, 1.0, 1.0, "d", None, "theirs"),  # has run 1.5 s: frees in 0.5
+    ]
+    view = BookView(
+        1.0, 0, None, 3, [DeploymentView("d", 0.1, 2, 2, True, "closed")],
+        recent=recent, running=[("mine", "d", 100), ("theirs", "d", None)],
+    )  # fmt: skip
+    state = BookState((SlotState("d", 0.1, 2, 2, True),), view)
+    o = _order("o", 1.0, 101, 1.0)
+    fc.entering(o, 1.0, 60.0, 100)
+    # one ahead (another replica's): it takes theirs at 0.5, o takes mine at 1.0
+    assert fc.predict(o, 1, 1.0, state) == pytest.approx(1.0, abs=0.05)
+    older = BookView(view.level, 0, None, 3, view.deployments, recent=recent)  # a view that does not say
+    assert fc.predict(o, 1, 1.0, replace(state, view=older)) == pytest.approx(1.3, abs=0.05)
+    # a view read before theirs was admitted names only mine: theirs is a run found at
+    # a random instant (E[R^2] / 2E[R] = 1 s left), not the newest admission seen
+    early = BookView(
+        view.level, 0, None, 3, view.deployments, recent=recent[:1], running=[("mine", "d", 100)]
+    )
+    assert fc.predict(o, 1, 1.0, replace(state, view=early)) == pytest.approx(1.0, abs=0.05)
+
+
+def test_an_order_admitted_at_once_is_neither_ranked_nor_scored() -> None:
+    fc = Forecaster(default_cap=256)
+    o = _order("o", 1.0, 1)
+    fc.entering(o, 0.0, 60.0, 100)
+    fc.admitted(o, "d", 0.0)  # a slot was free: it never rested
+    assert len(fc._ranked) == 0 and fc.score(0.0).orders == 0
+    assert fc.give_ups._at is None  # the give-up sums are not touched
+    fc.released(o.id, 2.0)
+    assert fc.runs.seen == 1  # its run is learnt all the same
+    waiting = _order("w", 1.0, 2)
+    fc.entering(waiting, 2.0, 60.0, 100)
+    fc.rested(waiting, 2.0, _state(1))
+    fc.rested(waiting, 2.0, _state(1))  # told twice: ranked once
+    assert len(fc._ranked) == 1
+    fc.admitted(waiting, "d", 3.0)
+    assert len(fc._ranked) == 0 and fc.score(3.0).orders == 1
+
+
+def test_another_replicas_running_order_is_known_by_its_cap() -> None:
+    """Runs of 20 tokens a second: another replica's order capped at 20 tokens that has
+    run 0.5 s frees in 0.5 s; not knowing its cap, in 1.5 s (the runs of 1 to 3 s
+    longer than 0.5, on average)."""
+    fc = Forecaster(default_cap=256)
+    for i in range(21):  # runs of 1 to 3 s, caps 20 to 60
+        o = _order(f"past{i}", 1.0, i)
+        fc.entering(o, 0.0, None, 20 + 2 * i)
+        fc.admitted(o, "d", 0.0)
+        fc.released(o.id, (20 + 2 * i) / 20.0)
+    wall = time.time()
+    view = BookView(
+        1.0, 0, None, 1, [DeploymentView("d", 0.1, 1, 1, True, "closed")],
+        recent=[Clear(wall - 0.5, 1.0, 1.0, "d", None, "theirs")], running=[("theirs", "d", 20)],
+    )  # fmt: skip
+    state = BookState((SlotState("d", 0.1, 1, 1, True),), view)
+    o = _order("o", 1.0, 100, 1.0)
+    fc.entering(o, 1.0, 60.0, 100)
+    assert fc.predict(o, 0, 1.0, state) == pytest.approx(0.5, abs=0.05)
+    blind = BookView(
+        view.level, 0, None, 1, view.deployments, recent=view.recent, running=[("theirs", "d", None)]
+    )
+    assert fc.predict(o, 0, 1.0, replace(state, view=blind)) == pytest.approx(1.5, abs=0.15)

@@ -11,11 +11,12 @@
 --
 --   book    ZSET   member '%016d(seq):order_id', score -bid (equal scores sort
 --                  by member, so by arrival): the orders that may be admitted
---   orders  HASH   order_id -> 'member|bid|avoid|replica|attempt' (waiting orders,
---                  in the book or parked)
---   held    HASH   order_id -> 'deployment|replica|price|level|attempt|bid' (slots
+--   orders  HASH   order_id -> 'member|bid|avoid|replica|attempt|cap' (waiting orders,
+--                  in the book or parked; cap: its output cap, '' if not known)
+--   held    HASH   order_id -> 'deployment|replica|price|level|attempt|bid|cap' (slots
 --                  given; attempt tells a requeued order's admissions apart; bid is
---                  the one it cleared at, a raised deadline order's included)
+--                  the one it cleared at, a raised deadline order's included; cap as
+--                  in orders: the wait forecast reads it, VIEW)
 --   lease   ZSET   order_id -> lease expiry (ms); renewed by the owner's heartbeat
 --   busy    HASH   deployment -> slots in use
 --   cool    HASH   deployment -> cooling until (ms, Redis's clock), set by a replica's breaker
@@ -272,7 +273,8 @@ local function admit(oid, member, raw, best, floor_s)
   else price_s = fmt(runner) end
   local lvl = level()
   local rec = now .. '|' .. price_s .. '|' .. bid_s .. '|' .. best
-  redis.call('HSET', held, oid, best .. '|' .. replica .. '|' .. price_s .. '|' .. lvl .. '|' .. attempt .. '|' .. bid_s)
+  redis.call('HSET', held, oid,
+    best .. '|' .. replica .. '|' .. price_s .. '|' .. lvl .. '|' .. attempt .. '|' .. bid_s .. '|' .. (o[6] or ''))
   redis.call('HINCRBY', stats, 'admitted', 1)
   rec = rec .. '|' .. oid .. '|' .. attempt   -- which admission: FAILED finds it so
   redis.call('LPUSH', recent, rec)

@@ -1,5 +1,5 @@
--- ARGV[A..A+7]: order_id, bid, seq (0: new), avoid, replica, max_waiting, cool_for
--- (ms from now, 0: no), attempt.
+-- ARGV[A..A+8]: order_id, bid, seq (0: new), avoid, replica, max_waiting, cool_for
+-- (ms from now, 0: no), attempt, output cap ('': not known; the wait forecast's).
 -- A requeue is a submit of an order that holds a slot: the slot is given back and
 -- the order rests again with its arrival in the same step, so no later order of
 -- equal bid can take its place in between.
@@ -15,7 +15,8 @@ end
 if seq == 0 then seq = next_seq() end
 local member = string.format('%016d', seq) .. ':' .. oid
 redis.call('ZADD', book, '-' .. bid_s, member)
-redis.call('HSET', orders, oid, member .. '|' .. bid_s .. '|' .. avoid .. '|' .. replica .. '|' .. (ARGV[A + 7] or '0'))
+redis.call('HSET', orders, oid,
+  member .. '|' .. bid_s .. '|' .. avoid .. '|' .. replica .. '|' .. (ARGV[A + 7] or '0') .. '|' .. (ARGV[A + 8] or ''))
 redis.call('ZADD', lease, now + lease_ms, oid)
 local pos = redis.call('ZRANK', book, member)
 quiet = oid

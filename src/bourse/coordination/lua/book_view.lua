@@ -16,4 +16,5 @@ res[6] = bids
 res[7] = redis.call('LRANGE', recent, 0, 31)
 res[8] = tostring(now)
 res[9] = redis.call('ZCARD', park)
+res[10] = redis.call('HGETALL', held)
 return out(res)
