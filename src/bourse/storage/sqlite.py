@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from bourse.ports.stores import StoreUnavailable
 from bourse.retrying import retrying
 from bourse.storage.executor import IntegrityError, Row
+from bourse.storage.inline import InlineGate
 from bourse.storage.private import narrow_files, private_file
 from bourse.storage.sql import SqlStore
 
@@ -173,6 +174,11 @@ class SqliteStore(SqlStore):
         self._batch_lock = threading.Lock()
         """Held by the commit thread while it runs a batch."""
         self.longest_reset_s = 0.0
+        self._pending = 0
+        """Transactions handed to the commit thread and not answered yet (the loop's count)."""
+        self._gate = InlineGate()
+        self.inline_runs = 0
+        """Small transactions run on the event loop's thread (see ``_run_small``)."""
         """The longest time a WAL reset held the commit thread (for tests and reports)."""
 
     def _connect(self) -> None:
@@ -272,6 +278,59 @@ class SqliteStore(SqlStore):
             raise RuntimeError("the SQLite store is not open")
         fut: asyncio.Future[Any] = loop.create_future()
         self._inbox.put((fn, args, fut))
+        self._pending += 1
+        return fut
+
+    def _answer(self, results: list[_Result]) -> None:
+        self._pending -= len(results)
+        _resolve(results)
+
+    def _run_small(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        """A small write (a hold, a close): on the loop's thread when nothing is handed
+        to the commit thread and the gate admits it (:mod:`bourse.storage.inline`),
+        else handed off like any other."""
+        if self._pending == 0 and self._conn is not None:
+            loop = self._loop
+            if loop is not None and loop is _running_loop() and self._gate.admit(loop):
+                fut = self._inline(loop, fn, args)
+                if fut is not None:
+                    return fut
+        return self._submit(fn, args)
+
+    def _inline(
+        self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> asyncio.Future[Any] | None:
+        """Run one transaction here and now; None (nothing done) when the commit thread
+        or a WAL reset holds the connection, or the file's write lock is not free at
+        once (no busy wait on this thread: the commit thread waits instead)."""
+        conn = self._conn
+        if conn is None or not self._writers.is_set() or not self._batch_lock.acquire(blocking=False):
+            return None
+        t0 = time.perf_counter()
+        fut: asyncio.Future[Any] = loop.create_future()
+        try:
+            conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error:
+                return None
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {int(self.unavailable_timeout_s * 1000)}")
+            changes = conn.total_changes
+            try:
+                results = self._run_batch([(fn, args, fut)], begun=True)
+            except BaseException as exc:  # a fault of this module, as in _serve
+                log.exception("SQLite transaction failed")
+                results = [(fut, False, exc)]
+                self._roll_back()
+            check = self._committed(conn.total_changes != changes, 1)
+        finally:
+            self._batch_lock.release()
+        self.inline_runs += 1
+        if check and self._after_commit(wait=False):
+            self._gate.back_off()  # the WAL is past twice its limit: the commit thread waits for it
+        self._gate.ran(time.perf_counter() - t0)
+        _resolve(results)
         return fut
 
     def _start_committer(self) -> None:
@@ -306,27 +365,33 @@ class SqliteStore(SqlStore):
                     log.exception("SQLite batch failed")
                     results = [(fut, False, exc) for _, _, fut in batch]
                     self._roll_back()
-                wrote = conn.total_changes != changes
+                check = self._committed(conn.total_changes != changes, len(batch))
             try:
-                loop.call_soon_threadsafe(_resolve, results)
+                loop.call_soon_threadsafe(self._answer, results)
             except RuntimeError:  # the loop is closed (shutdown)
                 return
             if stop:
                 return
-            if not wrote:
-                # reads, and sweeps that found nothing to change: nothing reached the WAL,
-                # so the store stays idle (a sweeper every half second would otherwise
-                # keep the idle pass, which empties the WAL, from ever coming)
-                continue
-            self._dirty = True
-            self._last_commit = time.monotonic()
-            self._commits += len(batch)  # writes: a batch of many writes grows the log as much
-            self._unsized += len(batch)
-            if self._checkpointer is not None and (
-                self._unsized >= self.SIZE_EVERY or self._commits >= self.CHECKPOINT_EVERY
-            ):
-                self._unsized = 0
+            if check:
                 self._after_commit()
+
+    def _committed(self, wrote: bool, writes: int) -> bool:
+        """Count a committed batch (under ``_batch_lock``); whether to look at the WAL."""
+        if not wrote:
+            # reads, and sweeps that found nothing to change: nothing reached the WAL,
+            # so the store stays idle (a sweeper every half second would otherwise
+            # keep the idle pass, which empties the WAL, from ever coming)
+            return False
+        self._dirty = True
+        self._last_commit = time.monotonic()
+        self._commits += writes  # writes: a batch of many writes grows the log as much
+        self._unsized += writes
+        if self._checkpointer is not None and (
+            self._unsized >= self.SIZE_EVERY or self._commits >= self.CHECKPOINT_EVERY
+        ):
+            self._unsized = 0
+            return True
+        return False
 
     def _roll_back(self) -> None:
         conn = self._conn
@@ -336,9 +401,10 @@ class SqliteStore(SqlStore):
             except sqlite3.Error:
                 log.exception("SQLite rollback failed")
 
-    def _after_commit(self) -> None:
+    def _after_commit(self, wait: bool = True) -> bool:
         """Wake the checkpoint thread every CHECKPOINT_EVERY writes or WAL_STEP_BYTES
-        of WAL growth; wait for it (at most a second) if the WAL is over twice its limit."""
+        of WAL growth; wait for it (at most a second; not ``wait``: on the loop's thread)
+        if the WAL is over twice its limit. Whether it is."""
         size = self._wal_bytes()
         if self._commits >= self.CHECKPOINT_EVERY or size >= self._wake_at:
             self._commits = 0
@@ -347,7 +413,10 @@ class SqliteStore(SqlStore):
         if size > 2 * self.WAL_LIMIT_BYTES and not self._readers_block_reset:
             self._pass_done.clear()
             self._ckpt_wake.set()
-            self._pass_done.wait(1.0)
+            if wait:
+                self._pass_done.wait(1.0)
+            return True
+        return False
 
     # -- checkpoints -------------------------------------------------------------------------
     #
@@ -487,12 +556,13 @@ class SqliteStore(SqlStore):
         if conn is not None:
             conn.close()
 
-    def _run_batch(self, batch: list[_Item]) -> list[_Result]:
+    def _run_batch(self, batch: list[_Item], begun: bool = False) -> list[_Result]:
         conn, ex = self._conn, self._exec
         assert conn is not None and ex is not None
         out: list[_Result] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            if not begun:
+                conn.execute("BEGIN IMMEDIATE")
             if len(batch) == 1:  # alone (no load): its own transaction, no savepoint
                 fn, args, fut = batch[0]
                 try:
@@ -540,3 +610,10 @@ def _resolve(results: list[_Result]) -> None:
             fut.set_result(value)
         else:
             fut.set_exception(value)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
