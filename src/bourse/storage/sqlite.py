@@ -29,6 +29,7 @@ from bourse.storage.executor import IntegrityError, Row
 from bourse.storage.inline import InlineGate
 from bourse.storage.private import narrow_files, private_file
 from bourse.storage.sql import SqlStore
+from bourse.storage.sqlite_errors import unavailable_as_such
 
 T = TypeVar("T")
 log = logging.getLogger("bourse.storage")
@@ -69,27 +70,6 @@ class _RolledBack(Exception):
     def __init__(self, cause: Exception) -> None:
         super().__init__(str(cause))
         self.cause = cause
-
-
-UNAVAILABLE_CODES = frozenset({
-    sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_READONLY,
-    sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN,
-    sqlite3.SQLITE_PROTOCOL,
-})  # fmt: skip
-"""The primary result codes of a database that cannot take a transaction now (the disk
-is full, failing or read-only, memory ran out, the file is locked past the busy timeout),
-as opposed to a statement that is wrong."""
-
-
-def unavailable_as_such(exc: Exception) -> Exception:
-    """``exc`` as :class:`StoreUnavailable` when SQLite failed for one of
-    :data:`UNAVAILABLE_CODES` (the HTTP layer answers 503 ``no_capacity``), else ``exc``."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF in UNAVAILABLE_CODES:
-        out = StoreUnavailable(f"SQLite: {exc}")
-        out.__cause__ = exc
-        return out
-    return exc
 
 
 class _SqliteExecutor:
