@@ -26,8 +26,7 @@ from bourse.ports.stores import (
     audit_entry,
 )
 from bourse.storage.executor import IntegrityError, values_list
-from bourse.storage.inline import InlineGate
-from tests.support.databases import StoreFactory
+from tests.support.databases import StoreFactory, hand_off_every_write
 
 NOW = 1_700_000_000.0
 
@@ -56,8 +55,7 @@ def _count(monkeypatch: pytest.MonkeyPatch, store: Any, name: str) -> list[int]:
     inline writes are off (a write run on the loop's thread ends before the next one is
     submitted, so none would queue behind it: these tests need the first one to take
     time, on the commit thread)."""
-    if hasattr(store, "_gate"):
-        monkeypatch.setattr(store, "_gate", InlineGate(per_turn=0))
+    hand_off_every_write(store)
     sizes: list[int] = []
     real: Callable[[list[Any]], Awaitable[Any]] = getattr(store, name)
 
