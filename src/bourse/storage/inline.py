@@ -50,3 +50,11 @@ class InlineGate:
     def back_off(self) -> None:
         """No inline transaction for ``backoff_s``."""
         self._closed_until = time.monotonic() + self._backoff_s
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop running on this thread, or None (another thread's call)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

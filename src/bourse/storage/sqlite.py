@@ -1,9 +1,10 @@
 """The SQLite adapter (the embedded default): one database file in the data folder.
 
 One connection on one dedicated thread: every transaction is one function run
-there, so transactions are serialized without locks, and concurrent ones are
-group-committed (see ``_serve``): one hop off the event loop and one commit for a
-whole batch. The database files are the owner's only (0600). WAL journal, ``synchronous=NORMAL``, checkpoints off the commit path and a WAL kept
+there, serialized, and concurrent ones are group-committed (see ``_serve``): one hop
+off the event loop and one commit for a whole batch. A lone hold or close, with
+nothing handed to that thread, runs on the loop's thread instead, under the same lock
+(``_run_small``, :mod:`bourse.storage.inline`). The database files are the owner's only (0600). WAL journal, ``synchronous=NORMAL``, checkpoints off the commit path and a WAL kept
 bounded (see ``_checkpoint``). Statements use the shared ``$n`` parameters
 (:mod:`bourse.storage.executor`), rewritten to ``?n`` once per statement text.
 """
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 from bourse.ports.stores import StoreUnavailable
 from bourse.retrying import retrying
 from bourse.storage.executor import IntegrityError, Row
-from bourse.storage.inline import InlineGate
+from bourse.storage.inline import InlineGate, running_loop
 from bourse.storage.private import narrow_files, private_file
 from bourse.storage.sql import SqlStore
 from bourse.storage.sqlite_errors import unavailable_as_such
@@ -271,7 +272,7 @@ class SqliteStore(SqlStore):
         else handed off like any other."""
         if self._pending == 0 and self._conn is not None:
             loop = self._loop
-            if loop is not None and loop is _running_loop() and self._gate.admit(loop):
+            if loop is not None and loop is running_loop() and self._gate.admit(loop):
                 fut = self._inline(loop, fn, args)
                 if fut is not None:
                     return fut
@@ -289,20 +290,24 @@ class SqliteStore(SqlStore):
         t0 = time.perf_counter()
         fut: asyncio.Future[Any] = loop.create_future()
         try:
-            conn.execute("PRAGMA busy_timeout = 0")
             try:
+                conn.execute("PRAGMA busy_timeout = 0")
                 conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error:
+            except sqlite3.Error:  # locked (or failing): the commit thread waits, and says
+                self._roll_back()
                 return None
             finally:
                 conn.execute(f"PRAGMA busy_timeout = {int(self.unavailable_timeout_s * 1000)}")
             changes = conn.total_changes
             try:
                 results = self._run_batch([(fn, args, fut)], begun=True)
-            except BaseException as exc:  # a fault of this module, as in _serve
+            except Exception as exc:  # a fault of this module, as in _serve
                 log.exception("SQLite transaction failed")
                 results = [(fut, False, exc)]
                 self._roll_back()
+            except BaseException:
+                self._roll_back()
+                raise
             check = self._committed(conn.total_changes != changes, 1)
         finally:
             self._batch_lock.release()
@@ -590,10 +595,3 @@ def _resolve(results: list[_Result]) -> None:
             fut.set_result(value)
         else:
             fut.set_exception(value)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
