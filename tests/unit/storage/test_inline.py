@@ -75,21 +75,24 @@ async def test_a_file_locked_by_another_connection_is_waited_for_off_the_loop(tm
         await store.create_account("a", 10_000, NOW)
         before = store.inline_runs
         other.execute("BEGIN IMMEDIATE")
-        ticks = 0
+        gaps: list[float] = []
 
         async def tick() -> None:
-            nonlocal ticks
+            last = time.monotonic()
             while True:
                 await asyncio.sleep(0.01)
-                ticks += 1
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
 
         ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0)
         t0 = time.monotonic()
         with pytest.raises(StoreUnavailable):
             await store.place_hold(_hold(1))
         ticker.cancel()
         assert time.monotonic() - t0 >= 0.25  # the busy timeout, waited on the commit thread
-        assert ticks >= 10  # while the loop ran on
+        assert len(gaps) >= 10 and max(gaps) < 0.2  # while the loop ran on, never held
         assert store.inline_runs == before
         other.execute("ROLLBACK")
         await store.place_hold(_hold(2))  # the lock is free: inline again
