@@ -26,7 +26,7 @@ from bourse.ports.stores import (
     audit_entry,
 )
 from bourse.storage.executor import IntegrityError, values_list
-from tests.support.databases import StoreFactory
+from tests.support.databases import StoreFactory, hand_off_every_write
 
 NOW = 1_700_000_000.0
 
@@ -51,7 +51,11 @@ def _usage(hold: Hold, cost: int) -> UsageRecord:
 
 
 def _count(monkeypatch: pytest.MonkeyPatch, store: Any, name: str) -> list[int]:
-    """Wrap the store's batch method ``name``; the sizes of the batches it ran."""
+    """Wrap the store's batch method ``name``; the sizes of the batches it ran. SQLite's
+    inline writes are off (a write run on the loop's thread ends before the next one is
+    submitted, so none would queue behind it: these tests need the first one to take
+    time, on the commit thread)."""
+    hand_off_every_write(store)
     sizes: list[int] = []
     real: Callable[[list[Any]], Awaitable[Any]] = getattr(store, name)
 

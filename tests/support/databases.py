@@ -11,6 +11,8 @@
   Admin statements use psycopg when installed (the project's driver), else asyncpg
   (run with ``asyncio.run``, in a worker thread if a loop is already running).
 - :class:`StoreFactory`: opens stores of one adapter on one test's database.
+- :func:`hand_off_every_write`: no SQLite write on the loop's thread (for a test of
+  writes in flight on the commit thread).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
+from bourse.storage.inline import InlineGate
 
 T = TypeVar("T")
 
@@ -277,3 +281,11 @@ class StoreFactory:
             yield store
         finally:
             await store.close()
+
+
+def hand_off_every_write(store: Any) -> None:
+    """Turn SQLite's inline writes off (``storage.inline``; nothing for other adapters):
+    a write run on the loop's thread ends before its caller's next step, so none would
+    be in flight for a test that cancels one or queues others behind it."""
+    if hasattr(store, "_gate"):
+        store._gate = InlineGate(per_turn=0)

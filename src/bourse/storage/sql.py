@@ -110,6 +110,11 @@ class SqlStore(MarketTables, AdminKeyTables):
         """Run ``fn(executor, *args)`` for reads (no write transaction)."""
         return self._run(fn, *args)
 
+    def _run_small(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        """Like :meth:`_run`, for a transaction of a few statements on a few rows (a
+        hold, a close): an adapter may run it without a thread hand-off."""
+        return self._run(fn, *args)
+
     secret_box: Sealer | None = None
     """Seals webhook secrets at rest (set by the composition root); None keeps them in clear."""
 
@@ -237,8 +242,8 @@ class SqlStore(MarketTables, AdminKeyTables):
 
     def _write_one(self, item: ledger.LedgerWrite) -> Awaitable[Hold | None]:
         if isinstance(item, Hold):
-            return self._run(ledger.place_hold, item)  # None: placed
-        return self._run(ledger.close_hold, *item)
+            return self._run_small(ledger.place_hold, item)  # None: placed
+        return self._run_small(ledger.close_hold, *item)
 
     async def _write_many(self, items: list[ledger.LedgerWrite]) -> list[Hold | Exception | None]:
         # a hold is in at most one batch, and after its placement: its close takes it
@@ -276,7 +281,7 @@ class SqlStore(MarketTables, AdminKeyTables):
         writes, hold_accounts = self._ledger_writer()
         account_id = hold_accounts.pop(item[0], None)
         if account_id is None:  # placed elsewhere (or forgotten): alone
-            return await self._run(ledger.close_hold, *item)
+            return await self._run_small(ledger.close_hold, *item)
         closed = await writes.submit(account_id, item)
         assert closed is not None  # a close answers its hold
         return closed

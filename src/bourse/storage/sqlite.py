@@ -1,9 +1,10 @@
 """The SQLite adapter (the embedded default): one database file in the data folder.
 
 One connection on one dedicated thread: every transaction is one function run
-there, so transactions are serialized without locks, and concurrent ones are
-group-committed (see ``_serve``): one hop off the event loop and one commit for a
-whole batch. The database files are the owner's only (0600). WAL journal, ``synchronous=NORMAL``, checkpoints off the commit path and a WAL kept
+there, serialized, and concurrent ones are group-committed (see ``_serve``): one hop
+off the event loop and one commit for a whole batch. A lone hold or close, with
+nothing handed to that thread, runs on the loop's thread instead, under the same lock
+(``_run_small``, :mod:`bourse.storage.inline`). The database files are the owner's only (0600). WAL journal, ``synchronous=NORMAL``, checkpoints off the commit path and a WAL kept
 bounded (see ``_checkpoint``). Statements use the shared ``$n`` parameters
 (:mod:`bourse.storage.executor`), rewritten to ``?n`` once per statement text.
 """
@@ -26,8 +27,10 @@ from typing import Any, TypeVar
 from bourse.ports.stores import StoreUnavailable
 from bourse.retrying import retrying
 from bourse.storage.executor import IntegrityError, Row
+from bourse.storage.inline import InlineGate, running_loop
 from bourse.storage.private import narrow_files, private_file
 from bourse.storage.sql import SqlStore
+from bourse.storage.sqlite_errors import unavailable_as_such
 
 T = TypeVar("T")
 log = logging.getLogger("bourse.storage")
@@ -68,27 +71,6 @@ class _RolledBack(Exception):
     def __init__(self, cause: Exception) -> None:
         super().__init__(str(cause))
         self.cause = cause
-
-
-UNAVAILABLE_CODES = frozenset({
-    sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_NOMEM, sqlite3.SQLITE_READONLY,
-    sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN,
-    sqlite3.SQLITE_PROTOCOL,
-})  # fmt: skip
-"""The primary result codes of a database that cannot take a transaction now (the disk
-is full, failing or read-only, memory ran out, the file is locked past the busy timeout),
-as opposed to a statement that is wrong."""
-
-
-def unavailable_as_such(exc: Exception) -> Exception:
-    """``exc`` as :class:`StoreUnavailable` when SQLite failed for one of
-    :data:`UNAVAILABLE_CODES` (the HTTP layer answers 503 ``no_capacity``), else ``exc``."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF in UNAVAILABLE_CODES:
-        out = StoreUnavailable(f"SQLite: {exc}")
-        out.__cause__ = exc
-        return out
-    return exc
 
 
 class _SqliteExecutor:
@@ -173,6 +155,11 @@ class SqliteStore(SqlStore):
         self._batch_lock = threading.Lock()
         """Held by the commit thread while it runs a batch."""
         self.longest_reset_s = 0.0
+        self._pending = 0
+        """Transactions handed to the commit thread and not answered yet (the loop's count)."""
+        self._gate = InlineGate()
+        self.inline_runs = 0
+        """Small transactions run on the event loop's thread (see ``_run_small``)."""
         """The longest time a WAL reset held the commit thread (for tests and reports)."""
 
     def _connect(self) -> None:
@@ -272,6 +259,63 @@ class SqliteStore(SqlStore):
             raise RuntimeError("the SQLite store is not open")
         fut: asyncio.Future[Any] = loop.create_future()
         self._inbox.put((fn, args, fut))
+        self._pending += 1
+        return fut
+
+    def _answer(self, results: list[_Result]) -> None:
+        self._pending -= len(results)
+        _resolve(results)
+
+    def _run_small(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
+        """A small write (a hold, a close): on the loop's thread when nothing is handed
+        to the commit thread and the gate admits it (:mod:`bourse.storage.inline`),
+        else handed off like any other."""
+        if self._pending == 0 and self._conn is not None:
+            loop = self._loop
+            if loop is not None and loop is running_loop() and self._gate.admit(loop):
+                fut = self._inline(loop, fn, args)
+                if fut is not None:
+                    return fut
+        return self._submit(fn, args)
+
+    def _inline(
+        self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> asyncio.Future[Any] | None:
+        """Run one transaction here and now; None (nothing done) when the commit thread
+        or a WAL reset holds the connection, or the file's write lock is not free at
+        once (no busy wait on this thread: the commit thread waits instead)."""
+        conn = self._conn
+        if conn is None or not self._writers.is_set() or not self._batch_lock.acquire(blocking=False):
+            return None
+        t0 = time.perf_counter()
+        fut: asyncio.Future[Any] = loop.create_future()
+        try:
+            try:
+                conn.execute("PRAGMA busy_timeout = 0")
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error:  # locked (or failing): the commit thread waits, and says
+                self._roll_back()
+                return None
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {int(self.unavailable_timeout_s * 1000)}")
+            changes = conn.total_changes
+            try:
+                results = self._run_batch([(fn, args, fut)], begun=True)
+            except Exception as exc:  # a fault of this module, as in _serve
+                log.exception("SQLite transaction failed")
+                results = [(fut, False, exc)]
+                self._roll_back()
+            except BaseException:
+                self._roll_back()
+                raise
+            check = self._committed(conn.total_changes != changes, 1)
+        finally:
+            self._batch_lock.release()
+        self.inline_runs += 1
+        if check and self._after_commit(wait=False):
+            self._gate.back_off()  # the WAL is past twice its limit: the commit thread waits for it
+        self._gate.ran(time.perf_counter() - t0)
+        _resolve(results)
         return fut
 
     def _start_committer(self) -> None:
@@ -306,27 +350,33 @@ class SqliteStore(SqlStore):
                     log.exception("SQLite batch failed")
                     results = [(fut, False, exc) for _, _, fut in batch]
                     self._roll_back()
-                wrote = conn.total_changes != changes
+                check = self._committed(conn.total_changes != changes, len(batch))
             try:
-                loop.call_soon_threadsafe(_resolve, results)
+                loop.call_soon_threadsafe(self._answer, results)
             except RuntimeError:  # the loop is closed (shutdown)
                 return
             if stop:
                 return
-            if not wrote:
-                # reads, and sweeps that found nothing to change: nothing reached the WAL,
-                # so the store stays idle (a sweeper every half second would otherwise
-                # keep the idle pass, which empties the WAL, from ever coming)
-                continue
-            self._dirty = True
-            self._last_commit = time.monotonic()
-            self._commits += len(batch)  # writes: a batch of many writes grows the log as much
-            self._unsized += len(batch)
-            if self._checkpointer is not None and (
-                self._unsized >= self.SIZE_EVERY or self._commits >= self.CHECKPOINT_EVERY
-            ):
-                self._unsized = 0
+            if check:
                 self._after_commit()
+
+    def _committed(self, wrote: bool, writes: int) -> bool:
+        """Count a committed batch (under ``_batch_lock``); whether to look at the WAL."""
+        if not wrote:
+            # reads, and sweeps that found nothing to change: nothing reached the WAL,
+            # so the store stays idle (a sweeper every half second would otherwise
+            # keep the idle pass, which empties the WAL, from ever coming)
+            return False
+        self._dirty = True
+        self._last_commit = time.monotonic()
+        self._commits += writes  # writes: a batch of many writes grows the log as much
+        self._unsized += writes
+        if self._checkpointer is not None and (
+            self._unsized >= self.SIZE_EVERY or self._commits >= self.CHECKPOINT_EVERY
+        ):
+            self._unsized = 0
+            return True
+        return False
 
     def _roll_back(self) -> None:
         conn = self._conn
@@ -336,9 +386,10 @@ class SqliteStore(SqlStore):
             except sqlite3.Error:
                 log.exception("SQLite rollback failed")
 
-    def _after_commit(self) -> None:
+    def _after_commit(self, wait: bool = True) -> bool:
         """Wake the checkpoint thread every CHECKPOINT_EVERY writes or WAL_STEP_BYTES
-        of WAL growth; wait for it (at most a second) if the WAL is over twice its limit."""
+        of WAL growth; wait for it (at most a second; not ``wait``: on the loop's thread)
+        if the WAL is over twice its limit. Whether it is."""
         size = self._wal_bytes()
         if self._commits >= self.CHECKPOINT_EVERY or size >= self._wake_at:
             self._commits = 0
@@ -347,7 +398,10 @@ class SqliteStore(SqlStore):
         if size > 2 * self.WAL_LIMIT_BYTES and not self._readers_block_reset:
             self._pass_done.clear()
             self._ckpt_wake.set()
-            self._pass_done.wait(1.0)
+            if wait:
+                self._pass_done.wait(1.0)
+            return True
+        return False
 
     # -- checkpoints -------------------------------------------------------------------------
     #
@@ -487,12 +541,13 @@ class SqliteStore(SqlStore):
         if conn is not None:
             conn.close()
 
-    def _run_batch(self, batch: list[_Item]) -> list[_Result]:
+    def _run_batch(self, batch: list[_Item], begun: bool = False) -> list[_Result]:
         conn, ex = self._conn, self._exec
         assert conn is not None and ex is not None
         out: list[_Result] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            if not begun:
+                conn.execute("BEGIN IMMEDIATE")
             if len(batch) == 1:  # alone (no load): its own transaction, no savepoint
                 fn, args, fut = batch[0]
                 try:

@@ -23,7 +23,7 @@ import pytest
 from bourse.ports.stores import Hold, StoreUnavailable
 from bourse.services.billing import Billing, Quote
 from bourse.storage.sqlite import SqliteStore
-from tests.support.databases import StoreFactory
+from tests.support.databases import StoreFactory, hand_off_every_write
 from tests.support.waiting import await_until
 
 pytestmark = pytest.mark.anyio
@@ -61,6 +61,7 @@ async def test_a_cancelled_placement_that_stands_is_released(store_factory: Stor
     # drops a cancelled one that no worker has started, and one a worker has started
     # cannot be timed from here
     async with store_factory() as s:
+        hand_off_every_write(s)  # else SQLite places it on the loop's thread, before the cancel
         await s.create_account("a", 10_000, NOW)
         billing = Billing(s, owner="me")
         task = asyncio.create_task(billing.hold(QUOTE, account_id="a", request_id="r1", product="p"))

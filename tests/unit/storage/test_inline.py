@@ -1,0 +1,120 @@
+"""SQLite's inline writes (storage.inline): a hold and a close at low load run on the
+event loop's thread, with no hand-off; the loop never waits on another connection's
+lock or a slow write."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from bourse.ports.stores import Hold, StoreUnavailable, UsageRecord
+from bourse.storage.inline import InlineGate
+from bourse.storage.sqlite import SqliteStore
+
+pytestmark = pytest.mark.anyio
+NOW = 1_700_000_000.0
+
+
+def _hold(n: int, amount: int = 100) -> Hold:
+    return Hold(
+        id=f"h{n}", account_id="a", request_id=f"r{n}", amount_micros=amount, state="open", created_at=NOW
+    )
+
+
+async def test_a_hold_and_its_settlement_alone_run_inline_and_the_books_balance(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "bourse.db")
+    await store.open()
+    try:
+        await store.create_account("a", 10_000, NOW)
+        before = store.inline_runs
+        for n in range(5):
+            await store.place_hold(_hold(n))
+            await asyncio.sleep(0)  # a request's hold and its settlement: turns apart
+            usage = UsageRecord(f"r{n}", "a", "p", NOW, "ok", 40, {"cost": 40})
+            await store.settle(f"h{n}", 40, usage, NOW)
+            await asyncio.sleep(0)
+        assert store.inline_runs - before == 10
+        account = await store.account("a")
+        assert account is not None and account.balance_micros == 10_000 - 5 * 40
+        assert (await store.totals()).balanced
+        assert all([await store.usage("a", f"r{n}") for n in range(5)])  # every charge has its record
+    finally:
+        await store.close()
+    again = SqliteStore(tmp_path / "bourse.db")  # committed: another connection reads it
+    await again.open()
+    try:
+        account = await again.account("a")
+        assert account is not None and account.balance_micros == 10_000 - 5 * 40
+    finally:
+        await again.close()
+
+
+async def test_writes_of_one_turn_past_the_first_go_to_the_commit_thread_and_batch(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "bourse.db")
+    await store.open()
+    try:
+        await store.create_account("a", 10_000, NOW)
+        before = store.inline_runs
+        await asyncio.gather(*(store.place_hold(_hold(n)) for n in range(6)))
+        assert store.inline_runs - before == 1
+        assert (await store.totals()).balanced
+    finally:
+        await store.close()
+
+
+async def test_a_file_locked_by_another_connection_is_waited_for_off_the_loop(tmp_path: Path) -> None:
+    path = tmp_path / "bourse.db"
+    store = SqliteStore(path, unavailable_timeout_s=0.3)
+    await store.open()
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        await store.create_account("a", 10_000, NOW)
+        before = store.inline_runs
+        other.execute("BEGIN IMMEDIATE")
+        gaps: list[float] = []
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0)
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            await store.place_hold(_hold(1))
+        ticker.cancel()
+        assert time.monotonic() - t0 >= 0.25  # the busy timeout, waited on the commit thread
+        assert len(gaps) >= 10 and max(gaps) < 0.2  # while the loop ran on, never held
+        assert store.inline_runs == before
+        other.execute("ROLLBACK")
+        await store.place_hold(_hold(2))  # the lock is free: inline again
+        assert store.inline_runs == before + 1
+        assert (await store.totals()).balanced
+    finally:
+        other.close()
+        await store.close()
+
+
+async def test_the_gate_admits_one_a_turn_and_closes_after_a_slow_one() -> None:
+    loop = asyncio.get_running_loop()
+    gate = InlineGate(per_turn=1, slow_s=0.005, backoff_s=0.05)
+    assert gate.admit(loop)
+    assert not gate.admit(loop)  # the same turn
+    await asyncio.sleep(0)
+    assert gate.admit(loop)
+    gate.ran(0.001)
+    await asyncio.sleep(0)
+    assert gate.admit(loop)
+    gate.ran(0.006)  # slow: closed for backoff_s
+    await asyncio.sleep(0)
+    assert not gate.admit(loop)
+    await asyncio.sleep(0.06)
+    assert gate.admit(loop)
