@@ -497,6 +497,32 @@ async def test_redis_two_replicas_share_slots_and_bid_order(redis_books: Books) 
     assert view.admitted_total == len(bids) + 2
 
 
+@pytest.mark.anyio
+@pytest.mark.redis
+async def test_redis_releases_of_one_moment_go_in_one_call(redis_books: Books) -> None:
+    """Slots given back together (runs ending in the same turn of the loop, or while
+    the last give-back is in flight) cost one script call between them, and each is
+    free again; the order waiting behind them gets one at once."""
+    book = await redis_books([("d", 0.5, 8)])
+    held = [now_admitted((await submit(book, f"r{i}", 1.0))[1]) for i in range(8)]
+    nxt, waiting = await submit(book, "next", 2.0)
+    assert not waiting.done()
+    calls: list[str] = []
+    real = book.hub.call
+
+    async def counted(name: str, keys: list[str], args: list[Any]) -> Any:
+        calls.append(name)
+        return await real(name, keys, args)
+
+    book.hub.call = counted
+    for adm in held:
+        book.release(adm)
+    await quiet(book)
+    assert calls.count("RELEASE") <= 2  # the first alone at most, the rest while it was in flight
+    assert (await admitted(book, nxt, waiting)).order.id == "next"
+    await settled(book, waiting=0, busy_total=1)
+
+
 # -- 5. deadlines, cancellation, withdrawal ------------------------------------------------
 
 
