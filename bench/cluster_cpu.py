@@ -60,13 +60,18 @@ SHARED_REDIS = "redis://127.0.0.1:6379/0"
 PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 ROUNDS = 3
 MODES = {
-    "single": (False, False),
-    "cluster": (True, True),
-    "redis book, SQLite": (True, False),
-    "local book, PostgreSQL": (False, True),
+    "single": (False, False, False),
+    "cluster": (True, True, False),
+    "redis book, SQLite": (True, False, False),
+    "local book, PostgreSQL": (False, True, False),
+    "cluster, Unix sockets": (True, True, True),
 }
-"""Each run: (the book and limits in Redis, the ledger in PostgreSQL). The last two
-split cluster mode's extra CPU between its two halves."""
+"""Each run: (the book and limits in Redis, the ledger in PostgreSQL, both reached by
+Unix sockets rather than loopback TCP). The third and fourth split cluster mode's
+extra CPU between its two halves; the last shows what loopback TCP costs (a send on
+it runs the receiver's side of TCP too, charged to the sender)."""
+PG_SOCKETS = "/var/run/postgresql"
+"""Where the PostgreSQL server's Unix socket is (the last mode runs only if it exists)."""
 STATS_WAIT_S = 1.5
 """PostgreSQL flushes a backend's statistics at most once a second, when it is idle."""
 
@@ -76,11 +81,13 @@ def log(msg: str) -> None:
 
 
 @contextlib.contextmanager
-def own_redis() -> Iterator[str]:
-    """A Redis server of the bench's own (no persistence) on a free loopback port."""
+def own_redis() -> Iterator[tuple[str, str]]:
+    """A Redis server of the bench's own (no persistence) on a free loopback port and a
+    Unix socket: (its redis:// URL, its unix:// URL)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="bourse-redis-") as d:
         args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", d]
+        args += ["--unixsocket", f"{d}/redis.sock"]
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + 10
@@ -92,7 +99,7 @@ def own_redis() -> Iterator[str]:
                     if time.monotonic() > deadline or proc.poll() is not None:
                         raise RuntimeError("redis-server did not start") from None
                     time.sleep(0.05)
-            yield f"redis://127.0.0.1:{port}/0"
+            yield f"redis://127.0.0.1:{port}/0", f"unix://{d}/redis.sock?db=0"
         finally:
             proc.terminate()
             proc.wait(10)
@@ -172,25 +179,37 @@ def _config(redis_url: str | None, prefix: str) -> str:
 
 
 def measure(
-    mode: str, n: int, warm: int, redis_url: str, pg_url: str, profile: Path | None = None
+    mode: str,
+    n: int,
+    warm: int,
+    redis_url: str,
+    pg_url: str,
+    profile: Path | None = None,
+    unix_redis: str | None = None,
 ) -> dict[str, Any]:
     """One gateway (a mode of :data:`MODES`), one run of ``n`` requests after ``warm``;
     with Redis then ``n // 8`` more under ``MONITOR`` (the round trips to Redis).
     ``profile``: the gateway runs under cProfile (bench/gateway_site) and the measured
     window's counts go to ``profile/<mode>.1`` (its CPU figure is then cProfile's too)."""
-    use_redis, use_pg = MODES[mode]
+    use_redis, use_pg, unix = MODES[mode]
     dsn = None
     name = "bourse_cpu_" + os.urandom(4).hex()
     if use_pg:
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name}")
         dsn = pg_url.rsplit("/", 1)[0] + "/" + name
+    gateway_dsn = f"{dsn}?host={PG_SOCKETS}" if unix else dsn
+    gateway_redis = unix_redis if unix else redis_url
     trips = [0, 0]
     m = max(1, n // 8)
     try:
         with (
             _profiled(profile, mode),
-            gateway_process(_config(redis_url if use_redis else None, name), database=dsn) as (v1, key, proc),
+            gateway_process(_config(gateway_redis if use_redis else None, name), database=gateway_dsn) as (
+                v1,
+                key,
+                proc,
+            ),
         ):
             asyncio.run(load(v1, key, warm, C))
             if profile:
@@ -243,14 +262,16 @@ def scenario(
     rounds = rounds or (1 if quick else ROUNDS)
     own = False
     with contextlib.ExitStack() as stack:
+        unix_redis = None
         if redis_url is None:
             own = shutil.which("redis-server") is not None
-            redis_url = stack.enter_context(own_redis()) if own else SHARED_REDIS
-        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+            redis_url, unix_redis = stack.enter_context(own_redis()) if own else (SHARED_REDIS, None)
+        modes = [m for m in MODES if not MODES[m][2] or (unix_redis and Path(PG_SOCKETS).is_dir())]
+        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         for _ in range(rounds):
-            for mode in MODES:
+            for mode in modes:
                 try:
-                    row = measure(mode, n, warm, redis_url, url, profile)
+                    row = measure(mode, n, warm, redis_url, url, profile, unix_redis)
                 except Exception as exc:
                     row = {"mode": mode, "n": n, "error": f"{type(exc).__name__}: {exc}"[:300]}
                 log(_summary(row))
@@ -303,7 +324,9 @@ def section_lines(res: dict[str, Any]) -> list[str]:
         "`MONITOR` over an eighth as many requests more), *in scripts*: those its Lua scripts ran. "
         "*PostgreSQL*: `pg_stat_database` of the gateway's database, transactions committed and rows "
         "written a request. The last two rows are each half of cluster mode alone: the book and limits in "
-        "Redis with the ledger in SQLite, and the book in process with the ledger in PostgreSQL."
+        "Redis with the ledger in SQLite, and the book in process with the ledger in PostgreSQL; the last is "
+        "cluster mode again with Redis and PostgreSQL reached by Unix sockets (`unix://`, `?host=` the "
+        "server's socket folder) rather than loopback TCP."
         + (
             " Redis: a server of the bench's own."
             if res.get("own_redis")
@@ -322,7 +345,7 @@ def section_lines(res: dict[str, Any]) -> list[str]:
         if "error" in r:
             L.append(f"| {r['mode']} | {r['n']:,} | {r['error']} | | | | | | |")
             continue
-        use_redis, use_pg = MODES[r["mode"]]
+        use_redis, use_pg, _unix = MODES[r["mode"]]
         rd = f"{r['redis_sent']:.2f} | {r['redis_in_lua']:.2f}" if use_redis else "— | —"
         pg = f"{r['pg_xacts']:.2f} | {r['pg_rows']:.2f}" if use_pg else "— | —"
         extra = f"{rd} | {pg}"
