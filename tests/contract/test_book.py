@@ -523,6 +523,23 @@ async def test_redis_releases_of_one_moment_go_in_one_call(redis_books: Books) -
     await settled(book, waiting=0, busy_total=1)
 
 
+@pytest.mark.anyio
+@pytest.mark.redis
+async def test_redis_a_script_cache_emptied_under_the_book_is_filled_again(redis_books: Books) -> None:
+    """The scripts run by their SHA; when Redis does not know it (a restart emptied its
+    script cache) the script is given again on that call, which succeeds."""
+    book = await redis_books([("d", 0.5, 1)])
+    adm = now_admitted((await submit(book, "before", 1.0))[1])
+    book.release(adm)
+    await quiet(book)
+    for script in book.hub.script.values():  # as if Redis had forgotten them (SCRIPT FLUSH is the
+        script.sha = "0" * 40  # whole server's, shared with other tests): an unknown SHA
+    adm = now_admitted((await submit(book, "after", 1.0))[1])
+    assert adm.order.id == "after"
+    book.release(adm)
+    await settled(book, waiting=0, busy_total=0)
+
+
 # -- 5. deadlines, cancellation, withdrawal ------------------------------------------------
 
 
@@ -1340,7 +1357,7 @@ async def test_a_breakers_cooling_is_timed_on_redis_clock_not_the_replicas(
     breaker.threshold, breaker.cooldown_s = 1, 1.0
     skewed.report_failure("d")
     redis = skewed.hub.redis
-    key = next(k for k in skewed._keys if k.endswith(":cool"))
+    key = next(k for k in skewed._keys if k.endswith(b":cool")).decode()
     deadline = time.monotonic() + WAIT_S
     while (until := await redis.hget(key, "d")) is None:
         assert time.monotonic() < deadline, "the cooling was never shared"

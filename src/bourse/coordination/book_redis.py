@@ -77,7 +77,7 @@ class RedisBook:
         self.deployments = deployments
         self.min_floor = min(d.floor for d in deployments)
         self.max_waiting = max_waiting
-        self._keys = script_keys(hub.prefix, product)
+        self._keys = [k.encode() for k in script_keys(hub.prefix, product)]  # encoded once, not per call
         self._head = self._make_head()
         self._by_name = {d.name: d for d in deployments}
         self._held_out: set[str] = set()
@@ -101,10 +101,11 @@ class RedisBook:
         """Loop time Redis last answered this book (None before the first call)."""
         self._sweep: asyncio.TimerHandle | None = None
 
-    def _make_head(self) -> list[Any]:
-        """The scripts' first arguments: the deployments (with their slots now), the hub's terms."""
+    def _make_head(self) -> list[bytes]:
+        """The scripts' first arguments, encoded: the deployments (with their slots now),
+        the hub's terms."""
         hub = self.hub
-        return [
+        head = [
             orjson.dumps([[d.name, repr(float(d.floor)), d.slots] for d in self.deployments]).decode(),
             hub.lease_ms,
             hub.channel_prefix,
@@ -113,6 +114,7 @@ class RedisBook:
             int(hub.take_up_s * 1000),
             int(hub.park_s * 1000),
         ]
+        return [str(v).encode() for v in head]
 
     @staticmethod
     def now() -> float:
