@@ -1,6 +1,7 @@
 """The gateway's CPU a request in cluster mode against a single process (issue 40 item 4).
 
-    .venv/bin/python -m bench.cluster_cpu [--quick] [--redis URL] [--out bench/RESULTS.md] [--json FILE]
+    .venv/bin/python -m bench.cluster_cpu [--quick] [--rounds 3] [--redis URL] [--out bench/RESULTS.md] [--json FILE]
+    .venv/bin/python -m bench.cluster_cpu --quick --profile /tmp/prof   # cProfile dumps, <mode>.1 the window
 
 Also run by ``bash bench/run.sh`` (scenario j of bench/harness.py).
 
