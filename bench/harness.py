@@ -1,7 +1,7 @@
 """bourse beside a direct call and beside its peers, in one run; rewrites bench/RESULTS.md.
 
     bash bench/run.sh            # installs what is missing, then runs this
-    .venv/bin/python -m bench.harness [--quick] [--only a,b,c,d,e,f,g,h,i] [--out FILE]
+    .venv/bin/python -m bench.harness [--quick] [--only a,b,c,d,e,f,g,h,i,j] [--out FILE]
 
 Layout on a 2-core machine: the gateway under test (bourse, LiteLLM proxy with one
 worker, Portkey's node gateway) on core 0; nginx (one worker, the echo module,
@@ -18,6 +18,7 @@ Scenarios (each against direct nginx, bourse and each peer that started):
   (g) the stack's alternatives (bench/alternatives.py): servers, upstream clients, decoders
   (h) the market under overload (bench/market.py): both books, one replica stopped
   (i) bytes written to disk a request (bench/disk.py): SQLite and PostgreSQL, c=1 and c=32
+  (j) the gateway's CPU a request in cluster mode against alone (bench/cluster_cpu.py)
 
 bourse runs twice in (a), (b) and (d): as configured by default (metrics and the access
 log on) and with ``[server] metrics = false`` and ``access_log = false`` (a second
@@ -45,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from bench import disk, market
+from bench import cluster_cpu, disk, market
 from bench.common import free_port, gateway_process, pinned, process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1089,6 +1090,8 @@ def write_results(
         L.extend(market.section_lines(h) if "rows" in h else [market.HEADING, "", f"error: {h['error']}", ""])
     if res.get("i") is not None:
         L.extend(disk.section_lines(res["i"]))
+    if res.get("j") is not None:
+        L.extend(cluster_cpu.section_lines(res["j"]))
     add("## Targets (issue 17; the 10x LiteLLM row is issue 7's)")
     add("")
     add("| scenario | target | measured | met |")
@@ -1155,6 +1158,8 @@ def targets_table(res: dict[str, Any]) -> list[list[str]]:
     rows.append(_memory_target(res))
     if res.get("i") is not None:
         rows.extend(disk.target_rows(res["i"]))
+    if res.get("j") is not None:
+        rows.extend(cluster_cpu.target_rows(res["j"]))
     pg = [
         r
         for r in res.get("f", {}).get("rows", [])
@@ -1255,7 +1260,7 @@ def sanity_checks(stack: Stack) -> dict[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test of the harness)")
-    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i", help="scenarios to run, e.g. a,b")
+    ap.add_argument("--only", default="a,b,c,d,e,f,g,h,i,j", help="scenarios to run, e.g. a,b")
     ap.add_argument("--out", default=str(BENCH / "RESULTS.md"))
     ap.add_argument(
         "--e-upstream",
@@ -1355,6 +1360,9 @@ def main() -> None:
         if "i" in only:
             log("(i) bytes written a request")
             res["i"] = guarded(lambda: disk.scenario(quick=args.quick))
+        if "j" in only:
+            log("(j) CPU a request, cluster mode against alone")
+            res["j"] = guarded(lambda: cluster_cpu.scenario(quick=args.quick))
     (WORK / "results.json").write_text(json.dumps(res, indent=1, default=str))
     write_results(Path(args.out), stack, res, o, started, checks)
     log(f"wrote {args.out} in {(time.time() - started) / 60:.1f} min")

@@ -17,6 +17,8 @@
 # (BOURSE_TEST_POSTGRES_URL overrides); unreachable -> that row says "not run".
 # Scenario (i) makes a database of its own on that server (BOURSE_DISK_POSTGRES_URL
 # overrides; its pg_walinspect extension is PostgreSQL's contrib, 15 or later).
+# Scenario (j) does the same (BOURSE_DISK_POSTGRES_URL), and starts a Redis server of its
+# own (redis-server on a free loopback port; without it, the shared 127.0.0.1:6379).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=bench/.work

@@ -497,6 +497,49 @@ async def test_redis_two_replicas_share_slots_and_bid_order(redis_books: Books) 
     assert view.admitted_total == len(bids) + 2
 
 
+@pytest.mark.anyio
+@pytest.mark.redis
+async def test_redis_releases_of_one_moment_go_in_one_call(redis_books: Books) -> None:
+    """Slots given back together (runs ending in the same turn of the loop, or while
+    the last give-back is in flight) cost one script call between them, and each is
+    free again; the order waiting behind them gets one at once."""
+    book = await redis_books([("d", 0.5, 8)])
+    held = [now_admitted((await submit(book, f"r{i}", 1.0))[1]) for i in range(8)]
+    nxt, waiting = await submit(book, "next", 2.0)
+    assert not waiting.done()
+    calls: list[str] = []
+    real = book.hub.call
+
+    async def counted(name: str, keys: list[str], args: list[Any]) -> Any:
+        calls.append(name)
+        return await real(name, keys, args)
+
+    book.hub.call = counted
+    for adm in held:
+        book.release(adm)
+    await quiet(book)
+    assert calls.count("RELEASE") <= 2  # the first alone at most, the rest while it was in flight
+    assert (await admitted(book, nxt, waiting)).order.id == "next"
+    await settled(book, waiting=0, busy_total=1)
+
+
+@pytest.mark.anyio
+@pytest.mark.redis
+async def test_redis_a_script_cache_emptied_under_the_book_is_filled_again(redis_books: Books) -> None:
+    """The scripts run by their SHA; when Redis does not know it (a restart emptied its
+    script cache) the script is given again on that call, which succeeds."""
+    book = await redis_books([("d", 0.5, 1)])
+    adm = now_admitted((await submit(book, "before", 1.0))[1])
+    book.release(adm)
+    await quiet(book)
+    for script in book.hub.script.values():  # as if Redis had forgotten them (SCRIPT FLUSH is the
+        script.sha = "0" * 40  # whole server's, shared with other tests): an unknown SHA
+    adm = now_admitted((await submit(book, "after", 1.0))[1])
+    assert adm.order.id == "after"
+    book.release(adm)
+    await settled(book, waiting=0, busy_total=0)
+
+
 # -- 5. deadlines, cancellation, withdrawal ------------------------------------------------
 
 
@@ -1314,7 +1357,7 @@ async def test_a_breakers_cooling_is_timed_on_redis_clock_not_the_replicas(
     breaker.threshold, breaker.cooldown_s = 1, 1.0
     skewed.report_failure("d")
     redis = skewed.hub.redis
-    key = next(k for k in skewed._keys if k.endswith(":cool"))
+    key = next(k for k in skewed._keys if k.endswith(b":cool")).decode()
     deadline = time.monotonic() + WAIT_S
     while (until := await redis.hget(key, "d")) is None:
         assert time.monotonic() < deadline, "the cooling was never shared"

@@ -34,9 +34,10 @@ from typing import Any
 import orjson
 from redis.exceptions import RedisError
 
+from bourse.coordination.book_entries import clear, held_terms, running, slot_terms, waiting_terms
 from bourse.coordination.redis_hub import RedisHub
 from bourse.domain.book import Admission, BookFull, Deployment, Order, check_raise, counts_against
-from bourse.ports.book import BookUnavailable, BookView, Clear, ClientGone, DeploymentView, Pace
+from bourse.ports.book import BookUnavailable, BookView, ClientGone, DeploymentView, Pace
 
 log = logging.getLogger("bourse.coordination")
 
@@ -57,6 +58,8 @@ def script_keys(prefix: str, product: str) -> list[str]:
     return [f"{tag}:{k}" for k in BOOK_KEYS] + [f"{prefix}:{k}" for k in SHARED_KEYS]
 
 
+RELEASE_BATCH = 256
+"""At most this many slots given back in one RELEASE call (one script's run stays short)."""
 VIEW_BIDS = 10_000
 """The market view lists at most this many waiting bids (the best ones)."""
 
@@ -74,7 +77,7 @@ class RedisBook:
         self.deployments = deployments
         self.min_floor = min(d.floor for d in deployments)
         self.max_waiting = max_waiting
-        self._keys = script_keys(hub.prefix, product)
+        self._keys = [k.encode() for k in script_keys(hub.prefix, product)]  # encoded once, not per call
         self._head = self._make_head()
         self._by_name = {d.name: d for d in deployments}
         self._held_out: set[str] = set()
@@ -89,16 +92,20 @@ class RedisBook:
         """Offers being taken up (a TAKE in flight)."""
         self._orphans: set[str] = set()
         """Orders this replica gave up on while Redis was unreachable: taken out once it answers."""
+        self._giving_back: list[str] = []
+        """Slots to give back in the next RELEASE call (:meth:`_give_back`)."""
+        self._give_back_running = False
         self._level = self.min_floor
         self._pace = Pace(0, 0.0)
         self._answered_at: float | None = None
         """Loop time Redis last answered this book (None before the first call)."""
         self._sweep: asyncio.TimerHandle | None = None
 
-    def _make_head(self) -> list[Any]:
-        """The scripts' first arguments: the deployments (with their slots now), the hub's terms."""
+    def _make_head(self) -> list[bytes]:
+        """The scripts' first arguments, encoded: the deployments (with their slots now),
+        the hub's terms."""
         hub = self.hub
-        return [
+        head = [
             orjson.dumps([[d.name, repr(float(d.floor)), d.slots] for d in self.deployments]).decode(),
             hub.lease_ms,
             hub.channel_prefix,
@@ -107,6 +114,7 @@ class RedisBook:
             int(hub.take_up_s * 1000),
             int(hub.park_s * 1000),
         ]
+        return [str(v).encode() for v in head]
 
     @staticmethod
     def now() -> float:
@@ -207,7 +215,7 @@ class RedisBook:
             entry[1].set_exception(exc)
 
     def _admitted(self, oid: str, held: str) -> None:
-        dep, price, level, attempt, bid = _held_terms(held)
+        dep, price, level, attempt, bid = held_terms(held)
         self._grant(oid, dep, price, level, attempt, bid)
 
     def _grant(
@@ -223,11 +231,11 @@ class RedisBook:
         if entry is None:
             if oid not in self._held:
                 # nobody waits for it any more (client left at this instant)
-                self.hub.spawn(self._release(oid))
+                self._give_back(oid)
             return
         order, fut = entry
         if fut.done() or not order.still_wanted():
-            self.hub.spawn(self._release(oid))
+            self._give_back(oid)
             if not fut.done():
                 fut.set_exception(ClientGone(oid))
             return
@@ -272,7 +280,7 @@ class RedisBook:
         if fut.done() and not fut.cancelled():
             return fut.result()
         if res[0] == "held":  # admitted at the deadline (an offer is taken up by the REMOVE)
-            dep, price, level, _attempt, bid = _held_terms(res[1])
+            dep, price, level, _attempt, bid = held_terms(res[1])
             if bid is not None:
                 order.bid = bid
             adm = Admission(order, dep, price, level)
@@ -321,13 +329,29 @@ class RedisBook:
         br = self._breakers.get(admission.deployment)
         if br is not None:
             br.trial_running = False
-        self.hub.spawn(self._release(oid))
+        self._give_back(oid)
 
-    async def _release(self, oid: str) -> None:
+    def _give_back(self, oid: str) -> None:
+        """Give ``oid``'s slot back, off the caller's path. The slots given back in one
+        turn of the loop, or while the last RELEASE is in flight, go in one call."""
+        self._giving_back.append(oid)
+        if not self._give_back_running:
+            self._give_back_running = True
+            self.hub.spawn(self._give_back_pending())
+
+    async def _give_back_pending(self) -> None:
         try:
-            await self._call("RELEASE", oid)
+            while self._giving_back:
+                oids, self._giving_back = self._giving_back[:RELEASE_BATCH], self._giving_back[RELEASE_BATCH:]
+                await self._release(*oids)
+        finally:
+            self._give_back_running = False
+
+    async def _release(self, *oids: str) -> None:
+        try:
+            await self._call("RELEASE", *oids)
         except BookUnavailable:
-            self._orphans.add(oid)  # given back once Redis answers again
+            self._orphans.update(oids)  # given back once Redis answers again
 
     async def requeue(self, order: Order, admission: Admission) -> asyncio.Future[Admission]:
         dep = admission.deployment
@@ -460,7 +484,7 @@ class RedisBook:
                 )
             )
         skew = time.time() - float(now_ms) / 1000.0
-        clears = [_clear(r, skew) for r in recent]
+        clears = [clear(r, skew) for r in recent]
         if clears:
             self._pace = Pace(len(clears), max(0.0, time.time() - clears[-1].at))
         return BookView(
@@ -472,7 +496,7 @@ class RedisBook:
             bids=[float(b) for b in bids],
             recent=clears,
             parked=int(parked),
-            running=[_running(str(held[i]), str(held[i + 1])) for i in range(0, len(held), 2)],
+            running=[running(str(held[i]), str(held[i + 1])) for i in range(0, len(held), 2)],
         )
 
     # -- lifecycle ------------------------------------------------------------------
@@ -484,8 +508,8 @@ class RedisBook:
         orders waiting here fail with :class:`BookUnavailable` (their clients get a 503)."""
         waiting = [oid for oid in self._resting if oid in self._waiting]
         held = list(self._held)
-        args = [_waiting_terms(self._waiting[oid][0]) for oid in waiting]
-        args += [_slot_terms(self._held[oid]) for oid in held]
+        args = [waiting_terms(self._waiting[oid][0]) for oid in waiting]
+        args += [slot_terms(self._held[oid]) for oid in held]
         try:
             res = await self._call("HEARTBEAT", *args)
         except BookUnavailable as exc:
@@ -499,9 +523,10 @@ class RedisBook:
                 self._pos[oid] = int(st[1:])
             elif st[0] == "h":
                 self._admitted(oid, st[1:])
-        for oid in list(self._orphans):
-            self._orphans.discard(oid)
-            await self._release(oid)
+        if self._orphans:
+            orphans = list(self._orphans)
+            self._orphans.clear()
+            await self._release(*orphans)
 
     def _unreachable(self, exc: BookUnavailable) -> None:
         since = self._answered_at
@@ -532,50 +557,3 @@ class RedisBook:
         self._waiting.clear()
         self._resting.clear()
         self._held.clear()
-
-
-FAILED_MARK = "|x"
-"""Ends a recent entry whose run failed before any output (``lua/book_failed.lua``)."""
-
-
-def _clear(entry: str, skew: float) -> Clear:
-    """A ``recent`` entry ('ms|price|bid|deployment|order_id|attempt', then ``|x`` for a
-    failed attempt; an entry written before has the first four only) as a clear, on
-    this replica's clock (``skew``: its time less Redis's)."""
-    at, price, bid, rest = entry.split("|", 3)
-    failed = rest.endswith(FAILED_MARK)
-    if failed:
-        rest = rest[: -len(FAILED_MARK)]
-    dep, oid, attempt = rest, "", 0
-    parts = rest.rsplit("|", 2)
-    if len(parts) == 3 and parts[2].isdigit():
-        dep, oid, attempt = parts[0], parts[1], int(parts[2])
-    return Clear(float(at) / 1000.0 + skew, float(price), float(bid), dep, None, oid, attempt, failed)
-
-
-def _running(oid: str, held: str) -> tuple[str, str, int | None]:
-    """(order id, deployment, output cap or None) of a ``held`` entry."""
-    f = held.split("|")
-    cap = f[6] if len(f) > 6 else ""
-    return oid, f[0], int(cap) if cap.isdigit() else None
-
-
-def _held_terms(held: str) -> tuple[str, float, float, int, float | None]:
-    """(deployment, price, level, attempt, bid) of a ``held`` entry (see the scripts' key
-    layout; the bid it cleared at is None where the entry does not say it)."""
-    dep, _replica, price, level, attempt, *rest = held.split("|")
-    bid = rest[0] if rest else ""
-    return dep, float(price), float(level), int(attempt), float(bid) if bid else None
-
-
-def _waiting_terms(order: Order) -> str:
-    """A waiting order as the heartbeat script reads it (to rest it again if forgotten)."""
-    return f"w|{order.id}|{order.seq}|{float(order.bid)!r}|{order.avoid or ''}|{order.requeues}"
-
-
-def _slot_terms(adm: Admission) -> str:
-    """A slot in use as the heartbeat script reads it (to count it again if forgotten)."""
-    o = adm.order
-    return (
-        f"h|{o.id}|{adm.deployment}|{float(adm.price)!r}|{float(adm.level)!r}|{o.requeues}|{float(o.bid)!r}"
-    )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from importlib import resources
 from typing import Any, Protocol, cast
 
@@ -30,6 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 
 from bourse.retrying import retrying
 
@@ -247,8 +248,16 @@ class RedisHub:
         if not task.cancelled() and task.exception() is not None:
             log.error("cluster: background call failed: %s", task.exception())
 
-    async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        return await self.script[name](keys=keys, args=args)
+    async def call(self, name: str, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
+        """Run script ``name``: ``EVALSHA`` straight away (the request path's call:
+        redis-py's script object adds its own layer to every call), through the
+        script object only when Redis does not know the script (a restart emptied its
+        script cache: the object loads it again)."""
+        script = self.script[name]
+        try:
+            return await self.redis.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await script(keys=list(keys), args=list(args))
 
     async def aclose(self) -> None:
         """Give back this replica's orders and slots, stop the tasks, close the

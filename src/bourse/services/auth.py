@@ -153,6 +153,8 @@ class Authenticator:
         self.clock = clock
         """The time a key's expiry and grace are judged on (the database's: replicas share keys)."""
         self._cache: dict[str, tuple[float, Principal | None]] = {}
+        self._reading: dict[str, asyncio.Task[Principal | None]] = {}
+        """digest -> the store read in flight for it, which every caller meanwhile awaits"""
         self._touch_every = touch_interval_s
         self._touch_due: dict[str, float] = {}
         """key id -> monotonic time before which its use is not written again"""
@@ -188,6 +190,29 @@ class Authenticator:
         return principal
 
     async def _lookup(self, digest: str, mono: float) -> Principal | None:
+        """The key of ``digest`` from the store, cached; callers that miss the cache
+        while a read of the same digest is in flight share it (each time an entry
+        expires, the requests in flight then would otherwise each read the store)."""
+        task = self._reading.get(digest)
+        if task is None:
+            task = asyncio.ensure_future(self._read(digest))
+            self._reading[digest] = task
+            task.add_done_callback(lambda t: self._read_done(digest, mono, t))
+        return await asyncio.shield(task)  # a caller that leaves does not cancel the others' read
+
+    def _read_done(self, digest: str, mono: float, task: asyncio.Task[Principal | None]) -> None:
+        """Cache what ``task`` read, unless a ``forget`` came meanwhile (it may predate that)."""
+        failed = task.cancelled() or task.exception() is not None  # raised to its callers, not kept
+        if self._reading.get(digest) is not task:
+            return
+        del self._reading[digest]
+        if failed:
+            return
+        if len(self._cache) >= self._max:
+            self._cache.clear()
+        self._cache[digest] = (mono + self._ttl, task.result())
+
+    async def _read(self, digest: str) -> Principal | None:
         key = await self._keys.key_by_hash(digest)
         if key is None and await self._admin_key(digest) is not None:
             raise GatewayError(
@@ -195,23 +220,21 @@ class Authenticator:
                 "admin_key_not_allowed",
                 "The admin key is for the admin API only; use an API key for /v1.",
             )
-        principal = None if key is None else Principal(key, KeyLimits(key.rpm, key.tpm, key.max_streams))
-        if len(self._cache) >= self._max:
-            self._cache.clear()
-        self._cache[digest] = (mono + self._ttl, principal)
-        return principal
+        return None if key is None else Principal(key, KeyLimits(key.rpm, key.tpm, key.max_streams))
 
     def forget(self, key_id: str) -> None:
         """Drop the cached lookups of ``key_id`` (revoked or rotated here just now)."""
         stale = [d for d, (_, p) in self._cache.items() if p is not None and p.key.id == key_id]
         for digest in stale:
             self._cache.pop(digest, None)
+        self._reading.clear()  # a read in flight may predate the change: the next caller reads again
 
     def forget_account(self, account_id: str) -> None:
         """Drop the cached lookups of every key of ``account_id`` (its status changed here)."""
         stale = [d for d, (_, p) in self._cache.items() if p is not None and p.key.account_id == account_id]
         for digest in stale:
             self._cache.pop(digest, None)
+        self._reading.clear()
 
     # -- last use, written off the response path -------------------------------------------
 

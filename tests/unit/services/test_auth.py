@@ -30,6 +30,13 @@ class CountingStore(SqliteStore):
         super().__init__(":memory:")
         self.touches: list[dict[str, float]] = []
         self.fail_touches = False
+        self.lookups = 0
+
+    async def key_by_hash(self, key_hash: str) -> ApiKey | None:
+        self.lookups += 1
+        key = await super().key_by_hash(key_hash)
+        await asyncio.sleep(0.01)  # the answer's way back: the callers pile up meanwhile
+        return key
 
     async def touch_keys(self, used: Mapping[str, float]) -> None:
         self.touches.append(dict(used))
@@ -100,6 +107,51 @@ async def test_a_key_revoked_elsewhere_is_refused_within_the_cache_ttl(store: Co
     took = await wait_refused(auth, "s1", within_s=CACHE_TTL_MAX_S)
     assert took <= 0.3 + 0.2
     assert await refused(auth, "s1") == "This API key was revoked."
+    await auth.aclose()
+
+
+async def test_concurrent_callers_of_an_uncached_key_share_one_lookup(store: CountingStore) -> None:
+    """When the cache has no entry (a cold start, or each time the TTL runs out), the
+    requests in flight for the key wait on one read of the store, not one read each."""
+    await new_key(store, "s9")
+    auth = Authenticator(store, "admin", cache_ttl_s=0.2)
+    got = await asyncio.gather(*(auth.user(bearer("s9")) for _ in range(32)))
+    assert {p.key.id for p in got} == {"key_s9"}
+    assert store.lookups == 1
+    await asyncio.sleep(0.25)  # the entry expired: the next wave reads once more
+    await asyncio.gather(*(auth.user(bearer("s9")) for _ in range(32)))
+    assert store.lookups == 2
+    assert [await refused(auth, "nope") for _ in range(2)]  # an unknown key is cached as such
+    await auth.aclose()
+
+
+async def test_a_read_in_flight_when_the_key_is_forgotten_is_not_kept(store: CountingStore) -> None:
+    await new_key(store, "s7")
+    auth = Authenticator(store, "admin", cache_ttl_s=1.0)
+    first = asyncio.ensure_future(auth.user(bearer("s7")))
+    await asyncio.sleep(0.001)  # its read is in flight
+    await store.revoke_key("key_s7", time.time())
+    auth.forget("key_s7")  # the read may have seen the key before the revocation
+    assert (await first).key.id == "key_s7"  # read before the revocation
+    await refused(auth, "s7")  # read again, not the in-flight read's answer
+    assert store.lookups == 2
+    await auth.aclose()
+
+
+async def test_a_shared_lookup_that_fails_fails_every_caller_and_is_not_kept(store: CountingStore) -> None:
+    await new_key(store, "s8")
+    auth = Authenticator(store, "admin", cache_ttl_s=1.0)
+    real = store.key_by_hash
+
+    async def broken(key_hash: str) -> ApiKey | None:
+        await asyncio.sleep(0.01)
+        raise OSError("database gone")
+
+    store.key_by_hash = broken  # type: ignore[method-assign]
+    got = await asyncio.gather(*(auth.user(bearer("s8")) for _ in range(4)), return_exceptions=True)
+    assert all(isinstance(g, OSError) for g in got)
+    store.key_by_hash = real  # type: ignore[method-assign]
+    assert (await auth.user(bearer("s8"))).key.id == "key_s8"
     await auth.aclose()
 
 

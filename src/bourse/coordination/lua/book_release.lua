@@ -1,9 +1,10 @@
--- ARGV[A]: order_id. Gives its slot back (a no-op if its lease already did); an order
--- still waiting is taken out too (a replica forgetting what it gave up on while Redis
--- was unreachable).
-local oid = ARGV[A]
-local h = drop(oid)
+-- ARGV[A..]: order ids. Gives each one's slot back (a no-op if its lease already did);
+-- an order still waiting is taken out too (a replica forgetting what it gave up on
+-- while Redis was unreachable). The reply: how many held a slot.
+local n = 0
+for i = A, #ARGV do
+  if drop(ARGV[i]) then n = n + 1 end
+end
 prune()
 dispatch()
-if h then return out(1) end
-return out(0)
+return out(n)
