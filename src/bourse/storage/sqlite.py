@@ -276,6 +276,8 @@ class SqliteStore(SqlStore):
                 fut = self._inline(loop, fn, args)
                 if fut is not None:
                     return fut
+        elif self._pending:
+            self._gate.loaded()  # another write in flight: under load, the commit thread's
         return self._submit(fn, args)
 
     def _inline(

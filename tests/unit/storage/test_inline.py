@@ -105,7 +105,7 @@ async def test_a_file_locked_by_another_connection_is_waited_for_off_the_loop(tm
 
 async def test_the_gate_admits_one_a_turn_and_closes_after_a_slow_one() -> None:
     loop = asyncio.get_running_loop()
-    gate = InlineGate(per_turn=1, slow_s=0.005, backoff_s=0.05)
+    gate = InlineGate(per_turn=1, slow_s=0.005, backoff_s=0.05, load_s=0.0)
     assert gate.admit(loop)
     assert not gate.admit(loop)  # the same turn
     await asyncio.sleep(0)
@@ -115,6 +115,25 @@ async def test_the_gate_admits_one_a_turn_and_closes_after_a_slow_one() -> None:
     assert gate.admit(loop)
     gate.ran(0.006)  # slow: closed for backoff_s
     await asyncio.sleep(0)
+    assert not gate.admit(loop)
+    await asyncio.sleep(0.06)
+    assert gate.admit(loop)
+
+
+async def test_under_load_the_gate_stays_shut_a_while() -> None:
+    """A turn asking for more than its budget, or a write finding another in flight
+    (``loaded``), shuts the gate for ``load_s``: under load the commit thread runs the
+    SQL beside the loop, inline would serialize it on the loop's thread."""
+    loop = asyncio.get_running_loop()
+    gate = InlineGate(per_turn=1, slow_s=1.0, backoff_s=1.0, load_s=0.05)
+    assert gate.admit(loop)
+    assert not gate.admit(loop)  # a second write in the turn: load
+    await asyncio.sleep(0)
+    assert not gate.admit(loop)  # still shut in the next turn
+    await asyncio.sleep(0.06)
+    assert gate.admit(loop)
+    await asyncio.sleep(0)
+    gate.loaded()  # a write found another in flight
     assert not gate.admit(loop)
     await asyncio.sleep(0.06)
     assert gate.admit(loop)
