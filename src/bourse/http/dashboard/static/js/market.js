@@ -151,15 +151,17 @@ function renderLadder(doc) {
   tbody.replaceChildren(...rows);
 }
 
-// The cheapest bid for each predicted wait (the curve is lowest price first; a higher
-// price never waits longer), by wait: what the chart draws and the table lists.
+// The cheapest bid for each predicted wait as the page shows it (the curve is lowest
+// price first; a higher price never waits longer; waits that read the same, such as
+// 0.512 and 0.508 s, are one), by wait: what the chart draws and the table lists.
 function curvePoints(curve) {
   const best = new Map();
   for (const c of curve || []) {
     if (c.wait_s === null || c.wait_s === undefined) continue;
-    if (!best.has(c.wait_s)) best.set(c.wait_s, c.price);
+    const shown = secs(c.wait_s);
+    if (!best.has(shown)) best.set(shown, [c.wait_s, c.price]);
   }
-  return [...best.entries()].sort((a, b) => a[0] - b[0]);
+  return [...best.values()].sort((a, b) => a[0] - b[0]);
 }
 
 function renderCurve(doc, state) {
