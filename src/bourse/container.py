@@ -434,7 +434,12 @@ def build(
     from bourse.storage.reports import SqlReports
 
     reports = SqlReports(store)
-    feed = RequestFeed(service, store)
+    shared_refusals = None
+    if hub is not None:
+        from bourse.coordination.refusals_redis import RedisRefusals
+
+        shared_refusals = RedisRefusals(hub)
+    feed = RequestFeed(service, store, shared=shared_refusals)
     observer.on_refused.append(feed.refused)  # the requests refused before the book, listed
     dashboard = Dashboard(
         sessions=Sessions(store, auth, store, clock=clock.now), reports=reports, admin=admin, jobs=jobs,

@@ -111,21 +111,21 @@ class Dashboard:
         return await self.reports.usage_rows(scoped, limit=limit, after=after)
 
     async def request(self, s: Session, request_id: str, account: str | None) -> UsageRecord:
-        """A request's usage record, or a refusal this process keeps (:meth:`refusals`)."""
+        """A request's usage record, or a refusal kept (:meth:`refusals`)."""
         owner = self.scope(s, account)
         rec = None if owner is None else await self.admin.store.usage(owner, request_id)
         if rec is None:
             where = UsageFilter(account_id=account)
-            rec = next(iter(self.refusals(s, where, 1, lambda r: r.request_id == request_id)), None)
+            rec = next(iter(await self.refusals(s, where, 1, lambda r: r.request_id == request_id)), None)
         if rec is None:
             raise GatewayError(404, "not_found", f"No usage record '{request_id}' here.")
         return rec
 
-    def refusals(
+    async def refusals(
         self, s: Session, where: UsageFilter, limit: int, also: Callable[[UsageRecord], bool] | None = None
     ) -> list[UsageRecord]:
-        """The requests this process refused before the book (newest first; kept in
-        memory, :class:`~bourse.services.request_feed.RequestFeed`) that the session may
+        """The requests refused before the book (newest first; this process's and, with
+        replicas, every replica's: :class:`~bourse.services.request_feed.RequestFeed`) that the session may
         see and ``where`` takes: none when it asks for another outcome."""
         if where.outcome not in (None, REFUSED):
             return []
@@ -141,7 +141,7 @@ class Dashboard:
                 and (also is None or also(r))
             )
 
-        return self.feed.refusals(match, limit)
+        return await self.feed.refusals(match, limit)
 
     # -- jobs -----------------------------------------------------------------------
 

@@ -14,21 +14,25 @@ A request refused before it became a run (401, 402, 403, 404, 429, a full book's
 holds no money and is written to no table. The feed keeps the last ``keep_refused``
 of this process in memory, as records of outcome ``refused`` (cost 0, the status and
 the error code in ``record``), lists them (:meth:`refusals`) and hands each new one
-to the watchers like a finished request. They are per process: a replica (or a
-worker of ``serve --workers``) lists the refusals it answered, and forgets them when
-it stops. The ledger never sees them.
+to the watchers like a finished request. With replicas (``[cluster]``) each refusal
+is also written to the list they share (:class:`~bourse.ports.refusals.SharedRefusals`,
+Redis), so every replica lists every replica's; that list unreadable, a replica lists
+its own. Without one they are per process (a worker of ``serve --workers`` lists the
+refusals it answered), and forgotten when it stops. The ledger never sees them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
 from bourse.ports.observer import Caller
+from bourse.ports.refusals import SharedRefusals
 from bourse.ports.stores import UsageRecord, UsageStore
 from bourse.services.billing import Closing
 from bourse.services.completion import CompletionService
@@ -50,12 +54,15 @@ class RequestFeed:
         *,
         queue_max: int = 256,
         keep_refused: int = 1000,
+        shared: SharedRefusals | None = None,
     ) -> None:
         self._completions = completions
         self._usage = usage
         self._queue_max = queue_max
         self._watchers: list[tuple[Match, asyncio.Queue[UsageRecord]]] = []
         self._refused: deque[UsageRecord] = deque(maxlen=keep_refused)
+        self._shared = shared
+        self._keep = keep_refused
         completions.on_settled.append(self._settled)
 
     def _settled(self, closing: Closing, fin: Finished) -> None:
@@ -85,11 +92,25 @@ class RequestFeed:
         )
         self._refused.append(rec)
         self.publish(rec)
+        if self._shared is not None:
+            self._shared.add(json.dumps({"account": rec.account_id, "at": created, "doc": doc}))
 
-    def refusals(self, match: Match, limit: int) -> list[UsageRecord]:
-        """The refusals kept that ``match`` takes, newest first (at most ``limit``)."""
+    async def refusals(self, match: Match, limit: int) -> list[UsageRecord]:
+        """The refusals kept that ``match`` takes, newest first (at most ``limit``):
+        every replica's where they are shared, with this process's own not yet written."""
+        kept: list[UsageRecord] = list(reversed(self._refused))
+        if self._shared is not None:
+            try:
+                lines = await self._shared.recent()
+            except Exception as exc:  # the shared list away: this process's own
+                log.warning("refusals: the shared list not read (%s); this replica's own", type(exc).__name__)
+            else:
+                seen = {r.request_id for r in kept}
+                kept += [r for r in map(_record, lines) if r is not None and r.request_id not in seen]
+                kept.sort(key=lambda r: r.created_at, reverse=True)
+                del kept[self._keep :]
         out: list[UsageRecord] = []
-        for rec in reversed(self._refused):
+        for rec in kept:
             if match(rec):
                 out.append(rec)
                 if len(out) >= limit:
@@ -113,3 +134,15 @@ class RequestFeed:
             yield entry[1]
         finally:
             self._watchers.remove(entry)
+
+
+def _record(line: str) -> UsageRecord | None:
+    """A refusal as :meth:`RequestFeed.refused` wrote it to the shared list (None: a
+    line this version cannot read, skipped)."""
+    try:
+        entry = json.loads(line)
+        doc = entry["doc"]
+        return UsageRecord(str(doc["id"]), str(entry["account"]), str(doc.get("model") or ""),
+                           float(entry["at"]), REFUSED, 0, doc)  # fmt: skip
+    except (ValueError, KeyError, TypeError):
+        return None

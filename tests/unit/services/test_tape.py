@@ -122,13 +122,13 @@ async def test_request_feed_keeps_the_last_refusals_and_hands_them_on() -> None:
                             account_id=account)  # fmt: skip
             feed.refused(caller, 429 if account else 401, "rate_limited" if account else "invalid_api_key")
         assert [mine.get_nowait().request_id for _ in range(mine.qsize())] == ["chat-0", "chat-2"]
-    kept = feed.refusals(lambda r: True, 10)
+    kept = await feed.refusals(lambda r: True, 10)
     assert [(r.request_id, r.account_id, r.outcome, r.cost_micros) for r in kept] == [
         ("chat-2", "a", "refused", 0), ("chat-1", "", "refused", 0)
     ]  # fmt: skip
     assert kept[0].record["status"] == 429 and kept[0].record["error"] == {"code": "rate_limited"}
     assert abs(kept[0].created_at - time.time()) < 5
-    assert feed.refusals(lambda r: r.account_id == "a", 10) == kept[:1]
+    assert await feed.refusals(lambda r: r.account_id == "a", 10) == kept[:1]
 
 
 class FlakyMarket(FakeMarket):

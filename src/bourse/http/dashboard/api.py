@@ -136,8 +136,8 @@ def _request_routes(guard: Guard, dash: Dashboard) -> list[Route]:
         more = len(rows) > limit
         doc = {"data": [request_row(r) for r in page], "has_more": more,
                "next_after": page[-1].request_id if more and page else None}  # fmt: skip
-        if after is None:  # the first page: this process's refusals too, for the page to place
-            doc["refused"] = [request_row(r) for r in dash.refusals(s, where, REFUSALS_LISTED)]
+        if after is None:  # the first page: the refusals too, for the page to place
+            doc["refused"] = [request_row(r) for r in await dash.refusals(s, where, REFUSALS_LISTED)]
         return JSON(doc)
 
     async def request_one(request: Request, s: Session) -> Response:
