@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -47,7 +46,7 @@ from typing import Any
 import psycopg
 import redis
 
-from bench.common import GATEWAY_SITE, free_port, gateway_process
+from bench.common import GATEWAY_SITE, free_port, gateway_process, report
 from bench.disk import CONFIG, load
 from bench.workers import _cpu_s
 
@@ -387,13 +386,7 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, default=None, help="cProfile both gateways; dumps in this folder")
     args = ap.parse_args()
     res = scenario(args.quick, args.redis, args.postgres, args.profile, args.rounds)
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    if args.out:
-        from bench.market import write_section
-
-        write_section(Path(args.out), section_lines(res), HEADING)
-    print("\n".join(section_lines(res)))
+    report(res, section_lines(res), HEADING, args.out, args.json)
 
 
 if __name__ == "__main__":

@@ -203,3 +203,19 @@ def observe_per_tree(ap: argparse.ArgumentParser, args: argparse.Namespace) -> l
     if len(words) != trees or not set(words) <= {"on", "off"}:
         ap.error(f"--observe takes one of on/off per tree ({trees}), not {spec!r}")
     return [w == "on" for w in words]
+
+
+def report(
+    res: dict[str, object], lines: list[str], heading: str, out: str | None, json_path: str | None
+) -> None:
+    """A scenario's end: its raw results to ``json_path``, its section (``lines``, under
+    ``heading``) into the RESULTS.md ``out`` (the rest of the file kept), and printed."""
+    import json
+
+    if json_path:
+        Path(json_path).write_text(json.dumps(res, indent=1))
+    if out:
+        from bench.market import write_section
+
+        write_section(Path(out), lines, heading)
+    print("\n".join(lines))

@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 import psycopg
 
-from bench.common import gateway_process
+from bench.common import gateway_process, report
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADING = "## (i) bytes written to disk a request (bench/disk.py)"
@@ -380,13 +380,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the raw results here")
     args = ap.parse_args()
     res = scenario(args.quick, args.postgres, (args.only,) if args.only else ("sqlite", "postgres"))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    if args.out:
-        from bench.market import write_section
-
-        write_section(Path(args.out), section_lines(res), HEADING)
-    print("\n".join(section_lines(res)))
+    report(res, section_lines(res), HEADING, args.out, args.json)
 
 
 if __name__ == "__main__":
