@@ -30,8 +30,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
 
+from bourse.coordination.script_batch import ScriptBatch
 from bourse.retrying import retrying
 
 log = logging.getLogger("bourse.coordination")
@@ -127,6 +127,7 @@ class RedisHub:
         self._background: set[asyncio.Task[Any]] = set()
         self._subscribed = asyncio.Event()
         self.script: dict[str, AsyncScript] = {}
+        self.batch = ScriptBatch(lambda: self.redis, self.script)
         self.heartbeats = 0
         self._beat_failing = False
         self._beat_hooks: list[Callable[[], Awaitable[None]]] = []
@@ -249,15 +250,12 @@ class RedisHub:
             log.error("cluster: background call failed: %s", task.exception())
 
     async def call(self, name: str, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
-        """Run script ``name``: ``EVALSHA`` straight away (the request path's call:
-        redis-py's script object adds its own layer to every call), through the
-        script object only when Redis does not know the script (a restart emptied its
-        script cache: the object loads it again)."""
-        script = self.script[name]
-        try:
-            return await self.redis.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return await script(keys=list(keys), args=list(args))
+        """Run script ``name``: ``EVALSHA`` straight away when no other call is on its
+        way, else with the calls made in the same turn of the loop as one pipeline
+        (:class:`~bourse.coordination.script_batch.ScriptBatch`); through the script
+        object when Redis does not know the script (a restart emptied its script
+        cache: the object loads it again)."""
+        return await self.batch.call(name, keys, args)
 
     async def aclose(self) -> None:
         """Give back this replica's orders and slots, stop the tasks, close the
