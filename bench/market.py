@@ -3,8 +3,10 @@ ten bid levels, half streamed, with book timeouts and cancels, on the in-process
 book (one gateway) and on the Redis book (two replicas), 20 s each, and on Redis
 with one replica stopped (SIGSTOP) for 4.5 s in a 60 s run; then bursty arrivals
 with short and long runs mixed at 5x on both books (issue 38,
-``bench/market_arrivals.py``); writes its section of bench/RESULTS.md (the rest of
-the file is kept). About 6 minutes in all.
+``bench/market_arrivals.py``), and bursty arrivals at 0.8x for 200 s on the in-process
+book (a book with lulls, where deadline orders can wait out a burst: issue 38, item 3);
+writes its section of bench/RESULTS.md (the rest of the file is kept). About 10
+minutes in all.
 
     .venv/bin/python -m bench.market [--quick] [--seconds 20] [--runs 1,5] [--out bench/RESULTS.md]
 
@@ -195,7 +197,12 @@ SCENARIOS = [
     Scenario("Redis book, 2 replicas, 19x, one stopped 4.5 s", True, 19.0, pause=True, longer=3.0),
     Scenario("in-process book, 5x, bursty, short and long runs", False, 5.0, bursty=True, mixed=True),
     Scenario("Redis book, 2 replicas, 5x, bursty, short and long runs", True, 5.0, bursty=True, mixed=True),
+    # mean load under the capacity, bursts at 2.4x it and lulls between: where a deadline buys
+    # time-shifting (a bid under the ceiling waits out a burst and starts in the lull);
+    # long enough for some 50 deadline orders and their controls (bench/market_deadline.py)
+    Scenario("in-process book, 0.8x, bursty", False, 0.8, bursty=True, longer=10.0),
 ]
+LULLS = SCENARIOS[-1]
 
 
 def config(upstream_url: str, redis_url: str | None, prefix: str) -> str:
@@ -911,7 +918,9 @@ def section_lines(res: dict[str, Any]) -> list[str]:
     L.append(
         f"Poisson arrivals at 5x and 19x the capacity ({SLOTS} slots, {TOKENS[0]}-{TOKENS[1]} tokens at "
         f"{TOKENS_PER_S:g} tokens/s: {CAPACITY_PER_S:g} requests/s) for {res['seconds']:g} s each (the run with "
-        f"a stopped replica {res['seconds'] * max(sc.longer for sc in SCENARIOS):g} s, as in the issue); the *bursty* runs' arrivals are on/off "
+        f"a stopped replica {res['seconds'] * max(sc.longer for sc in SCENARIOS if sc.pause):g} s, as in the issue; "
+        f"the {LULLS.load:g}x bursty run {res['seconds'] * LULLS.longer:g} s, for some 50 deadline orders and their controls in a "
+        f"book with lulls, where a deadline buys time-shifting); the *bursty* runs' arrivals are on/off "
         f"modulated Poisson of the same mean (on {market_arrivals.BURST_ON_S:g} s, off "
         f"{market_arrivals.BURST_OFF_S:g} s on average), and in their *short and long runs* one order in "
         f"{1 / market_arrivals.LONG_SHARE:g} asks {market_arrivals.LONG_TOKENS[0]}-{market_arrivals.LONG_TOKENS[1]} "

@@ -1,13 +1,20 @@
 """Deadline orders (issue 38, SPEC section 10): "start me by this deadline, as cheaply
 as you can, never above this price".
 
-A request sends ``deadline_s`` with ``max_price`` as its ceiling. Its order enters the
-book at the lowest bid the market predicts will be admitted within the deadline
-(:meth:`~bourse.services.market.Market.bid_for`), and while it waits
-:func:`raise_bids` prices it again every tick (:func:`tick_s`) for the time left, each
-new bid a raise of the last (:func:`next_bid`: never lower, never above the ceiling),
-the ceiling itself in the last stretch before the deadline (:func:`last_stretch_s`). Each raise re-ranks the order
-at its new price with its arrival kept (:meth:`~bourse.ports.book.BookPort.rebid`).
+A request sends ``deadline_s`` with ``max_price`` as its ceiling. It keeps a
+**reserve** (:func:`reserve_s`): the time it needs at its ceiling to start, as the market
+predicts it now (:data:`RESERVE` times the wait predicted at the ceiling, plus a tick
+for a raise to take effect; the last stretch of its deadline, :func:`last_stretch_s`,
+at least). Its order enters the book at the lowest bid the market predicts will be
+admitted before the reserve begins (:meth:`~bourse.services.market.Market.bid_for`
+for the deadline less the reserve), and while it waits :func:`raise_bids` prices it
+again every tick (:func:`tick_s`) the same way for the time left, each new bid a raise
+of the last (:func:`next_bid`: never lower, never above the ceiling), the ceiling itself
+once the time left is the reserve or less. So an order bids low while the book is
+predicted to clear in time (and is admitted at that bid if a slot comes to it: it pays
+at most its bid), and bids its ceiling, like a fixed order at it, while there is still
+the time a fixed order would need. Each raise re-ranks the order at its new price with
+its arrival kept (:meth:`~bourse.ports.book.BookPort.rebid`).
 At the deadline the order has been admitted or ends, as any order at its timeout,
 with 408 ``book_timeout``. It pays the second price, as every order does: what it
 took to beat the next order, never more than the bid it cleared at.
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Protocol
 
 from bourse.domain.book import Admission, Order
@@ -35,6 +43,8 @@ class Market(Protocol):
 
     async def rebid(self, order: Order, bid: float) -> bool: ...
 
+    async def wait_at(self, bid: float) -> float | None: ...
+
 
 MIN_TICK_S = 0.05
 """A deadline order is priced again at most this often."""
@@ -44,6 +54,10 @@ LAST_STRETCH = 0.2
 """The share of its deadline (at least one tick) at the end of which a deadline order
 bids its ceiling: a slot frees only when a generation ends, so the order must rank
 first a while before its deadline to take one in time."""
+RESERVE = 2.0
+"""A deadline order keeps this many times the wait predicted at its ceiling (and a
+tick) for the ceiling: a prediction is a median, and a wait twice as long as predicted
+is not rare."""
 
 
 def tick_s(deadline_s: float, quiet_interval_s: float) -> float:
@@ -68,10 +82,40 @@ def next_bid(current: float, proposed: float, left_s: float, stretch_s: float, c
     return min(ceiling, max(current, proposed))
 
 
+async def reserve_s(market: Market, ceiling: float, stretch: float, tick: float) -> float:
+    """The time before its deadline from which a deadline order bids its ceiling: what
+    it needs at the ceiling to start (:data:`RESERVE` times the wait predicted there now,
+    and a tick for the raise to take effect), the last stretch at least; infinite when no
+    slot is predicted to come to an order at the ceiling (it bids it at once)."""
+    wait = await market.wait_at(ceiling)
+    if wait is None:
+        return math.inf
+    return max(stretch, RESERVE * wait + tick)
+
+
+async def price(
+    market: Market,
+    order: Order | None,
+    current: float,
+    left_s: float,
+    ceiling: float,
+    tick: float,
+    stretch: float,
+) -> float:
+    """The bid from now of an order bidding ``current`` (0: a new one) with ``left_s``
+    to its deadline: the lowest bid predicted to start before its reserve
+    (:func:`reserve_s`) begins, raised only; the ceiling in the reserve."""
+    reserve = await reserve_s(market, ceiling, stretch, tick)
+    if left_s <= reserve:
+        return ceiling
+    proposed = await market.bid_for(left_s - reserve, ceiling, order)
+    return next_bid(current, proposed, left_s, stretch, ceiling)
+
+
 async def start_bid(market: Market, deadline_s: float, ceiling: float) -> float:
     """The bid a deadline order enters the book at."""
-    stretch = last_stretch_s(deadline_s, tick_s(deadline_s, market.policy.quiet_interval_s))
-    return next_bid(0.0, await market.bid_for(deadline_s, ceiling), deadline_s, stretch, ceiling)
+    tick = tick_s(deadline_s, market.policy.quiet_interval_s)
+    return await price(market, None, 0.0, deadline_s, ceiling, tick, last_stretch_s(deadline_s, tick))
 
 
 async def raise_bids(market: Market, order: Order, fut: asyncio.Future[Admission], deadline: float) -> None:
@@ -96,7 +140,7 @@ async def raise_bids(market: Market, order: Order, fut: asyncio.Future[Admission
         left = deadline - loop.time()
         if fut.done() or left <= 0:
             return
-        bid = next_bid(order.bid, await market.bid_for(left, ceiling, order), left, stretch, ceiling)
+        bid = await price(market, order, order.bid, left, ceiling, tick, stretch)
         if bid > order.bid:
             try:
                 await market.rebid(order, bid)

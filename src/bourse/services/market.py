@@ -362,6 +362,10 @@ class Market:
         waiting already, priced again (it is not counted ahead of itself)."""
         return await self.outlook.bid_for(within_s, ceiling, order)
 
+    async def wait_at(self, bid: float) -> float | None:
+        """The predicted wait of a new order at ``bid`` (None: no slot predicted to come to it)."""
+        return await self.outlook.wait_at(bid)
+
     async def view(self) -> BookView:
         try:
             view = await self.book.view()

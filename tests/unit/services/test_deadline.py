@@ -16,7 +16,15 @@ from bourse.coordination.book_local import LocalBook
 from bourse.domain.book import Admission, Deployment, Order, ProductBook
 from bourse.domain.errors import GatewayError
 from bourse.domain.policy import resolve_policy
-from bourse.services.deadline import LAST_STRETCH, last_stretch_s, next_bid, start_bid, tick_s
+from bourse.services.deadline import (
+    LAST_STRETCH,
+    RESERVE,
+    last_stretch_s,
+    next_bid,
+    raise_bids,
+    start_bid,
+    tick_s,
+)
 from bourse.services.market import Market
 
 pytestmark = pytest.mark.anyio
@@ -78,7 +86,11 @@ async def test_a_deadline_order_starts_low_is_raised_and_overtakes_the_lower_bid
     async def floor_while_there_is_time(within_s: float, ceiling: float, order: Order | None = None) -> float:
         return FLOOR  # the schedule under test, not the forecast: it raises only in the last stretch
 
+    async def a_short_wait_at_the_ceiling(bid: float) -> float:
+        return 0.05  # a reserve shorter than the last stretch: the stretch stands
+
     monkeypatch.setattr(market, "bid_for", floor_while_there_is_time)
+    monkeypatch.setattr(market, "wait_at", a_short_wait_at_the_ceiling)
     _, fut = await _submit(market, "running", 5.0)
     held: Admission = fut.result()
     low, low_fut = await _submit(market, "low", 0.5)
@@ -130,3 +142,56 @@ async def test_a_deadline_order_with_a_free_slot_is_admitted_at_once_at_the_floo
     assert adm.price == FLOOR and order.bid == FLOOR
     market.release(adm)
     await market.aclose()
+
+
+class _Planned:
+    """A market whose predictions are given: ``bid_for`` the floor for any time, the
+    wait at the ceiling ``wait_s``; its raises are recorded with their loop time."""
+
+    def __init__(self, wait_s: float | None) -> None:
+        self.policy = resolve_policy("default", {})
+        self.wait_s = wait_s
+        self.asked: list[float] = []
+        self.raises: list[tuple[float, float]] = []
+
+    async def bid_for(self, within_s: float, ceiling: float, order: Order | None = None) -> float:
+        self.asked.append(within_s)
+        return FLOOR
+
+    async def wait_at(self, bid: float) -> float | None:
+        return self.wait_s
+
+    async def rebid(self, order: Order, bid: float) -> bool:
+        self.raises.append((asyncio.get_running_loop().time(), bid))
+        order.bid = bid
+        return True
+
+
+async def test_a_deadline_order_keeps_the_time_it_needs_at_its_ceiling() -> None:
+    # 10 s to its deadline, 1 s predicted at the ceiling: it bids low for what the
+    # book is predicted to clear before its reserve (2 x 1 s and a tick) begins
+    market = _Planned(wait_s=1.0)
+    assert await start_bid(market, 10.0, 2.0) == FLOOR
+    assert market.asked == [
+        pytest.approx(10.0 - RESERVE * 1.0 - tick_s(10.0, market.policy.quiet_interval_s))
+    ]
+    # 6 s predicted at the ceiling: its reserve is past its deadline, it bids the ceiling
+    # at once, as a fixed order at it would (the last stretch alone would have it bid low)
+    assert await start_bid(_Planned(wait_s=6.0), 10.0, 2.0) == 2.0
+    # no slot predicted to come to the ceiling: the ceiling
+    assert await start_bid(_Planned(wait_s=None), 10.0, 2.0) == 2.0
+
+
+async def test_a_deadline_order_is_raised_to_its_ceiling_when_its_reserve_begins() -> None:
+    deadline_s, wait_s = 2.0, 0.4
+    market = _Planned(wait_s=wait_s)
+    loop = asyncio.get_running_loop()
+    order = Order("dl", FLOOR, 1, loop.time(), ceiling=1.0, start_bid=FLOOR)
+    fut: asyncio.Future[Admission] = loop.create_future()
+    await asyncio.wait_for(raise_bids(market, order, fut, order.arrived_at + deadline_s), 3.0)
+    assert [b for _, b in market.raises] == [1.0]  # one raise: to the ceiling
+    tick = tick_s(deadline_s, market.policy.quiet_interval_s)
+    reserve = RESERVE * wait_s + tick  # 1 s, longer than the last stretch (0.4 s)
+    assert reserve > last_stretch_s(deadline_s, tick)
+    raised_at = market.raises[0][0] - order.arrived_at
+    assert deadline_s - reserve - tick <= raised_at <= deadline_s - reserve + 0.1
