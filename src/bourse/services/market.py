@@ -143,8 +143,8 @@ class Market:
         if fut.done():
             if not fut.cancelled() and fut.exception() is None:
                 forecast.admitted(order, fut.result().deployment, self.now())
-        else:  # a shared book's view read first if it is stale: its wait is scored
-            forecast.rested(order, self.now(), await self.outlook.fresh_state())
+        else:  # a shared book's view read first unless just read: its wait is scored
+            forecast.rested(order, self.now(), await self.outlook.rest_state())
         return fut
 
     async def wait(self, order: Order, fut: asyncio.Future[Admission], deadline: float) -> Admission:
