@@ -11,7 +11,7 @@ With the book in process every order of the product passes through here: the ord
 ahead, their timeouts, the slots in use and how long each has run are all known. With
 the shared book (Redis) a replica knows its own orders only, and reads the rest from
 the book's view (at most :data:`~bourse.services.market_outlook.VIEW_FRESH_S` old; when
-an order rests, at most :data:`~bourse.services.market_outlook.REST_VIEW_FRESH_S`, so its
+an order rests, at most :data:`~bourse.services.market_outlook.WAIT_VIEW_FRESH_S`, so its
 scored prediction has the slots as they are): the slots in use, the
 orders holding them, the bids waiting and the recent admissions' times. Its own
 orders ahead stand for the other replicas' (their timeouts), the other replicas'

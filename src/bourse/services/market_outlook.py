@@ -5,10 +5,11 @@ and the bid a deadline order needs (:meth:`Outlook.bid_for`).
 The book in process says its slots in use exactly and at once; the shared book only
 through a view (a Redis call): the last one read is kept and read again, in the
 background, once it is :data:`VIEW_FRESH_S` old, so the frames of many waiting orders
-cost one view between them. An order that rests is predicted (and scored) from a view
-at most :data:`REST_VIEW_FRESH_S` old (:meth:`Outlook.rest_state`): in a view half a
-second old, an order of another replica that has ended since, its slot taken again at
-once, still looks about to end, and the order resting is told it starts then.
+cost one view between them. An order's own wait, as it rests (the prediction that is
+scored) and in its frames, is predicted from a view at most :data:`WAIT_VIEW_FRESH_S`
+old (:meth:`Outlook.wait_state`): in a view half a second old, an order of another
+replica that has ended since, its slot taken again at once, still looks about to end,
+and the order is told it starts then.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ log = logging.getLogger("bourse.market")
 
 VIEW_FRESH_S = 0.5
 """The shared book's view is read again once it is this old (seconds)."""
-REST_VIEW_FRESH_S = 0.05
-"""An order resting in the shared book is predicted from a view at most this old, or
-one whose read began at most this long ago (one read serves the orders resting
-together)."""
+WAIT_VIEW_FRESH_S = 0.05
+"""An order waiting in the shared book (as it rests, and in its frames) is predicted
+from a view at most this old, or one whose read began at most this long ago (one read
+serves the orders predicted together)."""
 
 
 class Outlook:
@@ -89,10 +90,10 @@ class Outlook:
                 await self._read(self.now())
         return self.state()
 
-    async def rest_state(self) -> BookState:
-        """The book as an order that rests is predicted from: a shared book's view at
-        most :data:`REST_VIEW_FRESH_S` old."""
-        return await self.fresh_state(REST_VIEW_FRESH_S)
+    async def wait_state(self) -> BookState:
+        """The book as a waiting order's own wait is predicted from (as it rests, and in
+        its frames): a shared book's view at most :data:`WAIT_VIEW_FRESH_S` old."""
+        return await self.fresh_state(WAIT_VIEW_FRESH_S)
 
     def seen(self, view: BookView, asked: float | None = None) -> None:
         """A view of the book just read (the market views; ``asked``: when its read
@@ -122,9 +123,12 @@ class Outlook:
 
     # -- predictions -----------------------------------------------------------------------
 
-    def wait(self, order: Order, position: int) -> float | None:
-        """The predicted wait of ``order``, waiting with ``position`` orders ahead."""
-        return self.forecast.predict(order, position, self.now(), self.state())
+    async def wait(self, order: Order, position: int, *, read: bool = True) -> float | None:
+        """The predicted wait of ``order``, waiting with ``position`` orders ahead
+        (``read``: a shared book's view read first unless just read, :meth:`wait_state`;
+        false: the book is unreachable, the last view stands)."""
+        state = await self.wait_state() if read else self.state()
+        return self.forecast.predict(order, position, self.now(), state)
 
     def wait_now(self, bid: float) -> float | None:
         """The predicted wait of a new order at ``bid``, from the book's state as known now."""

@@ -9,9 +9,9 @@ import asyncio
 
 import pytest
 
-from bourse.domain.book import Deployment
+from bourse.domain.book import Deployment, Order
 from bourse.ports.book import BookView, DeploymentView
-from bourse.services.market_outlook import REST_VIEW_FRESH_S, VIEW_FRESH_S, Outlook
+from bourse.services.market_outlook import VIEW_FRESH_S, WAIT_VIEW_FRESH_S, Outlook
 
 pytestmark = pytest.mark.anyio
 
@@ -67,10 +67,10 @@ async def test_an_order_resting_in_a_shared_book_is_predicted_from_a_view_just_r
     clock[0] += 0.3
     assert (await outlook.fresh_state()).deployments[0].busy == 0  # a quote: the view of 0.3 s ago
     assert book.reads == 1
-    assert (await outlook.rest_state()).deployments[0].busy == 2  # an order resting: read again
+    assert (await outlook.wait_state()).deployments[0].busy == 2  # an order resting: read again
     assert book.reads == 2
-    clock[0] += REST_VIEW_FRESH_S / 2
-    await outlook.rest_state()  # read a moment ago: it stands
+    clock[0] += WAIT_VIEW_FRESH_S / 2
+    await outlook.wait_state()  # read a moment ago: it stands
     assert book.reads == 2
     clock[0] += VIEW_FRESH_S
     await outlook.fresh_state()
@@ -82,14 +82,14 @@ async def test_orders_resting_together_share_one_read_of_the_view() -> None:
     outlook = _outlook(book, clock)
     book.delays = [0.01]
     outlook.state()  # stale: a read begins in the background
-    await asyncio.gather(*(outlook.rest_state() for _ in range(5)))  # they wait for it
+    await asyncio.gather(*(outlook.wait_state() for _ in range(5)))  # they wait for it
     assert book.reads == 1
     clock[0] += 2 * VIEW_FRESH_S
     book.delays = [0.01]
     outlook.state()  # stale again: a read begins
     await asyncio.sleep(0)
-    clock[0] += 2 * REST_VIEW_FRESH_S  # a read begun too long ago: not waited for
-    await outlook.rest_state()
+    clock[0] += 2 * WAIT_VIEW_FRESH_S  # a read begun too long ago: not waited for
+    await outlook.wait_state()
     assert book.reads == 3
 
 
@@ -101,6 +101,20 @@ async def test_an_older_read_that_ends_later_does_not_replace_a_newer_view() -> 
     await asyncio.sleep(0)
     book.busy = 2
     clock[0] += 1.0
-    assert (await outlook.rest_state()).deployments[0].busy == 2
+    assert (await outlook.wait_state()).deployments[0].busy == 2
     await asyncio.sleep(0.06)  # the older read ends now
     assert outlook.state().deployments[0].busy == 2
+
+
+async def test_a_waiting_orders_frame_is_predicted_from_a_view_just_read_unless_the_book_is_unreachable() -> (
+    None
+):
+    book, clock = SharedBook(), [100.0]
+    outlook = _outlook(book, clock)
+    await outlook.fresh_state()
+    clock[0] += 0.3
+    order = Order("o", 1.0, 1, 100.0)
+    await outlook.wait(order, 0, read=False)  # the book did not answer its standing: the last view
+    assert book.reads == 1
+    await outlook.wait(order, 0)
+    assert book.reads == 2
