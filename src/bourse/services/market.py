@@ -143,8 +143,8 @@ class Market:
         if fut.done():
             if not fut.cancelled() and fut.exception() is None:
                 forecast.admitted(order, fut.result().deployment, self.now())
-        else:  # a shared book's view read first if it is stale: its wait is scored
-            forecast.rested(order, self.now(), await self.outlook.fresh_state())
+        else:  # a shared book's view read first unless just read: its wait is scored
+            forecast.rested(order, self.now(), await self.outlook.wait_state())
         return fut
 
     async def wait(self, order: Order, fut: asyncio.Future[Admission], deadline: float) -> Admission:
@@ -340,16 +340,22 @@ class Market:
 
     async def standing(self, order: Order | None) -> tuple[float, int]:
         """The level now and the orders ahead of ``order`` (-1 if it is not waiting)."""
+        return (await self._standing(order))[:2]
+
+    async def _standing(self, order: Order | None) -> tuple[float, int, bool]:
+        """:meth:`standing`, and whether the book answered."""
         try:
-            return await self.book.standing(order)
+            level, pos = await self.book.standing(order)
+            return level, pos, True
         except BookUnavailable as exc:  # the last known view, for progress frames and job status
             self.observer.backend_error("redis", "book", exc)
-            return self.book.level(), -1 if order is None else self.book.position(order)
+            return self.book.level(), -1 if order is None else self.book.position(order), False
 
     async def progress(self, order: Order) -> Progress:
-        """The order's standing and its predicted wait at this bid (progress frames)."""
-        level, pos = await self.standing(order)
-        return Progress(level, pos, None if pos < 0 else self.outlook.wait(order, pos))
+        """The order's standing and its predicted wait at this bid (progress frames; a
+        shared book unreachable: from its last view)."""
+        level, pos, answered = await self._standing(order)
+        return Progress(level, pos, None if pos < 0 else await self.outlook.wait(order, pos, read=answered))
 
     async def quote(self, within_s: float) -> Quote:
         """The lowest bid predicted to start within ``within_s`` (a prediction, not a promise)."""

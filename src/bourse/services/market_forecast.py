@@ -10,8 +10,9 @@ loop's time, and passes the book's state in (:class:`BookState`).
 With the book in process every order of the product passes through here: the orders
 ahead, their timeouts, the slots in use and how long each has run are all known. With
 the shared book (Redis) a replica knows its own orders only, and reads the rest from
-the book's view (at most :data:`~bourse.services.market_outlook.VIEW_FRESH_S` old; read
-first when an order rests, so its scored prediction has it): the slots in use, the
+the book's view (at most :data:`~bourse.services.market_outlook.VIEW_FRESH_S` old; when
+an order rests, at most :data:`~bourse.services.market_outlook.WAIT_VIEW_FRESH_S`, so its
+scored prediction has the slots as they are): the slots in use, the
 orders holding them, the bids waiting and the recent admissions' times. Its own
 orders ahead stand for the other replicas' (their timeouts), the other replicas'
 running orders are the view's, with their output caps, each admitted when the

@@ -5,7 +5,11 @@ and the bid a deadline order needs (:meth:`Outlook.bid_for`).
 The book in process says its slots in use exactly and at once; the shared book only
 through a view (a Redis call): the last one read is kept and read again, in the
 background, once it is :data:`VIEW_FRESH_S` old, so the frames of many waiting orders
-cost one view between them.
+cost one view between them. An order's own wait, as it rests (the prediction that is
+scored) and in its frames, is predicted from a view at most :data:`WAIT_VIEW_FRESH_S`
+old (:meth:`Outlook.wait_state`): in a view half a second old, an order of another
+replica that has ended since, its slot taken again at once, still looks about to end,
+and the order is told it starts then.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ log = logging.getLogger("bourse.market")
 
 VIEW_FRESH_S = 0.5
 """The shared book's view is read again once it is this old (seconds)."""
+WAIT_VIEW_FRESH_S = 0.05
+"""An order waiting in the shared book (as it rests, and in its frames) is predicted
+from a view at most this old, or one whose read began at most this long ago (one read
+serves the orders predicted together)."""
 
 
 class Outlook:
@@ -38,7 +46,10 @@ class Outlook:
         self.forecast = Forecaster(default_cap)
         self._view: BookView | None = None
         self._view_at = -math.inf
+        self._view_asked = -math.inf
+        """When the read of the view kept began (an older read ending later is not kept)."""
         self._reading: asyncio.Task[None] | None = None
+        self._reading_asked = -math.inf
 
     @staticmethod
     def now() -> float:
@@ -68,34 +79,56 @@ class Outlook:
             out.append(SlotState(d.name, d.floor, d.slots, in_use, d.can_take(now) and not cooling))
         return BookState(tuple(out), view)
 
-    async def fresh_state(self) -> BookState:
-        """The book now, a shared book's view read first if it is stale (a quote)."""
-        if self.book.occupancy() is None and self.now() - self._view_at > VIEW_FRESH_S:
-            await self._read()
+    async def fresh_state(self, max_age: float = VIEW_FRESH_S) -> BookState:
+        """The book now, a shared book's view read first if it is more than ``max_age``
+        old (a quote); a read begun at most ``max_age`` ago is waited for instead."""
+        if self.book.occupancy() is None and self.now() - self._view_at > max_age:
+            task = self._reading
+            if task is not None and self.now() - self._reading_asked <= max_age:
+                await asyncio.shield(task)
+            else:
+                await self._read(self.now())
         return self.state()
 
-    def seen(self, view: BookView) -> None:
-        """A view of the book just read (the market views): kept for the forecast."""
-        self._view, self._view_at = view, self.now()
+    async def wait_state(self) -> BookState:
+        """The book as a waiting order's own wait is predicted from (as it rests, and in
+        its frames): a shared book's view at most :data:`WAIT_VIEW_FRESH_S` old."""
+        return await self.fresh_state(WAIT_VIEW_FRESH_S)
+
+    def seen(self, view: BookView, asked: float | None = None) -> None:
+        """A view of the book just read (the market views; ``asked``: when its read
+        began, None: now): kept for the forecast, unless a later read's is kept already."""
+        now = self.now()
+        asked = now if asked is None else asked
+        if asked >= self._view_asked:
+            self._view, self._view_at, self._view_asked = view, now, asked
 
     def _read_soon(self) -> None:
         if self._reading is None:
-            self._reading = asyncio.get_running_loop().create_task(self._read())
+            self._reading_asked = self.now()
+            self._reading = asyncio.get_running_loop().create_task(self._read_in_background())
 
-    async def _read(self) -> None:
+    async def _read_in_background(self) -> None:
         try:
-            self.seen(await self.book.view())
-        except BookUnavailable as exc:  # the last view stands; the frames go on
-            log.debug("book view for the forecast of %s: %s", self.book.product, exc)
-            self._view_at = self.now()
+            await self._read(self._reading_asked)
         finally:
             self._reading = None
 
+    async def _read(self, asked: float) -> None:
+        try:
+            self.seen(await self.book.view(), asked)
+        except BookUnavailable as exc:  # the last view stands; the frames go on
+            log.debug("book view for the forecast of %s: %s", self.book.product, exc)
+            self._view_at = max(self._view_at, self.now())
+
     # -- predictions -----------------------------------------------------------------------
 
-    def wait(self, order: Order, position: int) -> float | None:
-        """The predicted wait of ``order``, waiting with ``position`` orders ahead."""
-        return self.forecast.predict(order, position, self.now(), self.state())
+    async def wait(self, order: Order, position: int, *, read: bool = True) -> float | None:
+        """The predicted wait of ``order``, waiting with ``position`` orders ahead
+        (``read``: a shared book's view read first unless just read, :meth:`wait_state`;
+        false: the book is unreachable, the last view stands)."""
+        state = await self.wait_state() if read else self.state()
+        return self.forecast.predict(order, position, self.now(), state)
 
     def wait_now(self, bid: float) -> float | None:
         """The predicted wait of a new order at ``bid``, from the book's state as known now."""
