@@ -1,0 +1,105 @@
+"""A usage record's JSON as stored: compact, and read back to the very document written.
+
+A receipt is written once a request, so its bytes are a share of every request's
+writes (SQLite's pages, PostgreSQL's WAL; issue 40). Two things in it are said twice:
+
+- its head, ``id``, ``object``, ``created`` and ``model``, which the row's columns
+  already hold (``request_id``, ``created_at`` and ``product``; ``object`` is
+  ``bourse.usage`` on every receipt of a run);
+- its keys' names (``prompt_tokens``, ``x_market``, ``position_at_entry``…), the same
+  on every record.
+
+:func:`encode` drops the head when it is exactly what the columns give, and writes each
+known key (at any depth) as a one-character code from :data:`NAMES`; its first key,
+:data:`MARK`, says so. :func:`decode` rebuilds the document, the same keys in the same
+order with the same values, so what the usage endpoints, the CSV export and the
+receipts return does not change. A record without the mark (written before version 18)
+is read as it is. A key that could be read as a code (one of them, the mark, or one
+starting with ``~``) is written with a ``~`` before it. ``key_id`` is never coded: the
+reports filter on it in SQL (``json_extract`` / ``->>``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+MARK = ""
+"""The first key of a compact record; its value is 1 when the head was dropped, else 0."""
+NAMES = (
+    "endpoint", "outcome", "usage", "receipt", "correlation_id",
+    "prompt_tokens", "completion_tokens", "total_tokens", "usage_estimated",
+    "prompt_tokens_details", "completion_tokens_details", "reasoning_tokens", "cached_tokens",
+    "x_market", "bid", "start_bid", "deadline_s", "cleared_price", "level", "position_at_entry",
+    "queued_ms", "requeues", "deployment", "cost", "cost_micros",
+    "latency_ms", "ttft_ms", "quote_micros", "quote", "unpaid_micros",
+    "reconciliation", "action", "charged_micros", "at", "note", "reversed_micros",
+    "adjustment", "kind", "reason", "actor",
+)  # fmt: skip
+"""The coded key names: the code of ``NAMES[i]`` is ``_CODES[i]``. Append only: stored
+records name their keys by these codes."""
+_CODES = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_TO_CODE = dict(zip(NAMES, _CODES, strict=False))
+_FROM_CODE = {c: n for n, c in _TO_CODE.items()}
+assert len(NAMES) <= len(_CODES)
+_HEAD = ("id", "object", "created", "model")
+OBJECT = "bourse.usage"
+
+
+def _escaped(key: str) -> bool:
+    return key == MARK or key in _FROM_CODE or key.startswith("~")
+
+
+def _key(key: str) -> str:
+    return _TO_CODE.get(key) or ("~" + key if _escaped(key) else key)
+
+
+def _code(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {_key(k): _code(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_code(v) for v in value]
+    return value
+
+
+def _name(key: str) -> str:
+    return _FROM_CODE.get(key) or (key[1:] if key.startswith("~") else key)
+
+
+def _uncode(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {_name(k): _uncode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_uncode(v) for v in value]
+    return value
+
+
+def _head_is_columns(doc: dict[str, Any], request_id: str, product: str, created_at: float) -> bool:
+    """Whether ``doc`` starts with exactly the head the columns rebuild."""
+    items = iter(doc.items())
+    want = (request_id, OBJECT, int(created_at), product)
+    for name, value in zip(_HEAD, want, strict=True):
+        got = next(items, None)
+        if got is None or got[0] != name or type(got[1]) is not type(value) or got[1] != value:
+            return False
+    return True
+
+
+def encode(doc: dict[str, Any], request_id: str, product: str, created_at: float) -> str:
+    """The stored JSON text of a record with these columns."""
+    dropped = _head_is_columns(doc, request_id, product, created_at)
+    body = dict(list(doc.items())[len(_HEAD) :]) if dropped else doc
+    return orjson.dumps({MARK: int(dropped), **_code(body)}).decode()
+
+
+def decode(text: str | bytes, request_id: str, product: str, created_at: float) -> dict[str, Any]:
+    """The record written as ``text`` by :func:`encode` (or before it, as it is)."""
+    doc = orjson.loads(text)
+    if not isinstance(doc, dict) or next(iter(doc), None) != MARK:
+        return doc  # type: ignore[no-any-return]
+    dropped = doc.pop(MARK)
+    body = _uncode(doc)
+    if not dropped:
+        return body  # type: ignore[no-any-return]
+    return {"id": request_id, "object": OBJECT, "created": int(created_at), "model": product, **body}
