@@ -80,7 +80,9 @@ async def test_usage_records_read_back_byte_for_byte(store_factory: StoreFactory
         docs = [GATEWAY_DOC, *ODD_DOCS]
         for i, doc in enumerate(docs):
             await s.put_usage(_record(doc, f"chatcmpl-{i}") if i else _record(doc))
-        got = {u.request_id: u for u in await s.usage_page("a", limit=100, before=None, since=None, until=None)}
+        got = {
+            u.request_id: u for u in await s.usage_page("a", limit=100, before=None, since=None, until=None)
+        }
         assert len(got) == len(docs)
         for i, doc in enumerate(docs):
             rid = f"chatcmpl-{i}" if i else "chatcmpl-abc"
@@ -117,7 +119,9 @@ def _run(store_factory: StoreFactory, statements: list[str]) -> list[Any]:
         return [pg.execute(st).fetchall() if st.startswith("SELECT") else pg.execute(st) for st in statements]
 
 
-async def test_the_webhook_secrets_migration_keeps_every_secret_and_record(store_factory: StoreFactory) -> None:
+async def test_the_webhook_secrets_migration_keeps_every_secret_and_record(
+    store_factory: StoreFactory,
+) -> None:
     """A ledger at version 17 with a sealed secret, an account without one and a usage
     record of the old (plain) form: migrated, each secret is read from its new table,
     the account's row has no secret column, and the record reads as it was."""

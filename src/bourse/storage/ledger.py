@@ -17,7 +17,6 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-
 from bourse.ports.budgets import AccountBudgetExceeded, BudgetExceeded, KeyBudgetExceeded
 from bourse.ports.stores import (
     ChargeAboveHold,

@@ -75,9 +75,7 @@ def _named(db: Executor) -> str | None:
 
 def _unreadable_sample(db: Executor, box: Sealer) -> tuple[int, int]:
     """Of at most :data:`SAMPLE` sealed secrets: (tried, not opened by ``box``)."""
-    rows = db.fetch(
-        f"SELECT secret FROM webhook_secrets WHERE secret LIKE $1 LIMIT {SAMPLE}", SEALED + "%"
-    )
+    rows = db.fetch(f"SELECT secret FROM webhook_secrets WHERE secret LIKE $1 LIMIT {SAMPLE}", SEALED + "%")
     bad = 0
     for row in rows:
         try:
@@ -169,9 +167,7 @@ def reseal(db: Executor, box: Sealer, now: float) -> ResealReport:
         db.execute("INSERT INTO sealing_key (id, fingerprint, set_at) VALUES (1, $1, $2)", mine, now)
     resealed = unchanged = 0
     unreadable: list[str] = []
-    for row in db.fetch(
-        "SELECT account_id AS id, secret FROM webhook_secrets ORDER BY account_id"
-    ):
+    for row in db.fetch("SELECT account_id AS id, secret FROM webhook_secrets ORDER BY account_id"):
         stored = str(row["secret"])
         try:
             secret, index = box.opened(stored)
@@ -181,7 +177,9 @@ def reseal(db: Executor, box: Sealer, now: float) -> ResealReport:
         if index == 0 and stored.startswith(SEALED):
             unchanged += 1
             continue
-        db.execute("UPDATE webhook_secrets SET secret = $2 WHERE account_id = $1", row["id"], box.seal(secret, mine))
+        db.execute(
+            "UPDATE webhook_secrets SET secret = $2 WHERE account_id = $1", row["id"], box.seal(secret, mine)
+        )
         resealed += 1
     _reseal_session_secret(db, box, mine)
     released = 0

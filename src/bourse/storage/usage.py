@@ -35,7 +35,10 @@ _PLAIN_FIELDS = operator.attrgetter(*USAGE_COLUMNS[:-1])
 
 def usage_values(usage: UsageRecord) -> tuple[Any, ...]:
     """The record's values in :data:`USAGE_COLUMNS` order (``record`` as compact JSON text)."""
-    return (*_PLAIN_FIELDS(usage), encode(dict(usage.record), usage.request_id, usage.product, usage.created_at))
+    return (
+        *_PLAIN_FIELDS(usage),
+        encode(dict(usage.record), usage.request_id, usage.product, usage.created_at),
+    )
 
 
 def usage_row(row: Row) -> UsageRecord:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import orjson
 import pytest
 
 from bourse.ports.stores import Hold, UsageRecord
 from bourse.storage import ledger, postgres, usage
 from bourse.storage.executor import Executor, values_list
 from bourse.storage.sqlite import SqliteStore
+from bourse.storage.usage_codec import encode
 
 _INSERT = re.compile(r"INSERT INTO (\w+) \(([^)]*)\) (?:SELECT (.*?) (?:FROM|WHERE) |VALUES )")
 
@@ -52,7 +52,8 @@ async def test_the_usage_columns_are_the_tables_and_the_records_fields() -> None
 
 def test_a_usage_records_values_follow_its_columns_and_read_back() -> None:
     values = usage.usage_values(USAGE)
-    expected = [getattr(USAGE, c) for c in usage.USAGE_COLUMNS[:-1]] + [orjson.dumps(USAGE.record).decode()]
+    record = encode(dict(USAGE.record), USAGE.request_id, USAGE.product, USAGE.created_at)
+    expected = [getattr(USAGE, c) for c in usage.USAGE_COLUMNS[:-1]] + [record]
     assert list(values) == expected
     assert usage.usage_row(dict(zip(usage.USAGE_COLUMNS, values, strict=True))) == USAGE
 
