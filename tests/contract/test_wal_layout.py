@@ -53,6 +53,11 @@ ODD_DOCS: list[dict[str, Any]] = [
     # keys that read as codes, the mark, or an escape; nested lists; unicode
     {"": 1, "0": "zero", "~": "tilde", "~0": [{"a": 1, "": None, "bid": [1, {"~~": 2}]}], "é": "ü"},
     {"id": "chatcmpl-abc", "object": "bourse.usage", "created": 1_700_000_000, "model": "sim", "": 0},
+    # lists (empty, of strings, of objects of known keys only) beside objects of known keys
+    {
+        "usage": {"bid": ["x", 1, {"level": [], "note": {}}], "x_market": [], "cost": {"at": ["y"]}},
+        "l": [[], [0]],
+    },
     {},
 ]
 

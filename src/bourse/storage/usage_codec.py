@@ -10,8 +10,9 @@ writes (SQLite's pages, PostgreSQL's WAL; issue 40). Two things in it are said t
   on every record.
 
 :func:`encode` drops the head when it is exactly what the columns give, and writes each
-known key (at any depth) as a one-character code from :data:`NAMES`; its first key,
-:data:`MARK`, says so. :func:`decode` rebuilds the document, the same keys in the same
+known key (at any depth) as a one-character code from :data:`NAMES` (a nested object
+of known keys only as a list: the string of its keys' codes, then their values); its
+first key, :data:`MARK`, says so. :func:`decode` rebuilds the document, the same keys in the same
 order with the same values, so what the usage endpoints, the CSV export and the
 receipts return does not change. A record without the mark (written before version 18)
 is read as it is. A key that could be read as a code (one of them, the mark, or one
@@ -56,10 +57,16 @@ def _key(key: str) -> str:
 
 
 def _code(value: Any) -> Any:
+    """``value`` with its dicts coded: one of known keys only as a list, the string of its
+    keys' codes then their values (``{"prompt_tokens": 11, "total_tokens": 19}`` is
+    ``["57", 11, 19]``); any other with each key coded or escaped. A list is written
+    with a 0 before its items, so that a list read back is never taken for a dict."""
     if isinstance(value, dict):
+        if value and all(k in _TO_CODE for k in value):
+            return ["".join(_TO_CODE[k] for k in value), *(_code(v) for v in value.values())]
         return {_key(k): _code(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_code(v) for v in value]
+        return [0, *(_code(v) for v in value)]
     return value
 
 
@@ -71,7 +78,9 @@ def _uncode(value: Any) -> Any:
     if isinstance(value, dict):
         return {_name(k): _uncode(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_uncode(v) for v in value]
+        if isinstance(value[0], str):
+            return {_FROM_CODE[c]: _uncode(v) for c, v in zip(value[0], value[1:], strict=True)}
+        return [_uncode(v) for v in value[1:]]
     return value
 
 
@@ -87,10 +96,11 @@ def _head_is_columns(doc: dict[str, Any], request_id: str, product: str, created
 
 
 def encode(doc: dict[str, Any], request_id: str, product: str, created_at: float) -> str:
-    """The stored JSON text of a record with these columns."""
+    """The stored JSON text of a record with these columns (always an object: the
+    reports read its ``key_id``)."""
     dropped = _head_is_columns(doc, request_id, product, created_at)
     body = dict(list(doc.items())[len(_HEAD) :]) if dropped else doc
-    return orjson.dumps({MARK: int(dropped), **_code(body)}).decode()
+    return orjson.dumps({MARK: int(dropped), **{_key(k): _code(v) for k, v in body.items()}}).decode()
 
 
 def decode(text: str | bytes, request_id: str, product: str, created_at: float) -> dict[str, Any]:
@@ -99,7 +109,7 @@ def decode(text: str | bytes, request_id: str, product: str, created_at: float) 
     if not isinstance(doc, dict) or next(iter(doc), None) != MARK:
         return doc  # type: ignore[no-any-return]
     dropped = doc.pop(MARK)
-    body = _uncode(doc)
+    body = {_name(k): _uncode(v) for k, v in doc.items()}
     if not dropped:
         return body  # type: ignore[no-any-return]
     return {"id": request_id, "object": OBJECT, "created": int(created_at), "model": product, **body}
