@@ -111,5 +111,5 @@ def decode(text: str | bytes, request_id: str, product: str, created_at: float) 
     dropped = doc.pop(MARK)
     body = {_name(k): _uncode(v) for k, v in doc.items()}
     if not dropped:
-        return body  # type: ignore[no-any-return]
+        return body
     return {"id": request_id, "object": OBJECT, "created": int(created_at), "model": product, **body}
