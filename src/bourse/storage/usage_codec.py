@@ -22,6 +22,7 @@ reports filter on it in SQL (``json_extract`` / ``->>``).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import orjson
@@ -44,6 +45,7 @@ _CODES = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _TO_CODE = dict(zip(NAMES, _CODES, strict=False))
 _FROM_CODE = {c: n for n, c in _TO_CODE.items()}
 assert len(NAMES) <= len(_CODES)
+_NESTED = (dict, list)
 _HEAD = ("id", "object", "created", "model")
 OBJECT = "bourse.usage"
 
@@ -56,17 +58,29 @@ def _key(key: str) -> str:
     return _TO_CODE.get(key) or ("~" + key if _escaped(key) else key)
 
 
+@functools.lru_cache(maxsize=256)
+def _shape(keys: tuple[str, ...]) -> str | None:
+    """The codes of ``keys`` (an object's, in order) when each is known, else None."""
+    if keys and all(k in _TO_CODE for k in keys):
+        return "".join(_TO_CODE[k] for k in keys)
+    return None
+
+
 def _code(value: Any) -> Any:
     """``value`` with its dicts coded: one of known keys only as a list, the string of its
     keys' codes then their values (``{"prompt_tokens": 11, "total_tokens": 19}`` is
     ``["57", 11, 19]``); any other with each key coded or escaped. A list is written
     with a 0 before its items, so that a list read back is never taken for a dict."""
-    if isinstance(value, dict):
-        if value and all(k in _TO_CODE for k in value):
-            return ["".join(_TO_CODE[k] for k in value), *(_code(v) for v in value.values())]
+    kind = type(value)
+    if kind is dict:
+        codes = _shape(tuple(value))
+        if codes is not None:
+            return [codes, *[_code(v) if type(v) in _NESTED else v for v in value.values()]]
         return {_key(k): _code(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [0, *(_code(v) for v in value)]
+    if kind is list:
+        return [0, *map(_code, value)]
+    if isinstance(value, dict | list):  # a subclass: as its base
+        return _code(dict(value) if isinstance(value, dict) else list(value))
     return value
 
 
@@ -86,21 +100,19 @@ def _uncode(value: Any) -> Any:
 
 def _head_is_columns(doc: dict[str, Any], request_id: str, product: str, created_at: float) -> bool:
     """Whether ``doc`` starts with exactly the head the columns rebuild."""
-    items = iter(doc.items())
-    want = (request_id, OBJECT, int(created_at), product)
-    for name, value in zip(_HEAD, want, strict=True):
-        got = next(items, None)
-        if got is None or got[0] != name or type(got[1]) is not type(value) or got[1] != value:
-            return False
-    return True
+    head = list(doc.items())[:4]
+    want = [("id", request_id), ("object", OBJECT), ("created", int(created_at)), ("model", product)]
+    return head == want and type(head[2][1]) is int
 
 
 def encode(doc: dict[str, Any], request_id: str, product: str, created_at: float) -> str:
     """The stored JSON text of a record with these columns (always an object: the
     reports read its ``key_id``)."""
     dropped = _head_is_columns(doc, request_id, product, created_at)
-    body = dict(list(doc.items())[len(_HEAD) :]) if dropped else doc
-    return orjson.dumps({MARK: int(dropped), **{_key(k): _code(v) for k, v in body.items()}}).decode()
+    out: dict[str, Any] = {MARK: int(dropped)}
+    for k, v in list(doc.items())[len(_HEAD) :] if dropped else doc.items():
+        out[_key(k)] = _code(v)
+    return orjson.dumps(out).decode()
 
 
 def decode(text: str | bytes, request_id: str, product: str, created_at: float) -> dict[str, Any]:
