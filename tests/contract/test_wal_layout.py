@@ -58,6 +58,8 @@ ODD_DOCS: list[dict[str, Any]] = [
         "usage": {"bid": ["x", 1, {"level": [], "note": {}}], "x_market": [], "cost": {"at": ["y"]}},
         "l": [[], [0]],
     },
+    # coded strings anywhere, and lists that look like them
+    {"outcome": "error", "x": [1, 0], "y": ["completed", [1, 2], "/v1/responses"], "z": {"bid": "timeout"}},
     {},
 ]
 

@@ -12,7 +12,7 @@ writes (SQLite's pages, PostgreSQL's WAL; issue 40). Two things in it are said t
 :func:`encode` drops the head when it is exactly what the columns give, and writes each
 known key (at any depth) as a one-character code from :data:`NAMES` (a nested object
 of known keys only as a list: the string of its keys' codes, then their values); its
-first key, :data:`MARK`, says so. :func:`decode` rebuilds the document, the same keys in the same
+first key, :data:`MARK`, says so; the outcomes and routes (:data:`VALUES`) are coded too. :func:`decode` rebuilds the document, the same keys in the same
 order with the same values, so what the usage endpoints, the CSV export and the
 receipts return does not change. A record without the mark (written before version 18)
 is read as it is. A key that could be read as a code (one of them, the mark, or one
@@ -41,11 +41,18 @@ NAMES = (
 )  # fmt: skip
 """The coded key names: the code of ``NAMES[i]`` is ``_CODES[i]``. Append only: stored
 records name their keys by these codes."""
+VALUES = (
+    "completed", "disconnected", "canceled", "error", "timeout", "reconciling",
+    "/v1/chat/completions", "/v1/completions", "/v1/responses",
+)  # fmt: skip
+"""Strings that most records hold (outcomes, routes), each stored as ``[1, i]`` where
+``VALUES[i]`` is it. Append only."""
 _CODES = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _TO_CODE = dict(zip(NAMES, _CODES, strict=False))
 _FROM_CODE = {c: n for n, c in _TO_CODE.items()}
 assert len(NAMES) <= len(_CODES)
-_NESTED = (dict, list)
+_VALUE_CODE = {v: [1, i] for i, v in enumerate(VALUES)}
+_NESTED = (dict, list, str)
 _HEAD = ("id", "object", "created", "model")
 OBJECT = "bourse.usage"
 
@@ -69,14 +76,18 @@ def _shape(keys: tuple[str, ...]) -> str | None:
 def _code(value: Any) -> Any:
     """``value`` with its dicts coded: one of known keys only as a list, the string of its
     keys' codes then their values (``{"prompt_tokens": 11, "total_tokens": 19}`` is
-    ``["57", 11, 19]``); any other with each key coded or escaped. A list is written
-    with a 0 before its items, so that a list read back is never taken for a dict."""
+    ``["57", 11, 19]``); any other with each key coded or escaped; a string of
+    :data:`VALUES` as ``[1, i]``. A list is written with a 0 before its items, so that a
+    list read back is never taken for a dict or a coded string."""
     kind = type(value)
     if kind is dict:
         codes = _shape(tuple(value))
         if codes is not None:
             return [codes, *[_code(v) if type(v) in _NESTED else v for v in value.values()]]
         return {_key(k): _code(v) for k, v in value.items()}
+    if kind is str:
+        coded = _VALUE_CODE.get(value)
+        return value if coded is None else list(coded)
     if kind is list:
         return [0, *map(_code, value)]
     if isinstance(value, dict | list):  # a subclass: as its base
@@ -92,8 +103,11 @@ def _uncode(value: Any) -> Any:
     if isinstance(value, dict):
         return {_name(k): _uncode(v) for k, v in value.items()}
     if isinstance(value, list):
-        if isinstance(value[0], str):
-            return {_FROM_CODE[c]: _uncode(v) for c, v in zip(value[0], value[1:], strict=True)}
+        first = value[0]
+        if isinstance(first, str):
+            return {_FROM_CODE[c]: _uncode(v) for c, v in zip(first, value[1:], strict=True)}
+        if first == 1:
+            return VALUES[value[1]]
         return [_uncode(v) for v in value[1:]]
     return value
 
