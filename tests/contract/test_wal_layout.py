@@ -17,6 +17,7 @@ import pytest
 
 from bourse.ports.reports import UsageFilter
 from bourse.ports.stores import Hold, UnknownAccount, UsageRecord
+from bourse.storage.executor import IntegrityError
 from bourse.storage.ledger import reverse_charge
 from bourse.storage.reports import SqlReports
 from bourse.storage.schema import migrations
@@ -163,3 +164,27 @@ async def test_the_webhook_secrets_migration_keeps_every_secret_and_record(
     ])  # fmt: skip
     assert "webhook_secret" not in str(cols)
     assert [r[0] for r in secrets] == ["a", "b", "c"]
+
+
+async def test_writes_over_rows_that_exist_fall_back_to_the_single_statements(
+    store_factory: StoreFactory,
+) -> None:
+    """PostgreSQL writes a hold or a close as one statement without ON CONFLICT; where
+    it meets a row that exists (a usage record written before the close, a hold id
+    placed twice) the statement rolls back and the single statements run: the record
+    is written over, the second hold of an id is refused, the money is exact."""
+    async with store_factory() as s:
+        await s.create_account("a", 1_000, 1.0)
+        first = UsageRecord("chatcmpl-abc", "a", "sim", 1_700_000_000.25, "reconciling", 0, {"note": "first"})
+        await s.put_usage(first)
+        hold = Hold("h1", "a", "chatcmpl-abc", 55, "open", owner="gw", created_at=1.0)
+        await s.place_hold(hold)
+        with pytest.raises(IntegrityError):
+            await s.place_hold(hold)
+        await s.settle("h1", 19, _record(GATEWAY_DOC), 2.0)
+        got = await s.usage("a", "chatcmpl-abc")
+        assert got is not None and (got.outcome, got.cost_micros) == ("completed", 19)
+        assert orjson.dumps(got.record) == orjson.dumps(GATEWAY_DOC)
+        account = await s.account("a")
+        assert account is not None
+        assert (account.balance_micros, account.open_holds_micros, account.spent_micros) == (981, 0, 19)
