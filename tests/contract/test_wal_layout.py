@@ -61,6 +61,8 @@ ODD_DOCS: list[dict[str, Any]] = [
     },
     # coded strings anywhere, and lists that look like them
     {"outcome": "error", "x": [1, 0], "y": ["completed", [1, 2], "/v1/responses"], "z": {"bid": "timeout"}},
+    {"key_id": "completed"},
+    {"key_id": ["completed", {"bid": 1}]},
     {},
 ]
 
@@ -80,6 +82,7 @@ def test_a_gateway_record_is_stored_in_much_less() -> None:
     compact = encode(GATEWAY_DOC, "chatcmpl-abc", "sim", 1_700_000_000.25)
     assert len(compact) < 0.6 * len(plain), (len(compact), len(plain))
     assert '"key_id":"key_1"' in compact  # the reports filter on it in SQL
+    assert '"key_id":"completed"' in encode({"key_id": "completed"}, "r", "p", 1.0)  # never a coded string
 
 
 async def test_usage_records_read_back_byte_for_byte(store_factory: StoreFactory) -> None:

@@ -125,7 +125,7 @@ def encode(doc: dict[str, Any], request_id: str, product: str, created_at: float
     dropped = _head_is_columns(doc, request_id, product, created_at)
     out: dict[str, Any] = {MARK: int(dropped)}
     for k, v in list(doc.items())[len(_HEAD) :] if dropped else doc.items():
-        out[_key(k)] = _code(v)
+        out[_key(k)] = v if k == "key_id" and type(v) is str else _code(v)  # as the reports read it
     return orjson.dumps(out).decode()
 
 
