@@ -175,6 +175,8 @@ async def test_the_account_totals_migration_fills_them_from_the_ledger(tmp_path:
         db.execute("CREATE INDEX holds_owner ON holds(owner, state)")
         db.execute("CREATE INDEX holds_account ON holds(account_id, state)")
         db.execute("CREATE INDEX holds_state_age ON holds(state, updated_at)")
+        db.execute("DROP TABLE webhook_secrets")  # version 18's
+        db.execute("ALTER TABLE accounts ADD COLUMN webhook_secret TEXT")
         db.execute("DELETE FROM schema_migrations WHERE version >= 10")
     store = SqliteStore(path)
     await store.open()

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
+from bourse.storage.usage_codec import decode
 
 T = TypeVar("T")
 
@@ -188,7 +188,7 @@ FINISHED_JOB_HOLDS = (
     "SELECT j.id, j.status, h.state, h.request_id, j.request_id FROM jobs j JOIN holds h ON h.id = j.hold_id "
     "WHERE (j.status NOT IN ('queued', 'running') AND h.state = 'open') OR h.request_id <> j.request_id"
 )
-RECORDS = "SELECT request_id, cost_micros, record FROM usage"
+RECORDS = "SELECT request_id, cost_micros, record, product, created_at FROM usage"
 
 
 def _per_account(cur: Any) -> list[str]:
@@ -238,8 +238,8 @@ def violations(cur: Any) -> tuple[list[str], list[str]]:
         else:
             settling.append(f"7: job {job} is {status} and its hold still {state}")
     cur.execute(RECORDS)
-    for request_id, cost, record in cur.fetchall():
-        doc = orjson.loads(record)
+    for request_id, cost, record, product, created_at in cur.fetchall():
+        doc = decode(record, request_id, product, float(created_at))
         said = [
             part.get("cost_micros")
             for part in (doc.get("usage"), doc.get("receipt"))

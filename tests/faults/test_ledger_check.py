@@ -56,8 +56,11 @@ DAMAGE = {
     "6: account": "UPDATE accounts SET spend_micros = spend_micros + 1 WHERE spend_cap_micros IS NOT NULL",
     "7: job": "UPDATE holds SET state = 'open', charged_micros = 0 WHERE id = (SELECT hold_id FROM jobs LIMIT 1)",
     "10: account": "UPDATE accounts SET pending_micros = pending_micros + 1 WHERE id = (SELECT MIN(id) FROM accounts)",
-    "8: usage record": "UPDATE usage SET record = replace(record, '\"cost_micros\":', '\"cost_micros\":1') "
-    "WHERE cost_micros > 0",
+    # a record in the plain form (as before migration 18) that says another cost
+    "8: usage record": 'UPDATE usage SET record = \'{"usage": {"cost_micros": -1}}\' WHERE cost_micros > 0',
+    # a compact record (storage/usage_codec.py) whose column says another cost
+    "8: usage record chatcmpl-": "UPDATE usage SET cost_micros = cost_micros + 1 "
+    "WHERE cost_micros > 0 AND request_id LIKE 'chatcmpl-%'",
 }
 """What each damage must be reported as (the start of the violation) -> the SQL."""
 

@@ -75,7 +75,9 @@ def test_a_served_data_folder_keeps_its_secrets(tmp_path: Path) -> None:
         # the webhook secret is nowhere in the database files, in clear
         assert webhook_secret.encode() not in _raw_database(data)
         with sqlite3.connect(f"file:{data / 'bourse.db'}?mode=ro", uri=True) as conn:
-            [(stored,)] = conn.execute("SELECT webhook_secret FROM accounts WHERE id = 'hooked'").fetchall()
+            [(stored,)] = conn.execute(
+                "SELECT secret FROM webhook_secrets WHERE account_id = 'hooked'"
+            ).fetchall()
         assert stored.startswith(SEALED) and webhook_secret not in stored, stored
     log = _logs(tmp_path, "first")
     assert not KEY.search(log), log  # stderr is not a terminal: no key, only where it is

@@ -170,7 +170,7 @@ def test_a_secret_no_replica_can_open_is_held_until_an_admin_sets_a_new_one(
         # the account's secret as a replica with another key sealed it (before the keys were checked)
         lost = "fernet:" + Fernet(_key().encode()).encrypt(b"sealed-with-a-lost-key").decode()
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-            conn.execute("UPDATE accounts SET webhook_secret = %s WHERE id = 'acme'", (lost,))
+            conn.execute("UPDATE webhook_secrets SET secret = %s WHERE account_id = 'acme'", (lost,))
         job_id = _submit(url_b, key, f"{hooks}/hook/held")
         deadline = time.monotonic() + 20
         while (

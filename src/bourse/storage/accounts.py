@@ -103,10 +103,13 @@ def create_account(
     if db.fetchrow("SELECT id FROM accounts WHERE id = $1", account_id) is not None:
         raise AccountExists(account_id)
     db.execute(
-        "INSERT INTO accounts (id, balance_micros, credited_micros, created_at, webhook_secret, "
-        "spend_cap_micros, spend_cap_period) VALUES ($1, $2, $2, $3, $4, $5, $6)",
-        account_id, credit_micros, now, seal(db, new_webhook_secret()),
-        None if cap is None else cap[0], None if cap is None else cap[1],
+        "INSERT INTO accounts (id, balance_micros, credited_micros, created_at, "
+        "spend_cap_micros, spend_cap_period) VALUES ($1, $2, $2, $3, $4, $5)",
+        account_id, credit_micros, now, None if cap is None else cap[0], None if cap is None else cap[1],
+    )  # fmt: skip
+    db.execute(
+        "INSERT INTO webhook_secrets (account_id, secret) VALUES ($1, $2)", account_id,
+        seal(db, new_webhook_secret()),
     )  # fmt: skip
     if credit_micros:
         db.execute(

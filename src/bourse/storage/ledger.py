@@ -17,8 +17,6 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import orjson
-
 from bourse.ports.budgets import AccountBudgetExceeded, BudgetExceeded, KeyBudgetExceeded
 from bourse.ports.stores import (
     ChargeAboveHold,
@@ -31,7 +29,8 @@ from bourse.ports.stores import (
     UsageRecord,
 )
 from bourse.storage.executor import Executor, IntegrityError, Row, values_list
-from bourse.storage.usage import put_usage, put_usages
+from bourse.storage.usage import put_usage, put_usages, usage_row
+from bourse.storage.usage_codec import encode
 
 HOLD_PARAMS = ("id", "account_id", "request_id", "amount_micros", "owner", "product", "created_at", "key_id")
 """The :class:`Hold` fields a new hold's row is inserted with, in their parameters' order
@@ -558,16 +557,16 @@ def reverse_charge(db: Executor, hold_id: str, note: str, now: float) -> int:
         return 0
     charged = int(row["charged_micros"])
     db.execute("UPDATE holds SET charged_micros = 0 WHERE id = $1", hold_id)
-    usage = db.fetchrow("SELECT record FROM usage WHERE request_id = $1", row["request_id"])
+    usage = db.fetchrow("SELECT * FROM usage WHERE request_id = $1", row["request_id"])
     if usage is not None:
-        record = orjson.loads(usage["record"])
+        record = dict(usage_row(usage).record)
         record["outcome"] = "error"
         record["usage"] = {**(record.get("usage") or {}), "cost": 0.0, "cost_micros": 0}
         record["receipt"] = {**(record.get("receipt") or {}), "outcome": "error", "cost_micros": 0}
         record["reversed_micros"] = charged
         db.execute(
             "UPDATE usage SET outcome = 'error', cost_micros = 0, record = $2 WHERE request_id = $1",
-            row["request_id"], orjson.dumps(record).decode(),
+            row["request_id"], encode(record, usage["request_id"], usage["product"], float(usage["created_at"])),
         )  # fmt: skip
     _refund_cap(db, row, charged)
     if charged:

@@ -66,7 +66,7 @@ from bourse.storage.ledger import (
     refusal,
 )
 from bourse.storage.sql import SqlStore, migrate_in
-from bourse.storage.usage import USAGE_COLUMNS, USAGE_INSERT, USAGE_ON_CONFLICT, usage_values
+from bourse.storage.usage import USAGE_COLUMNS, USAGE_INSERT, usage_values
 
 T = TypeVar("T")
 _PARAM = re.compile(r"\$(\d+)")
@@ -358,6 +358,23 @@ class PostgresStore(SqlStore):
     def _read(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]:
         return self._call(fn, args, False)
 
+    def _write_one(self, item: LedgerWrite) -> Awaitable[Hold | None]:
+        if isinstance(item, Hold) and counted(item):
+            return super()._write_one(item)
+        return self._write_alone(item)
+
+    async def _write_alone(self, item: LedgerWrite) -> Hold | None:
+        """An uncapped hold or a close as a batch of one: one statement, where the
+        single path is three or four (and its inserts, ON CONFLICT, log one more WAL
+        record a row); the single path when the statement is refused (an overdraft)."""
+        try:
+            [out] = await self._call(_write_many, ([item],), False)
+        except BatchShort:
+            return await super()._write_one(item)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
     async def _write_many(self, items: list[LedgerWrite]) -> list[Hold | Exception | None]:
         if any(isinstance(i, Hold) and counted(i) for i in items):
             return await super()._write_many(items)  # caps to count: keys' rows before the account's
@@ -385,14 +402,20 @@ def _open_pool(pool: _Pool, dsn: str) -> None:
 
 # -- a batch of one account's ledger writes as one statement (no BEGIN, no COMMIT trip) --
 
-_NEW_HOLDS = HOLDS_FROM_VALUES + (
-    f"WHERE EXISTS (SELECT 1 FROM accounts WHERE id = column{HOLD_ACCOUNT_PARAM}) ON CONFLICT DO NOTHING RETURNING *"
+# No ON CONFLICT on the batch's inserts: a speculative insertion logs one more WAL record
+# a row (its confirmation, ~50 bytes; issue 40). A hold id that exists (a batch retried
+# after a lost connection) or a request whose usage record exists (a close after
+# reconciling) breaks the statement, which then rolls back whole, and its writes are
+# made one by one (``_write_each``: the single statements, which do handle them).
+_NEW_HOLDS = (
+    HOLDS_FROM_VALUES
+    + f"WHERE EXISTS (SELECT 1 FROM accounts WHERE id = column{HOLD_ACCOUNT_PARAM}) RETURNING *"
 )
 _CLOSED = CLOSE_FROM_VALUES + " RETURNING holds.*"
 _USED_VALUES = ", ".join(f"column{n}" for n in range(2, len(USAGE_COLUMNS) + 2))  # column1: the hold's id
 _USED = (
     f", used AS ({USAGE_INSERT}SELECT {_USED_VALUES} FROM (VALUES {{values}}) AS u "
-    f"WHERE u.column1 IN (SELECT id FROM closed) {USAGE_ON_CONFLICT})"
+    "WHERE u.column1 IN (SELECT id FROM closed))"
 )
 _BATCH = (
     "WITH ins AS ({ins}), closed AS ({closed}), "
@@ -420,7 +443,7 @@ def _write_many(db: Executor, items: list[LedgerWrite]) -> list[Hold | Exception
     closed, used = _close_parts(closes, args)
     try:
         rows = db.fetch(_BATCH.format(ins=ins, closed=closed, used=used), *args)
-    except IntegrityError:
+    except IntegrityError:  # an overdraft, a hold id or a usage record that exists
         raise BatchShort(holds[0].account_id if holds else "") from None
     placed = {r["id"] for r in rows if r["placed"]}
     done = {r["id"]: hold_row(r) for r in rows if not r["placed"]}

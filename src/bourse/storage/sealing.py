@@ -75,13 +75,11 @@ def _named(db: Executor) -> str | None:
 
 def _unreadable_sample(db: Executor, box: Sealer) -> tuple[int, int]:
     """Of at most :data:`SAMPLE` sealed secrets: (tried, not opened by ``box``)."""
-    rows = db.fetch(
-        f"SELECT webhook_secret FROM accounts WHERE webhook_secret LIKE $1 LIMIT {SAMPLE}", SEALED + "%"
-    )
+    rows = db.fetch(f"SELECT secret FROM webhook_secrets WHERE secret LIKE $1 LIMIT {SAMPLE}", SEALED + "%")
     bad = 0
     for row in rows:
         try:
-            box.opened(str(row["webhook_secret"]))
+            box.opened(str(row["secret"]))
         except ValueError:
             bad += 1
     return len(rows), bad
@@ -146,8 +144,13 @@ def sealer_in(box: Sealer | None) -> Callable[[Executor, str], str]:
 
 def set_secret(db: Executor, seal: Callable[[Executor, str], str], account_id: str, secret: str) -> int:
     """Replace the account's secret; release its held webhooks (how many)."""
-    if db.execute("UPDATE accounts SET webhook_secret = $2 WHERE id = $1", account_id, seal(db, secret)) != 1:
+    if db.fetchrow("SELECT id FROM accounts WHERE id = $1", account_id) is None:
         raise UnknownAccount(account_id)
+    db.execute(
+        "INSERT INTO webhook_secrets (account_id, secret) VALUES ($1, $2) "
+        "ON CONFLICT (account_id) DO UPDATE SET secret = excluded.secret",
+        account_id, seal(db, secret),
+    )  # fmt: skip
     return db.execute(
         "UPDATE jobs SET webhook_state = 'pending', webhook_error = NULL "
         "WHERE account_id = $1 AND webhook_state = 'held'",
@@ -164,10 +167,8 @@ def reseal(db: Executor, box: Sealer, now: float) -> ResealReport:
         db.execute("INSERT INTO sealing_key (id, fingerprint, set_at) VALUES (1, $1, $2)", mine, now)
     resealed = unchanged = 0
     unreadable: list[str] = []
-    for row in db.fetch(
-        "SELECT id, webhook_secret FROM accounts WHERE webhook_secret IS NOT NULL ORDER BY id"
-    ):
-        stored = str(row["webhook_secret"])
+    for row in db.fetch("SELECT account_id AS id, secret FROM webhook_secrets ORDER BY account_id"):
+        stored = str(row["secret"])
         try:
             secret, index = box.opened(stored)
         except ValueError:
@@ -176,7 +177,9 @@ def reseal(db: Executor, box: Sealer, now: float) -> ResealReport:
         if index == 0 and stored.startswith(SEALED):
             unchanged += 1
             continue
-        db.execute("UPDATE accounts SET webhook_secret = $2 WHERE id = $1", row["id"], box.seal(secret, mine))
+        db.execute(
+            "UPDATE webhook_secrets SET secret = $2 WHERE account_id = $1", row["id"], box.seal(secret, mine)
+        )
         resealed += 1
     _reseal_session_secret(db, box, mine)
     released = 0

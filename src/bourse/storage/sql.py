@@ -197,8 +197,8 @@ class SqlStore(MarketTables, AdminKeyTables):
 
     async def webhook_secret(self, account_id: str) -> str | None:
         def get(db: Executor) -> str | None:
-            row = db.fetchrow("SELECT webhook_secret FROM accounts WHERE id = $1", account_id)
-            return None if row is None or row["webhook_secret"] is None else str(row["webhook_secret"])
+            row = db.fetchrow("SELECT secret FROM webhook_secrets WHERE account_id = $1", account_id)
+            return None if row is None else str(row["secret"])
 
         stored = await self._read(get)
         if stored is None or self.secret_box is None:

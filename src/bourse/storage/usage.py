@@ -11,15 +11,14 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
-
 from bourse.ports.stores import UsageRecord
 from bourse.storage.executor import Executor, Row, values_list
+from bourse.storage.usage_codec import decode, encode
 
 USAGE_COLUMNS = ("request_id", "account_id", "product", "created_at", "outcome", "cost_micros", "record")
 """The ``usage`` table's columns, in the order every insert of a record lists them and
 :func:`usage_values` gives their values: each names a :class:`UsageRecord` field,
-``record`` (last) stored as its JSON text."""
+``record`` (last) stored as its compact JSON text (:mod:`bourse.storage.usage_codec`)."""
 USAGE_REWRITTEN = ("outcome", "cost_micros", "record")
 """What a second write of a request's record replaces (its outcome and cost; whose and when stay)."""
 
@@ -35,19 +34,23 @@ _PLAIN_FIELDS = operator.attrgetter(*USAGE_COLUMNS[:-1])
 
 
 def usage_values(usage: UsageRecord) -> tuple[Any, ...]:
-    """The record's values in :data:`USAGE_COLUMNS` order (``record`` as JSON text)."""
-    return (*_PLAIN_FIELDS(usage), orjson.dumps(dict(usage.record)).decode())
+    """The record's values in :data:`USAGE_COLUMNS` order (``record`` as compact JSON text)."""
+    return (
+        *_PLAIN_FIELDS(usage),
+        encode(dict(usage.record), usage.request_id, usage.product, usage.created_at),
+    )
 
 
 def usage_row(row: Row) -> UsageRecord:
+    request_id, product, created_at = row["request_id"], row["product"], float(row["created_at"])
     return UsageRecord(
-        request_id=row["request_id"],
+        request_id=request_id,
         account_id=row["account_id"],
-        product=row["product"],
-        created_at=float(row["created_at"]),
+        product=product,
+        created_at=created_at,
         outcome=row["outcome"],
         cost_micros=int(row["cost_micros"]),
-        record=orjson.loads(row["record"]),
+        record=decode(row["record"], request_id, product, created_at),
     )
 
 
