@@ -140,6 +140,7 @@ class RunResponse:
     """ASGI response for one run (streamed or not)."""
 
     __slots__ = (
+        "_cancelled",
         "_group",
         "_held",
         "_hold_terminal",
@@ -148,6 +149,7 @@ class RunResponse:
         "_loop",
         "_send",
         "_sending",
+        "_task",
         "_ticking",
         "_timer",
         "_waiting",
@@ -178,6 +180,10 @@ class RunResponse:
         self._timer: asyncio.TimerHandle | None = None
         self._ticking: asyncio.Task[None] | None = None
         self._group: asyncio.TaskGroup | None = None
+        self._task: asyncio.Task[Any] | None = None
+        """The relay's task (on bourse's own server: cancelled when the client leaves)."""
+        self._cancelled = False
+        """That task was cancelled because the client left (taken back at its end)."""
         self._waiting = sse.comment(policy.waiting_comment)
         self._hold_terminal = terms.ask.include_usage and policy.usage_on_last_choice
         self._held: dict[str, Any] | None = None
@@ -227,15 +233,8 @@ class RunResponse:
         run = self.run
         task = asyncio.current_task()
         assert task is not None
-        cancelled = False
-
-        def lost() -> None:
-            nonlocal cancelled
-            if self._client_left() and not cancelled:
-                cancelled = True
-                task.cancel()
-
-        watch(lost)
+        self._task = task
+        watch(self._lost)
         try:
             try:
                 await (self._stream if self.terms.ask.stream else self._unary)(send)
@@ -245,10 +244,19 @@ class RunResponse:
                 if self._ticking is not None:
                     await self._tick_ended()
         except asyncio.CancelledError:
-            if cancelled and task.uncancel() == 0:
+            if self._cancelled and task.uncancel() == 0:
                 return
             if not run.take_back_stop():  # a drain's stop that found the relay writing: the run is abandoned
                 raise
+
+    def _lost(self) -> None:
+        """The connection's callback when it is lost (:meth:`_watched`): the relay's task
+        is cancelled, once, if the relay is to stop. (A method, not a closure made per
+        response: a function and its cells were ~250 bytes an open stream.)"""
+        if self._client_left() and not self._cancelled:
+            self._cancelled = True
+            assert self._task is not None
+            self._task.cancel()
 
     async def _keep(self, status: int, payload: tuple[dict[str, str], bytes] | None) -> None:
         assert self.on_done is not None
@@ -446,6 +454,7 @@ class RunResponse:
                         await send({"type": "http.response.body", "body": frame, "more_body": True})
                         self._sending = False
                         self._last = loop.time()
+                        del frame, ev  # neither held while the stream waits for its next chunk
                     elif self.encoder is not None:  # drained: nothing written, the answer still kept
                         self.encoder.add(ev.chunk)
                 elif type(ev) is Finished:
