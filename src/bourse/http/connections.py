@@ -122,6 +122,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         "_lost",
         "_on_lost",
         "_phase",
+        "_present",
         "_room",
     )
 
@@ -142,6 +143,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._feeding = False
         self._due: tuple[float, Callable[[], None]] | None = None
         """The deadline to arm once the bytes being parsed are done (see ``data_received``)."""
+        self._present: dict[object, object] | None = None
+        """``extensions["bourse.client_present"]`` of this connection's requests (made once)."""
         self._on_lost: Callable[[], None] | None = None
         """Called once when the connection is lost (see :meth:`watch`)."""
         self._lost = False
@@ -255,9 +258,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._phase = _HEAD
         self._begun += 1
-        self.scope["extensions"] = {
-            "bourse.client_present": {"probe": self.client_present, "watch": self.watch}
-        }
+        present = self._present
+        if present is None:  # the connection's first request: made once, shared by the next ones
+            present = self._present = {"probe": self.client_present, "watch": self.watch}
+        self.scope["extensions"] = {"bourse.client_present": present}
         self._arm(self.limits.header_timeout_s, self._headers_late)
 
     def client_present(self) -> bool:
