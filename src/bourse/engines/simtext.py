@@ -66,10 +66,10 @@ _WORDS = """
 """
 
 VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(_WORDS.split()))
+"""The sim's vocabulary: plain English words, no punctuation, no duplicates."""
 _SPACED: tuple[str, ...] = tuple(" " + w for w in VOCABULARY)
 """Each word with its leading space, made once: a drawn token is one of these (shared),
 not a new string a token (~0.8 KB an open 16-token stream, bench (e))."""
-"""The sim's vocabulary: plain English words, no punctuation, no duplicates."""
 
 _REASONING_SALT = 0x5EA5
 _LENGTH_SALT = 0x1E9

@@ -245,9 +245,9 @@ class RunResponse:
                 raise
 
     def _lost(self) -> None:
-        """The connection's callback when it is lost (bourse's own server, :meth:`__call__`): the relay's task
-        is cancelled, once, if the relay is to stop. (A method, not a closure made per
-        response: a function and its cells were ~250 bytes an open stream.)"""
+        """The connection's callback when it is lost (bourse's own server, :meth:`__call__`):
+        the relay's task is cancelled, once, if the relay is to stop. (A method, not a
+        closure made per response: a function and its cells were ~250 bytes a stream.)"""
         if self._client_left() and not self._cancelled:
             self._cancelled = True
             assert self._task is not None
