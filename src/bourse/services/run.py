@@ -353,9 +353,7 @@ class Run:
                             meter.generated += ev.tokens
                             yield ev
                             meter.delivered += ev.tokens  # the consumer came back for more
-                            # nothing of the chunk held while the engine waits for the next
-                            # (a stream idle between tokens: bench (e))
-                            del ev, chunk
+                            del ev, chunk  # not held while the engine waits for the next (bench (e))
                             choice = delta = None
                         else:
                             meter.engine_usage = ev
