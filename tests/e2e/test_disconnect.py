@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from starlette.types import Receive, Send
+from starlette.types import Receive, Scope, Send
 
-from bourse.http.relay import RunResponse, Watch
+from bourse.http.relay import RunResponse, _watch_of
 from tests.support.bodies import USER
 from tests.support.config import Dep, Product
 from tests.support.env import ENGINE_KINDS, Env, start_env
@@ -38,18 +38,19 @@ def relay_paths(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, boo
     """How each relay of the test heard of its client, and whether it streamed:
     ``("watch", stream)`` or ``("listener", stream)``; a listener fails the test."""
     paths: list[tuple[str, bool]] = []
-    in_group, watched = RunResponse._in_group, RunResponse._watched
+    in_group, call = RunResponse._in_group, RunResponse.__call__
 
     async def spy_in_group(self: RunResponse, receive: Receive, send: Send) -> None:
         paths.append(("listener", self.run.stream))
         await in_group(self, receive, send)
 
-    async def spy_watched(self: RunResponse, watch: Watch, send: Send) -> None:
-        paths.append(("watch", self.run.stream))
-        await watched(self, watch, send)
+    async def spy_call(self: RunResponse, scope: Scope, receive: Receive, send: Send) -> None:
+        if _watch_of(scope) is not None:  # the relay is watched (it takes no listener then)
+            paths.append(("watch", self.run.stream))
+        await call(self, scope, receive, send)
 
     monkeypatch.setattr(RunResponse, "_in_group", spy_in_group)
-    monkeypatch.setattr(RunResponse, "_watched", spy_watched)
+    monkeypatch.setattr(RunResponse, "__call__", spy_call)
     yield paths
     assert paths and all(how == "watch" for how, _ in paths), paths
 

@@ -12,7 +12,7 @@ rather than an anyio one: its cancellation is delivered once, so the run's own
 clean-up, which awaits the engine's close, is not cancelled again.)
 
 On bourse's own server a response needs neither, streamed or not
-(:meth:`RunResponse._watched`): the connection calls the relay back when it is lost
+(:meth:`RunResponse.__call__`): the connection calls the relay back when it is lost
 (``extensions["bourse.client_present"]["watch"]``, see :mod:`bourse.http.connections`),
 and the relay's own task is cancelled, once, as the listener would have it (the same
 stop, the same ``drain``, the same errors, a drain's stop taken back the same way).
@@ -140,6 +140,7 @@ class RunResponse:
     """ASGI response for one run (streamed or not)."""
 
     __slots__ = (
+        "_cancelled",
         "_group",
         "_held",
         "_hold_terminal",
@@ -148,9 +149,9 @@ class RunResponse:
         "_loop",
         "_send",
         "_sending",
+        "_task",
         "_ticking",
         "_timer",
-        "_waiting",
         "encoder",
         "on_done",
         "policy",
@@ -178,7 +179,10 @@ class RunResponse:
         self._timer: asyncio.TimerHandle | None = None
         self._ticking: asyncio.Task[None] | None = None
         self._group: asyncio.TaskGroup | None = None
-        self._waiting = sse.comment(policy.waiting_comment)
+        self._task: asyncio.Task[Any] | None = None
+        """The relay's task (on bourse's own server: cancelled when the client leaves)."""
+        self._cancelled = False
+        """That task was cancelled because the client left (taken back at its end)."""
         self._hold_terminal = terms.ask.include_usage and policy.usage_on_last_choice
         self._held: dict[str, Any] | None = None
         """The terminal chunk, held back to carry the usage (policy ``usage_on_last_choice``)."""
@@ -188,8 +192,29 @@ class RunResponse:
         try:
             if watch is None:
                 await self._in_group(receive, send)
-            else:
-                await self._watched(watch, send)
+                return
+            # On bourse's own server (written here, not in a coroutine of its own: one
+            # frame less an open stream): the connection calls back when it is lost, and
+            # the relay's task is cancelled as the listener would have it (no listener,
+            # no group: the answer is written by this task, and a stream's quiet-interval
+            # frames by a task of its own, waited for here as the group would).
+            task = asyncio.current_task()
+            assert task is not None
+            self._task = task
+            watch(self._lost)
+            try:
+                try:
+                    await (self._stream if self.terms.ask.stream else self._unary)(send)
+                finally:
+                    self._enter(_CLOSING)
+                    watch(None)
+                    if self._ticking is not None:
+                        await self._tick_ended()
+            except asyncio.CancelledError:
+                if self._cancelled and task.uncancel() == 0:
+                    return
+                if not self.run.take_back_stop():  # a drain's stop that found the relay writing: abandoned
+                    raise
         finally:
             # a run that never reached its end (client gone before the first frame,
             # or a relay failure) gives back its slot and money (abandon() is nothing
@@ -219,36 +244,14 @@ class RunResponse:
             if not run.take_back_stop():  # a drain's stop that found the relay writing: the run is abandoned
                 raise
 
-    async def _watched(self, watch: Watch, send: Send) -> None:
-        """On bourse's own server: the connection calls back when it is lost, and the
-        relay's task is cancelled as the listener would have it (no listener, no group:
-        the answer is written by this task, and a stream's quiet-interval frames by a
-        task of its own, waited for here as the group would)."""
-        run = self.run
-        task = asyncio.current_task()
-        assert task is not None
-        cancelled = False
-
-        def lost() -> None:
-            nonlocal cancelled
-            if self._client_left() and not cancelled:
-                cancelled = True
-                task.cancel()
-
-        watch(lost)
-        try:
-            try:
-                await (self._stream if self.terms.ask.stream else self._unary)(send)
-            finally:
-                self._enter(_CLOSING)
-                watch(None)
-                if self._ticking is not None:
-                    await self._tick_ended()
-        except asyncio.CancelledError:
-            if cancelled and task.uncancel() == 0:
-                return
-            if not run.take_back_stop():  # a drain's stop that found the relay writing: the run is abandoned
-                raise
+    def _lost(self) -> None:
+        """The connection's callback when it is lost (bourse's own server, :meth:`__call__`):
+        the relay's task is cancelled, once, if the relay is to stop. (A method, not a
+        closure made per response: a function and its cells were ~250 bytes a stream.)"""
+        if self._client_left() and not self._cancelled:
+            self._cancelled = True
+            assert self._task is not None
+            self._task.cancel()
 
     async def _keep(self, status: int, payload: tuple[dict[str, str], bytes] | None) -> None:
         assert self.on_done is not None
@@ -334,7 +337,7 @@ class RunResponse:
         if phase is QUEUED and run.order is not None:
             frame = None  # the level and position are asked of the book first
         elif phase is ADMITTED:
-            frame = self._waiting
+            frame = sse.comment(self.policy.waiting_comment)  # made when due: rare, not a value a response
         elif phase is STREAMING:
             frame = sse.KEEP_ALIVE
         else:
@@ -419,6 +422,7 @@ class RunResponse:
         ]
         self._enter(_STARTED)
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        del headers  # written: not held for the stream's life (~0.4 KB an open stream)
         self._loop = loop
         self._interval = self.policy.quiet_interval_s
         self._send = send
@@ -446,6 +450,7 @@ class RunResponse:
                         await send({"type": "http.response.body", "body": frame, "more_body": True})
                         self._sending = False
                         self._last = loop.time()
+                        del frame, ev  # neither held while the stream waits for its next chunk
                     elif self.encoder is not None:  # drained: nothing written, the answer still kept
                         self.encoder.add(ev.chunk)
                 elif type(ev) is Finished:

@@ -353,6 +353,8 @@ class Run:
                             meter.generated += ev.tokens
                             yield ev
                             meter.delivered += ev.tokens  # the consumer came back for more
+                            del ev, chunk  # not held while the engine waits for the next (bench (e))
+                            choice = delta = None
                         else:
                             meter.engine_usage = ev
                         clock.pull = 1
