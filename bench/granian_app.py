@@ -58,6 +58,7 @@ BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "b
 
 def app() -> Any:
     """The gateway's ASGI app as ``bourse serve`` builds it (granian ``--factory`` target)."""
+    from bourse.cli import settle_heap
     from bourse.container import build
     from bourse.observability.logs import configure_logging
     from bourse.services.accounts import demo_rule
@@ -72,9 +73,11 @@ def app() -> Any:
     container.config_path = path
     container.adopt_secret_key = False
     container.demo = demo_rule(asked=False, built_in_config=False, single_node=container.store.single_node)
+    app = container.app()
+    settle_heap()  # as serve does: the start-up heap frozen, the young generation's threshold raised
     if os.environ.get("GRANIAN_BOURSE_PROFILE"):
         _profile_on_sigusr1(os.environ["GRANIAN_BOURSE_PROFILE"])
-    return container.app()
+    return app
 
 
 def _profile_on_sigusr1(out: str) -> None:
