@@ -70,7 +70,7 @@ def app() -> Any:
     configure_logging(config.server.log_level, config.server.log_format)
     container = build(config, data_dir=data_dir, env=read_environment(), database=None, worker=0, link=None)
     container.data_dir = data_dir
-    container.config_path = path
+    container.config_path = str(path)
     container.adopt_secret_key = False
     container.demo = demo_rule(asked=False, built_in_config=False, single_node=container.store.single_node)
     app = container.app()

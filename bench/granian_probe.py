@@ -115,9 +115,9 @@ def drain(base: str, key: str, proc: Any) -> dict[str, str]:
 
 
 def main() -> None:
-    for name, started in (("uvicorn (bourse serve)", lambda: gateway_process(CONFIG)),
-                          ("granian ASGI", lambda: granian(CONFIG))):  # fmt: skip
-        with started() as (base, key, proc):
+    for name in ("uvicorn (bourse serve)", "granian ASGI"):
+        started = gateway_process(CONFIG) if name.startswith("uvicorn") else granian(CONFIG)
+        with started as (base, key, proc):
             results = wire(base)
             results |= drain(base, key, proc)
         print(name)
