@@ -30,11 +30,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench.common import cpu_s
+
 HERE = Path(__file__).resolve().parent
 WORK = HERE / ".work"
 VENV = WORK / "alt-venv"
 PACKAGES = ["granian[uvloop]", "pyreqwest", "msgspec", "uvicorn[standard]", "aiohttp", "pydantic", "orjson"]
-CLOCK = os.sysconf("SC_CLK_TCK")
 ANSWER = json.dumps({
     "id": "chatcmpl-bench", "object": "chat.completion", "created": 1700000000, "model": "bench",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello! How can I help you today?"},
@@ -123,28 +124,6 @@ def server_args(server: str, iface: str, port: int) -> list[str]:
     return ["taskset", "-c", "0", str(bin_ / "granian"), "--interface", iface, "--factory", target,
             "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--runtime-threads", "1",
             "--loop", "uvloop", "--no-ws", "--log-level", "warning", "--no-access-log"]  # fmt: skip
-
-
-def _tree(pid: int) -> list[int]:
-    out = [pid]
-    try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return out
-    for k in kids:
-        out += _tree(int(k))
-    return out
-
-
-def cpu_s(pid: int) -> float:
-    total = 0
-    for p in _tree(pid):
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / CLOCK
 
 
 def wrk(port: int, conns: int, seconds: float) -> dict[str, float]:

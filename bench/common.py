@@ -219,3 +219,31 @@ def report(
 
         write_section(Path(out), lines, heading)
     print("\n".join(lines))
+
+
+CLOCK = os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the children of each of its threads)."""
+    out = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            kids = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for k in kids:
+            out += process_tree(int(k))
+    return out
+
+
+def cpu_s(pid: int) -> float:
+    """User + system seconds of the process and its descendants (every thread)."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / CLOCK

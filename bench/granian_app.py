@@ -35,12 +35,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import ADMIN_KEY, free_port, funded_key, gateway_process, process
+from bench.common import ADMIN_KEY, cpu_s, free_port, funded_key, gateway_process, process, process_tree
 
 HERE = Path(__file__).resolve().parent
 PKGS = HERE / ".work" / "granian-pkgs"
 SERVER_CPU, LOAD_CPU = "0", "1"
-CLOCK = os.sysconf("SC_CLK_TCK")
 CONFIG = """[server]
 log_level = "warning"
 metrics = true
@@ -98,30 +97,6 @@ def _profile_on_sigusr1(out: str) -> None:
         on[0] = not on[0]
 
     signal.signal(signal.SIGUSR1, toggle)
-
-
-def tree(pid: int) -> list[int]:
-    out = [pid]
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            kids = (task / "children").read_text().split()
-        except OSError:
-            continue
-        for k in kids:
-            out += tree(int(k))
-    return out
-
-
-def cpu_s(pid: int) -> float:
-    """User + system seconds of the process and its descendants (every thread)."""
-    total = 0
-    for p in tree(pid):
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / CLOCK
 
 
 @contextmanager
@@ -193,7 +168,7 @@ def profile(o: argparse.Namespace) -> None:
     with granian(CONFIG, {"GRANIAN_BOURSE_PROFILE": str(out)}) as (base, key, proc):
         url = base + "/chat/completions"
         wrk(url, key, o.conns, o.warmup)
-        worker = tree(proc.pid)[1]
+        worker = process_tree(proc.pid)[1]
         os.kill(worker, signal.SIGUSR1)
         r = wrk(url, key, o.conns, o.seconds)
         os.kill(worker, signal.SIGUSR1)
