@@ -116,6 +116,10 @@ class Active:
     admit_task: asyncio.Task[None] | None = None
     tap: Callable[[dict[str, Any]], None] | None = None
     """Sees each chunk as it comes (a background response's stream)."""
+    cancelable: bool = True
+    """The run still goes: a cancel stops it. False once it has ended (or a cancel is
+    under way): the task writes the job's state, which nothing may interrupt (an
+    interrupted write would leave the job ``running`` for ever, its hold settled)."""
 
 
 @dataclass
@@ -242,11 +246,14 @@ class JobService:
                             act.tap(ev.chunk)
                     elif type(ev) is Finished:
                         fin = ev
+                act.cancelable = False  # ended: a cancel from now on waits for the job's state
             except asyncio.CancelledError:
+                act.cancelable = False
                 canceled = True
                 await run.abandon()  # done already by the run's own events, unless they never began
                 fin = await run.settled()
             except HandedBack:
+                act.cancelable = False
                 if act.admit_task is not None:
                     await act.admit_task
                 await self._hand_back(job, run)
@@ -440,7 +447,9 @@ class JobService:
             raise GatewayError(404, "not_found", f"No job '{job_id}' for this account.")
         act = self.active.get(job_id)
         if act is not None and act.task is not None:
-            act.task.cancel()
+            if act.cancelable:  # else its run has ended: the job's own state stands
+                act.cancelable = False
+                act.task.cancel()
             await asyncio.wait([act.task])
         elif job.status not in FINAL_JOB_STATES:
             await self.store.update_job(job_id, status="canceled", finished_at=self._now())
