@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness as H
-from bench.common import gateway_process
+from bench.common import cpu_s, gateway_process
 
 
 def pair_arguments(ap: argparse.ArgumentParser, *, rounds: int) -> None:
@@ -231,17 +231,17 @@ def _sse_round(
     ``cpu_us`` per stream, ``p50_us``/``p99_us``: time to the first token)."""
     order = ("A", "B") if args.together or i % 2 == 0 else ("B", "A")
     extra = ["--concurrency", str(args.conns), "--duration", str(args.seconds)]
-    cpu0 = {n: H.cpu_s(gws[n].pid) for n in order}
+    cpu0 = {n: cpu_s(gws[n].pid) for n in order}
     if args.together:
         with ThreadPoolExecutor(2) as pool:
             futures = {n: pool.submit(H.sse, gws[n], "fast", extra, args.seconds + 60) for n in order}
             raw = {n: f.result() for n, f in futures.items()}
-        cpu1 = {n: H.cpu_s(gws[n].pid) for n in order}
+        cpu1 = {n: cpu_s(gws[n].pid) for n in order}
     else:
         raw, cpu1 = {}, {}
         for n in order:
             raw[n] = H.sse(gws[n], "fast", extra, args.seconds + 60)
-            cpu1[n] = H.cpu_s(gws[n].pid)
+            cpu1[n] = cpu_s(gws[n].pid)
     out = []
     for n in order:
         r = raw[n]

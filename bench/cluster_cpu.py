@@ -46,9 +46,8 @@ from typing import Any
 import psycopg
 import redis
 
-from bench.common import GATEWAY_SITE, free_port, gateway_process, report
+from bench.common import GATEWAY_SITE, cpu_s, free_port, gateway_process, report
 from bench.disk import CONFIG, load
-from bench.workers import _cpu_s
 
 HEADING = "## (j) the gateway's CPU a request, cluster mode against one process (bench/cluster_cpu.py)"
 C = 32
@@ -217,9 +216,9 @@ def measure(
             time.sleep(STATS_WAIT_S if use_pg else 0)
             r0 = redis_calls(redis_url) if use_redis else {}
             pg0 = pg_counts(dsn) if dsn else (0, 0)
-            cpu0, t0 = _cpu_s(proc.pid), time.monotonic()
+            cpu0, t0 = cpu_s(proc.pid), time.monotonic()
             asyncio.run(load(v1, key, n, C))
-            cpu1, dt = _cpu_s(proc.pid), time.monotonic() - t0
+            cpu1, dt = cpu_s(proc.pid), time.monotonic() - t0
             if profile:
                 _dump(proc.pid, profile / f"{mode}.1")
             r1 = redis_calls(redis_url) if use_redis else {}

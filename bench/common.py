@@ -237,10 +237,17 @@ def process_tree(pid: int) -> list[int]:
     return out
 
 
-def cpu_s(pid: int) -> float:
-    """User + system seconds of the process and its descendants (every thread)."""
+def cpu_s(pid: int | None) -> float:
+    """User + system seconds of the process and its descendants (every thread); 0
+    without a pid or a live process."""
+    if pid is None:
+        return 0.0
+    try:
+        tree = process_tree(pid)
+    except OSError:
+        return 0.0
     total = 0
-    for p in process_tree(pid):
+    for p in tree:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:

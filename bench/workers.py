@@ -19,11 +19,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.common import gateway_process
+from bench.common import cpu_s, gateway_process
 from bench.ledger import drop_pg, fresh_pg
 
 HERE = Path(__file__).resolve().parent
-CLOCK = os.sysconf("SC_CLK_TCK")
 
 
 def _config(redis_url: str, prefix: str) -> str:
@@ -42,23 +41,6 @@ floor = 0.01
 ttft_ms = 0
 tokens_per_s = 0
 """
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and its live children (the workers)."""
-    pids = [pid]
-    try:
-        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        pass
-    total = 0
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / CLOCK
 
 
 def _wrk(url: str, key: str, conns: int, seconds: float) -> dict[str, float]:
@@ -90,9 +72,9 @@ def run(workers: int, o: argparse.Namespace) -> dict[str, float]:
             _config(o.redis, prefix), database=dsn, extra_args=["--workers", str(workers)]
         ) as (url, key, proc):
             _wrk(url, key, o.conns, o.warmup)
-            cpu = _cpu_s(proc.pid)
+            cpu = cpu_s(proc.pid)
             r = _wrk(url, key, o.conns, o.seconds)
-            r["cpu_us_per_req"] = (_cpu_s(proc.pid) - cpu) / max(1, r["requests"]) * 1e6
+            r["cpu_us_per_req"] = (cpu_s(proc.pid) - cpu) / max(1, r["requests"]) * 1e6
             return r
     finally:
         drop_pg_sync(o.postgres, dsn)
