@@ -165,12 +165,10 @@ async def test_the_account_totals_migration_fills_them_from_the_ledger(tmp_path:
         db.execute("DROP TABLE pruned_account_spend")
         db.execute("DROP TABLE admin_keys")  # version 16's
         db.execute("DROP TABLE dashboard_secret")
-        for index in (
-            "holds_open",
-            "holds_reconciling",
-            "holds_closed",
-            "holds_account_time",
-        ):  # version 17's
+        db.execute("DROP INDEX holds_closed_request")  # version 19's
+        db.execute("DROP INDEX holds_closed_account")
+        db.execute("CREATE INDEX holds_request ON holds(request_id)")
+        for index in ("holds_open", "holds_reconciling", "holds_closed"):  # version 17's
             db.execute(f"DROP INDEX {index}")
         db.execute("CREATE INDEX holds_owner ON holds(owner, state)")
         db.execute("CREATE INDEX holds_account ON holds(account_id, state)")
