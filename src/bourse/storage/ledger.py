@@ -470,7 +470,9 @@ def hold_list(db: Executor, state: HoldState | None, account_id: str | None, lim
     n = max(1, min(limit, 1000))
     if state is None and account_id is None:
         return [hold_row(r) for r in db.fetch(f"SELECT * FROM holds ORDER BY created_at DESC LIMIT {n}")]
-    wheres = [_ONE_STATE[state]] if state is not None else [_ONE_STATE["open"], _ONE_STATE["reconciling"], CLOSED]
+    wheres = (
+        [_ONE_STATE[state]] if state is not None else [_ONE_STATE["open"], _ONE_STATE["reconciling"], CLOSED]
+    )
     of = "" if account_id is None else " AND account_id = $1"
     sql = " UNION ALL ".join(
         f"SELECT * FROM (SELECT * FROM holds WHERE {w}{of} ORDER BY created_at DESC LIMIT {n}) AS s{i}"
