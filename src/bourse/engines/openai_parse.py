@@ -45,36 +45,66 @@ def check_choices(choices: object) -> None:
     calls' ``index``, ``id``, ``type``, ``name`` and ``arguments``) has the type the API
     gives it (or is null). Checked as the upstream's answer arrives, before anything of
     it is relayed or counted: an answer the gateway could not fold (and would charge
-    for, then fail to write) is the upstream's malformed answer instead.
+    for, then fail to write) is the upstream's malformed answer instead."""
+    if choices is not None:
+        read_choices(choices)
 
-    Per chunk of every stream: one call for the common chunk (one choice, a delta of a
-    role and a text), not one a field as first written (bench.ab --sse --together: that
-    made 1.07 of the CPU a stream)."""
-    if choices is None:
-        return
+
+CARRIES_TOKENS, FINISHED = 1, 2
+"""What :func:`read_choices` found in a chunk's choices (bits)."""
+
+
+def read_choices(choices: object) -> int:
+    """:func:`check_choices`'s checks of a chunk's (non-null) ``choices``, and in the
+    same pass what the parse step wants of them: :data:`CARRIES_TOKENS` if a choice
+    carries generated text, reasoning or tool-call fragments (a delta's ``content``,
+    ``reasoning_content``, ``reasoning`` or ``tool_calls``, or a choice's ``text``
+    when it has no delta), :data:`FINISHED` if one has a ``finish_reason``.
+
+    Per chunk of every stream: one call and one pass over a choice's fields, where a
+    check, a count of the tokens and a search for the ``finish_reason`` each walked
+    them (each a call, and a generator for the search)."""
     if type(choices) is not list:
         raise TypeError
+    found = 0
     for choice in choices:
         if type(choice) is not dict:
             raise TypeError
         reason, text, delta = choice.get("finish_reason"), choice.get("text"), choice.get("delta")
-        if (reason is not None and type(reason) is not str) or (text is not None and type(text) is not str):
+        if reason is not None:
+            if type(reason) is not str:
+                raise TypeError
+            if reason:
+                found |= FINISHED
+        if text is not None and type(text) is not str:
             raise TypeError
-        if delta is not None:
-            _check_delta(delta)
+        if delta is None:
+            if text:
+                found |= CARRIES_TOKENS
+            continue
+        found |= _read_delta(delta)
+    return found
 
 
-def _check_delta(delta: object) -> None:
+def _read_delta(delta: object) -> int:
+    """:func:`read_choices` of one choice's delta: its checks, and :data:`CARRIES_TOKENS`
+    if it carries any text but a refusal, or tool-call fragments."""
     if type(delta) is not dict:
         raise TypeError
+    found = 0
     for field, value in delta.items():
         if value is None:
             continue
         if field in _TEXTS:
             if type(value) is not str:
                 raise TypeError
+            if value and field != "refusal":
+                found = CARRIES_TOKENS
         elif field == "tool_calls":
             _check_calls(value)
+            if value:
+                found = CARRIES_TOKENS
+    return found
 
 
 def _check_calls(calls: object) -> None:
@@ -88,23 +118,6 @@ def _check_calls(calls: object) -> None:
             raise TypeError
         if fn is not None and not (_is(fn.get("name"), str) and _is(fn.get("arguments"), str)):
             raise TypeError
-
-
-def _carries_tokens(choices: list[Any]) -> int:
-    """1 if any choice carries generated text, reasoning or tool-call fragments, else 0."""
-    for choice in choices:
-        delta = choice.get("delta")
-        if delta is not None:
-            if (
-                delta.get("content")
-                or delta.get("reasoning_content")
-                or delta.get("reasoning")
-                or delta.get("tool_calls")
-            ):
-                return 1
-        elif choice.get("text"):
-            return 1
-    return 0
 
 
 def _too_deep(transient: bool) -> EngineFailure:
@@ -184,17 +197,16 @@ class StreamParse:
             choices = chunk.get("choices")
             if not choices:
                 return None
-            if not self.finished:
-                self.finished = any(c.get("finish_reason") for c in choices)
-            check_choices(choices)
-            tokens = _carries_tokens(choices)
+            found = read_choices(choices)
         except (orjson.JSONDecodeError, TypeError, AttributeError):
             self.failure = EngineFailure(
                 "upstream sent a malformed stream chunk", transient=not self.output_began, kind="malformed"
             )
             return None
+        if found & FINISHED:
+            self.finished = True
         self.output_began = True
-        return ChunkEvent(chunk, tokens)
+        return ChunkEvent(chunk, found & CARRIES_TOKENS)
 
     def finish(self) -> UsageEvent | None:
         """The finish step, at the end of the stream: it must have said ``[DONE]``, after
@@ -299,8 +311,7 @@ class ResponsesParse(StreamParse):
                 self.failure = _too_deep(not self.output_began)
                 return None
             chunk = up.chunk(event)
-            if chunk is not None:
-                check_choices(chunk["choices"])
+            found = 0 if chunk is None else read_choices(chunk["choices"])
         except (orjson.JSONDecodeError, TypeError, AttributeError):
             self.failure = EngineFailure("upstream sent a malformed event", transient=not self.output_began)
             return None
@@ -313,7 +324,7 @@ class ResponsesParse(StreamParse):
         if chunk is None:
             return None
         self.output_began = True
-        return ChunkEvent(chunk, _carries_tokens(chunk["choices"]))
+        return ChunkEvent(chunk, found & CARRIES_TOKENS)
 
 
 def parse_answer(
