@@ -7,7 +7,7 @@ it now (:data:`RESERVE` times the wait predicted at the ceiling with the arrival
 their mean rate, and the wait at the newest arrivals' rate once, each plus a tick for a
 raise to take effect; the last stretch of its deadline, :func:`last_stretch_s`, at
 least: :func:`reserve_of`). Its order enters the book at the lowest bid the market
-predicts will be admitted before the reserve begins
+predicts will be admitted in :data:`PATIENCE` times the time before the reserve begins
 (:meth:`~bourse.services.market.Market.bid_for` for the deadline less the reserve,
 ``steady``: with the arrivals at their mean rate over the recent minutes, not a burst's,
 and the wait as predicted, not stretched by the score's margin: a burst passes, and a
@@ -68,6 +68,10 @@ RESERVE = 2.0
 """A deadline order keeps this many times the wait predicted at its ceiling (and a
 tick) for the ceiling: a prediction is a median, and a wait twice as long as predicted
 is not rare."""
+PATIENCE = 2.0
+"""Before its reserve a deadline order bids the lowest price whose predicted wait is this
+many times the time left before the reserve: early on a low bid that may well not clear
+(if it does, it is cheap), rising faster as the reserve nears."""
 
 
 def tick_s(deadline_s: float, quiet_interval_s: float) -> float:
@@ -137,7 +141,7 @@ async def price(
     if left_s <= reserve:
         proposed = await market.bid_for(left_s / RESERVE, ceiling, order)
     else:
-        proposed = await market.bid_for(left_s - reserve, ceiling, order, steady=True)
+        proposed = await market.bid_for(PATIENCE * (left_s - reserve), ceiling, order, steady=True)
     return next_bid(current, proposed, left_s, stretch, ceiling)
 
 

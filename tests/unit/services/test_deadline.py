@@ -19,6 +19,7 @@ from bourse.domain.errors import GatewayError
 from bourse.domain.policy import resolve_policy
 from bourse.services.deadline import (
     LAST_STRETCH,
+    PATIENCE,
     RESERVE,
     last_stretch_s,
     next_bid,
@@ -188,7 +189,7 @@ async def test_a_deadline_order_keeps_the_time_it_needs_at_its_ceiling() -> None
     market = _Planned(wait_s=1.0)
     assert await start_bid(market, 10.0, 2.0) == FLOOR
     assert market.asked == [
-        pytest.approx(10.0 - RESERVE * 1.0 - tick_s(10.0, market.policy.quiet_interval_s))
+        pytest.approx(PATIENCE * (10.0 - RESERVE * 1.0 - tick_s(10.0, market.policy.quiet_interval_s)))
     ]
     # with time to spare, a burst is waited out: the quote with the arrivals at their
     # mean rate, not stretched by the score's margin (the reserve is the margin)
@@ -219,7 +220,7 @@ async def test_a_burst_predicted_to_pass_leaves_a_deadline_order_time_to_bid_low
     market = _Planned(wait_s=1.0, now_s=6.0)
     tick = tick_s(10.0, market.policy.quiet_interval_s)
     assert await start_bid(market, 10.0, 2.0) == FLOOR
-    assert market.asked == [pytest.approx(10.0 - 6.0 - tick)]
+    assert market.asked == [pytest.approx(PATIENCE * (10.0 - 6.0 - tick))]
     # 6 s at the mean rate too: its reserve (2 x 6 s) is past its deadline
     assert await start_bid(_Planned(wait_s=6.0, now_s=1.0), 10.0, 2.0) == 2.0
 
