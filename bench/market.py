@@ -8,7 +8,7 @@ book (a book with lulls, where deadline orders can wait out a burst: issue 38, i
 writes its section of bench/RESULTS.md (the rest of the file is kept). About 10
 minutes in all.
 
-    .venv/bin/python -m bench.market [--quick] [--seconds 20] [--runs 1,5] [--out bench/RESULTS.md]
+    .venv/bin/python -m bench.market [--quick] [--seconds 20] [--runs 1,5] [--seeds 1] [--out bench/RESULTS.md]
 
 Also run by ``bash bench/run.sh`` (scenario h of bench/harness.py).
 
@@ -101,6 +101,9 @@ REVIVE_S = 0.2
 PAUSE_S = 4.5
 LEASE_S = 2.0
 HEADING = "## (h) the market under overload (bench/market.py)"
+SEED_STEP = 1000
+"""With several seeds (``--seeds``), a scenario's k-th plan is seeded this much times k
+after its first."""
 
 
 def log(msg: str) -> None:
@@ -864,10 +867,16 @@ def _summary(r: dict[str, Any]) -> str:
 
 
 def scenario(
-    quick: bool = False, seconds: float | None = None, redis_url: str | None = None, runs: str | None = None
+    quick: bool = False,
+    seconds: float | None = None,
+    redis_url: str | None = None,
+    runs: str | None = None,
+    seeds: int = 1,
 ) -> dict[str, Any]:
     """The scenarios (``runs``: their numbers, 1-based, comma-separated; default all);
-    the rows of the table (what the harness calls)."""
+    the rows of the table (what the harness calls). ``seeds``: each scenario is run
+    with this many plans (the first the default one), a row each, and its deadline
+    orders pooled in a row of the deadline table (:func:`market_deadline.pooled`)."""
     secs = seconds if seconds is not None else (8.0 if quick else 20.0)
     url = redis_url or os.environ.get("BOURSE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
     started = time.time()
@@ -877,11 +886,19 @@ def scenario(
         for i, sc in enumerate(SCENARIOS):
             if i + 1 not in wanted:
                 continue
-            try:
-                rows.append(run(sc, secs, up, url, seed=16 + i))
-            except Exception as exc:
-                log(f"{sc.name}: failed: {type(exc).__name__}: {exc}")
-                rows.append({"name": sc.name, "failed": f"{type(exc).__name__}: {exc}"[:300]})
+            done = []
+            for k in range(seeds):
+                seed = 16 + i + SEED_STEP * k
+                name = sc.name if seeds == 1 else f"{sc.name}, seed {seed}"
+                try:
+                    done.append(run(sc, secs, up, url, seed=seed))
+                    done[-1]["name"] = name
+                except Exception as exc:
+                    log(f"{name}: failed: {type(exc).__name__}: {exc}")
+                    rows.append({"name": name, "failed": f"{type(exc).__name__}: {exc}"[:300]})
+            rows += done
+            if len(done) > 1:
+                rows.append(market_deadline.pooled(f"{sc.name}, {len(done)} seeds pooled", done))
     return {"rows": rows, "seconds": secs, "minutes": (time.time() - started) / 60, "load": _load()}
 
 
@@ -940,7 +957,7 @@ def section_lines(res: dict[str, Any]) -> list[str]:
         f"`PYTHONPATH=src:. .venv/bin/python -m bench.market{res.get('args', '')}`."
     )
     L.append("")
-    rows = [r for r in res["rows"] if "failed" not in r]
+    rows = [r for r in res["rows"] if "failed" not in r and "pooled" not in r]
     L += [f"- {r['name']}: failed: {r['failed']}" for r in res["rows"] if "failed" in r]
     L += [
         "| run | orders | started | 408 | cancelled | errors | inversions | FIFO violations "
@@ -971,9 +988,9 @@ def section_lines(res: dict[str, Any]) -> list[str]:
             f"| {left['waiting']} waiting, {left['busy']} busy, {left['parked']} parked |"
         )
     L.append("")
-    L += market_forecast.section_lines(res["rows"])
+    L += market_forecast.section_lines(rows)
     L += market_deadline.section_lines(res["rows"])
-    paused = [r for r in res["rows"] if "stopped" in r.get("name", "") and "failed" not in r]
+    paused = [r for r in rows if "stopped" in r["name"]]
     if paused:
         r = paused[0]
         checks = [
@@ -1021,6 +1038,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, help="arrivals per run (default 20)")
     ap.add_argument("--redis", default=None)
     ap.add_argument("--runs", default=None, help="which scenarios, e.g. 1,5 (default all)")
+    ap.add_argument(
+        "--seeds", type=int, default=1, help="plans per scenario, the deadline orders pooled (default 1)"
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"))
     ap.add_argument("--json", default=None, help="also write the raw results here")
     ap.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
@@ -1028,10 +1048,15 @@ def main() -> None:
     if args.upstream_port:
         serve_upstream(args.upstream_port)
         return
-    res = scenario(args.quick, args.seconds, args.redis, args.runs)
+    res = scenario(args.quick, args.seconds, args.redis, args.runs, args.seeds)
     res["args"] = "".join(
         f" {flag}" if value is True else f" {flag} {value}"
-        for flag, value in (("--quick", args.quick), ("--seconds", args.seconds), ("--runs", args.runs))
+        for flag, value in (
+            ("--quick", args.quick),
+            ("--seconds", args.seconds),
+            ("--runs", args.runs),
+            ("--seeds", args.seeds if args.seeds > 1 else None),
+        )
         if value
     )
     if args.json:

@@ -171,38 +171,68 @@ def cleared_bid(o: Any, t: float) -> float:
 # --------------------------------------------------------------------------- figures
 
 
+def records(orders: list[Any]) -> list[dict[str, Any]]:
+    """The deadline orders and their controls as :func:`summary_of` reads them (plain
+    values: the runs of several seeds are pooled by putting their records together)."""
+    return [
+        {"n": o.n, "role": o.role, "twin": o.twin, "ceiling": float(o.bid), "deadline_s": o.timeout,
+         "met": o.start is not None, "paid": _paid(o), "start_bid": _start_bid(o), "raised": _raised(o),
+         "cleared_bid": (o.x_market or {}).get("bid") if o.start is not None else None}
+        for o in orders if o.role in ("deadline", "control")
+    ]  # fmt: skip
+
+
 def summary(orders: list[Any]) -> dict[str, Any]:
-    """Met share and mean price of the deadline orders and of their controls."""
+    """Met share and mean price of the deadline orders and of their controls (and the
+    records they are counted from, ``deadline_records``)."""
+    recs = records(orders)
+    return {**summary_of(recs), "deadline_records": recs}
+
+
+def summary_of(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """:func:`summary` of :func:`records`."""
     out: dict[str, Any] = {}
     for role in ("deadline", "control"):
-        group = [o for o in orders if o.role == role]
-        met = [o for o in group if o.start is not None]
-        paid = [float(o.x_market["cleared_price"]) for o in met
-                if o.x_market and o.x_market.get("cleared_price") is not None]  # fmt: skip
-        rel = [float(o.x_market["cleared_price"]) / o.bid for o in met
-               if o.x_market and o.x_market.get("cleared_price") is not None]  # fmt: skip
+        group = [r for r in recs if r["role"] == role]
+        met = [r for r in group if r["met"]]
+        paid = [r["paid"] for r in met if r["paid"] is not None]
+        rel = [r["paid"] / r["ceiling"] for r in met if r["paid"] is not None]
         out[f"{role}_orders"] = len(group)
         out[f"{role}_met"] = len(met)
         out[f"{role}_met_share"] = len(met) / len(group) if group else float("nan")
         out[f"{role}_mean_price"] = statistics.fmean(paid) if paid else float("nan")
         out[f"{role}_price_of_ceiling"] = statistics.fmean(rel) if rel else float("nan")
-        out[f"{role}_mean_deadline_s"] = statistics.fmean(o.timeout for o in group) if group else float("nan")
-    dl = [o for o in orders if o.role == "deadline"]
-    by_n = {o.n: o for o in orders}
-    out["deadline_raised"] = sum(1 for o in dl if _raised(o))
+        out[f"{role}_mean_deadline_s"] = (
+            statistics.fmean(r["deadline_s"] for r in group) if group else float("nan")
+        )
+    dl = [r for r in recs if r["role"] == "deadline"]
+    by_n = {r["n"]: r for r in recs}
+    out["deadline_raised"] = sum(1 for r in dl if r["raised"])
     out["deadline_start_of_ceiling"] = _mean(
-        [float(s) / o.bid for o in dl if (s := _start_bid(o)) is not None]
+        [r["start_bid"] / r["ceiling"] for r in dl if r["start_bid"] is not None]
     )
-    out["deadline_cleared_at_ceiling"] = sum(
-        1 for o in dl if o.start is not None and (o.x_market or {}).get("bid") == o.bid
-    )
-    pairs = [(_paid(o), _paid(by_n[o.twin])) for o in dl if o.twin in by_n]
+    out["deadline_cleared_at_ceiling"] = sum(1 for r in dl if r["met"] and r["cleared_bid"] == r["ceiling"])
+    pairs = [(r["paid"], by_n[r["twin"]]["paid"]) for r in dl if r["twin"] in by_n]
     both = [(d, c) for d, c in pairs if d is not None and c is not None]
     out["pairs_both_met"] = len(both)
     out["pairs_saving"] = 1.0 - sum(d for d, _ in both) / sum(c for _, c in both) if both else float("nan")
     out["met_gap_pp"] = (out["deadline_met_share"] - out["control_met_share"]) * 100
     c, d = out["control_mean_price"], out["deadline_mean_price"]
     out["saving"] = 1.0 - d / c if c == c and d == d and c > 0 else float("nan")
+    return out
+
+
+def pooled(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row of the deadline table for the runs ``rows`` (one scenario, several seeds)
+    together: their records pooled (numbered apart), their admissions summed."""
+    recs = []
+    for i, r in enumerate(rows):
+        shift = i * 1_000_000
+        recs += [{**x, "n": x["n"] + shift, "twin": None if x["twin"] is None else x["twin"] + shift}
+                 for x in r["deadline_records"]]  # fmt: skip
+    out = {"name": name, "pooled": len(rows), **summary_of(recs)}
+    for k in ("judged_with_deadline", "admissions", "inversions", "fifo"):
+        out[k] = sum(r[k] for r in rows)
     return out
 
 
@@ -285,13 +315,20 @@ def section_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"| {r['judged_with_deadline']} of {r['admissions']} ({r['inversions']}, {r['fifo']}) "
             f"| {'**met**' if met_ok else '**missed**'} | {'**met**' if price_ok else '**missed**'} |"
         )
-    done = [r for r in rows if "failed" not in r and "deadline_orders" in r]
+    done = [r for r in rows if "failed" not in r and "deadline_orders" in r and "pooled" not in r]
+    pools = [r for r in rows if "pooled" in r]
     if done:
         met = sum(checks(r)[0] for r in done)
         cheap = sum(checks(r)[1] for r in done)
+        pooled_note = "".join(
+            f" {r['name']}: met share {'met' if checks(r)[0] else 'missed'}, price "
+            f"{'met' if checks(r)[1] else 'missed'}."
+            for r in pools
+        )
         L += [
             "",
-            f"Deadline targets: met share in {met} of {len(done)} runs, price in {cheap} of {len(done)}. "
+            f"Deadline targets: met share in {met} of {len(done)} runs, price in {cheap} of {len(done)}."
+            f"{pooled_note} "
             'A deadline order pays less only when it clears below its ceiling: "start bid of ceiling" is the '
             'mean bid the gateway started them at (`Market.bid_for`) over their ceiling, "raised" how many '
             'were seen bidding more later, "cleared at ceiling" how many of those met cleared at it; "pairs '

@@ -272,22 +272,26 @@ class ArrivalHistory:
     _arrivals: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=ARRIVALS_KEPT))
     _sorted: list[float] = field(default_factory=list)
     _rate: float = 0.0
+    _steady: float = 0.0
     _at: float = -math.inf
 
     def add(self, now: float, bid: float) -> None:
         self._arrivals.append((now, bid))
         self._at = -math.inf
 
-    def rate_above(self, bid: float, now: float, scale: float = 1.0) -> float:
+    def rate_above(self, bid: float, now: float, scale: float = 1.0, *, steady: bool = False) -> float:
         """Arrivals per second with a bid over ``bid`` (``scale``: this replica's
         arrivals stand for that many times as many in the shared book): the rate of all
         arrivals times the share of them above ``bid`` (of the newest
-        :data:`RATE_ARRIVALS`)."""
+        :data:`RATE_ARRIVALS`). ``steady``: the rate of all arrivals is their mean over
+        the window, not the newest ones' (a burst, or a lull, passes: what an order with
+        time to spare can expect over that time)."""
         self._refresh(now)
         if not self._sorted:
             return 0.0
         above = len(self._sorted) - bisect_right(self._sorted, bid)
-        return scale * self._rate * above / len(self._sorted)
+        rate = self._steady if steady else self._rate
+        return scale * rate * above / len(self._sorted)
 
     def _refresh(self, now: float) -> None:
         if now - self._at < 0.25:
@@ -300,6 +304,7 @@ class ArrivalHistory:
         self._rate = max(
             _rate(counted, now, self.window_s), _rate(counted[-RATE_ARRIVALS_SOON:], now, self.window_s)
         )
+        self._steady = _rate(arr, now, self.window_s)
         self._at = now
 
 

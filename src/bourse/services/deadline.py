@@ -1,23 +1,31 @@
 """Deadline orders (issue 38, SPEC section 10): "start me by this deadline, as cheaply
 as you can, never above this price".
 
-A request sends ``deadline_s`` with ``max_price`` as its ceiling. It keeps a
-**reserve** (:func:`reserve_s`): the time it needs at its ceiling to start, as the market
-predicts it now (:data:`RESERVE` times the wait predicted at the ceiling, plus a tick
-for a raise to take effect; the last stretch of its deadline, :func:`last_stretch_s`,
-at least). Its order enters the book at the lowest bid the market predicts will be
-admitted before the reserve begins (:meth:`~bourse.services.market.Market.bid_for`
-for the deadline less the reserve), and while it waits :func:`raise_bids` prices it
-again every tick (:func:`tick_s`) the same way for the time left, each new bid a raise
-of the last (:func:`next_bid`: never lower, never above the ceiling), the ceiling itself
-once the time left is the reserve or less. So an order bids low while the book is
-predicted to clear in time (and is admitted at that bid if a slot comes to it: it pays
-at most its bid), and bids its ceiling, like a fixed order at it, while there is still
-the time a fixed order would need. Each raise re-ranks the order at its new price with
-its arrival kept (:meth:`~bourse.ports.book.BookPort.rebid`).
-At the deadline the order has been admitted or ends, as any order at its timeout,
-with 408 ``book_timeout``. It pays the second price, as every order does: what it
-took to beat the next order, never more than the bid it cleared at.
+A request sends ``deadline_s`` with ``max_price`` as its ceiling. It keeps a **reserve**
+(:func:`reserve_s`): the time it needs at its ceiling to start, as the market predicts
+it now (:data:`RESERVE` times the wait predicted at the ceiling with the arrivals at
+their mean rate, and the wait at the newest arrivals' rate once, each plus a tick for a
+raise to take effect; the last stretch of its deadline, :func:`last_stretch_s`, at
+least: :func:`reserve_of`). Its order enters the book at the lowest bid the market
+predicts will be admitted in :data:`PATIENCE` times the time before the reserve begins
+(:meth:`~bourse.services.market.Market.bid_for` for the deadline less the reserve,
+``steady``: with the arrivals at their mean rate over the recent minutes, not a burst's,
+and the wait as predicted, not stretched by the score's margin: a burst passes, and a
+low bid waits it out to be admitted as the book clears, at a low price; if it is not,
+the reserve is its margin), and while it waits :func:`raise_bids` prices it again every
+tick (:func:`tick_s`) the same way for the time left (:func:`price`), each new bid a
+raise of the last (:func:`next_bid`: never lower, never above the ceiling). In its
+reserve it bids the lowest price predicted, as the book is now, to start within half
+(1/:data:`RESERVE`) the time left (the ceiling if none is), and in the last stretch the
+ceiling itself. So an order bids low while the book is predicted to clear in time (and
+is admitted at that bid if a slot comes to it: it pays at most its bid), and in the time
+a fixed order would need, what starts it about as soon as the ceiling would: it pays the
+best bid it beat, and a bid at the ceiling beats every one under it. Each raise re-ranks
+the order at its new price with its arrival kept
+(:meth:`~bourse.ports.book.BookPort.rebid`). At the deadline the order has been admitted
+or ends, as any order at its timeout, with 408 ``book_timeout``. It pays the second
+price, as every order does: what it took to beat the next order, never more than the bid
+it cleared at.
 """
 
 from __future__ import annotations
@@ -39,11 +47,13 @@ class Market(Protocol):
 
     policy: Policy
 
-    async def bid_for(self, within_s: float, ceiling: float, order: Order | None = None) -> float: ...
+    async def bid_for(
+        self, within_s: float, ceiling: float, order: Order | None = None, *, steady: bool = False
+    ) -> float: ...
 
     async def rebid(self, order: Order, bid: float) -> bool: ...
 
-    async def wait_at(self, bid: float) -> float | None: ...
+    async def wait_at(self, bid: float, *, steady: bool = False) -> float | None: ...
 
 
 MIN_TICK_S = 0.05
@@ -58,6 +68,10 @@ RESERVE = 2.0
 """A deadline order keeps this many times the wait predicted at its ceiling (and a
 tick) for the ceiling: a prediction is a median, and a wait twice as long as predicted
 is not rare."""
+PATIENCE = 2.0
+"""Before its reserve a deadline order bids the lowest price whose predicted wait is this
+many times the time left before the reserve: early on a low bid that may well not clear
+(if it does, it is cheap), rising faster as the reserve nears."""
 
 
 def tick_s(deadline_s: float, quiet_interval_s: float) -> float:
@@ -82,15 +96,26 @@ def next_bid(current: float, proposed: float, left_s: float, stretch_s: float, c
     return min(ceiling, max(current, proposed))
 
 
+def reserve_of(steady_s: float | None, now_s: float | None, stretch: float, tick: float) -> float:
+    """The reserve of a deadline order whose wait at its ceiling is predicted
+    ``steady_s`` with the arrivals above at their mean rate and ``now_s`` at the newest
+    ones' (None: no slot predicted to come to it): :data:`RESERVE` times the steady wait
+    (a burst passes) and the wait at the newest rate once (it may not pass soon), each
+    with a tick for the raise to take effect; the last ``stretch`` at least; infinite
+    when no slot is predicted to come to the ceiling even at the mean rate."""
+    if steady_s is None:
+        return math.inf
+    reserve = max(stretch, RESERVE * steady_s + tick)
+    return reserve if now_s is None else max(reserve, now_s + tick)
+
+
 async def reserve_s(market: Market, ceiling: float, stretch: float, tick: float) -> float:
     """The time before its deadline from which a deadline order bids its ceiling: what
-    it needs at the ceiling to start (:data:`RESERVE` times the wait predicted there now,
-    and a tick for the raise to take effect), the last stretch at least; infinite when no
-    slot is predicted to come to an order at the ceiling (it bids it at once)."""
-    wait = await market.wait_at(ceiling)
-    if wait is None:
-        return math.inf
-    return max(stretch, RESERVE * wait + tick)
+    it needs at the ceiling to start as the market predicts it now (:func:`reserve_of`);
+    it bids the ceiling at once when that is its whole deadline."""
+    steady = await market.wait_at(ceiling, steady=True)
+    now = await market.wait_at(ceiling) if steady is not None else None
+    return reserve_of(steady, now, stretch, tick)
 
 
 async def price(
@@ -103,12 +128,20 @@ async def price(
     stretch: float,
 ) -> float:
     """The bid from now of an order bidding ``current`` (0: a new one) with ``left_s``
-    to its deadline: the lowest bid predicted to start before its reserve
-    (:func:`reserve_s`) begins, raised only; the ceiling in the reserve."""
+    to its deadline, raised only (:func:`next_bid`): before its reserve
+    (:func:`reserve_s`), the lowest bid predicted to start before the reserve begins,
+    a burst waited out (``steady``); in it, the lowest predicted to start within
+    1/:data:`RESERVE` of the time left as the book is now (the waits stretched by the
+    score's margin; the ceiling when none is); the ceiling in the last stretch. A bid
+    under the ceiling that starts as soon pays less when orders bidding more wait: it
+    pays the best bid it beat, and the ceiling beats them all."""
     reserve = await reserve_s(market, ceiling, stretch, tick)
-    if left_s <= reserve:
+    if left_s <= stretch:
         return ceiling
-    proposed = await market.bid_for(left_s - reserve, ceiling, order)
+    if left_s <= reserve:
+        proposed = await market.bid_for(left_s / RESERVE, ceiling, order)
+    else:
+        proposed = await market.bid_for(PATIENCE * (left_s - reserve), ceiling, order, steady=True)
     return next_bid(current, proposed, left_s, stretch, ceiling)
 
 

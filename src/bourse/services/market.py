@@ -361,16 +361,21 @@ class Market:
         """The lowest bid predicted to start within ``within_s`` (a prediction, not a promise)."""
         return await self.outlook.quote(within_s)
 
-    async def bid_for(self, within_s: float, ceiling: float, order: Order | None = None) -> float:
+    async def bid_for(
+        self, within_s: float, ceiling: float, order: Order | None = None, *, steady: bool = False
+    ) -> float:
         """The bid a deadline order needs to start within ``within_s``: the quote's,
         clamped to [the lowest floor of the deployments taking orders, ``ceiling``]
         (``ceiling`` when no bid is predicted to start in time). ``order``: an order
-        waiting already, priced again (it is not counted ahead of itself)."""
-        return await self.outlook.bid_for(within_s, ceiling, order)
+        waiting already, priced again (it is not counted ahead of itself); ``steady``:
+        the arrivals at their mean rate, the wait not stretched by the score's margin
+        (:meth:`~bourse.services.market_forecast.Forecaster.quote`)."""
+        return await self.outlook.bid_for(within_s, ceiling, order, steady=steady)
 
-    async def wait_at(self, bid: float) -> float | None:
-        """The predicted wait of a new order at ``bid`` (None: no slot predicted to come to it)."""
-        return await self.outlook.wait_at(bid)
+    async def wait_at(self, bid: float, *, steady: bool = False) -> float | None:
+        """The predicted wait of a new order at ``bid`` (None: no slot predicted to come to
+        it; ``steady``: with the arrivals above at their mean rate, not the newest ones')."""
+        return await self.outlook.wait_at(bid, steady=steady)
 
     async def view(self) -> BookView:
         try:

@@ -241,9 +241,13 @@ class Forecaster:
         state: BookState,
         exclude: Order | None = None,
         horizon: float = HORIZON_S,
+        *,
+        steady: bool = False,
     ) -> float | None:
         """The predicted wait of a new order at ``bid`` (behind the orders at ``bid``);
-        None when no slot comes to it within ``horizon``."""
+        None when no slot comes to it within ``horizon``. ``steady``: the arrivals above
+        it at their mean rate over the recent minutes, not the newest ones' (a burst
+        passes; :meth:`~bourse.domain.forecast.ArrivalHistory.rate_above`)."""
         known = self._known_at(bid, now, exclude)
         if state.view is None:
             position = len(known)
@@ -251,7 +255,7 @@ class Forecaster:
             position = sum(1 for b in state.view.bids if b >= bid)
             if exclude is not None and exclude.id in self._waiting and exclude.bid >= bid:
                 position = max(0, position - 1)
-        return self._wait(bid, position, known, now, state, horizon)
+        return self._wait(bid, position, known, now, state, horizon, steady=steady)
 
     def _known_at(self, bid: float, now: float, exclude: Order | None) -> list[_Waiting]:
         """This replica's waiting orders a new order at ``bid`` would have ahead."""
@@ -269,6 +273,7 @@ class Forecaster:
         *,
         above: float = 1.0,
         if_started: bool = False,
+        steady: bool = False,
     ) -> float | None:
         if position <= 0 and any(d.usable and d.floor <= bid and d.busy < d.slots for d in state.deployments):
             return 0.0  # a slot is free for it
@@ -277,7 +282,7 @@ class Forecaster:
             return None
         ahead = self._ahead(bid, position, known, now, state)
         scale = 1.0 if state.view is None else self._scale(state.view)
-        rate = self.arrivals.rate_above(bid, now, scale) * above
+        rate = self.arrivals.rate_above(bid, now, scale, steady=steady) * above
         return wait_s(
             bid, slots, ahead, rate, horizon, if_started=if_started, gives_up_per_s=self.give_ups.per_s()
         )
@@ -340,20 +345,31 @@ class Forecaster:
     def score(self, now: float) -> Score:
         return self.scores.score(now)
 
-    def quote(self, within_s: float, now: float, state: BookState, exclude: Order | None = None) -> Quote:
+    def quote(
+        self,
+        within_s: float,
+        now: float,
+        state: BookState,
+        exclude: Order | None = None,
+        *,
+        steady: bool = False,
+    ) -> Quote:
         """The lowest bid whose predicted wait, stretched by the score's margin (how much
         longer than predicted the recent waits were, :attr:`~bourse.domain.forecast_score.Score.margin`),
-        is ``within_s`` or less; its wait as predicted (not stretched)."""
+        is ``within_s`` or less; its wait as predicted (not stretched). ``steady``: the
+        arrivals above at their mean rate (:meth:`wait_at`) and the wait not stretched:
+        the bid a deadline order tries while it has time to spare (it keeps a reserve
+        for its ceiling of its own, :mod:`bourse.services.deadline`)."""
         floors = [d.floor for d in state.deployments if d.usable]
         if state.view is not None:
             bids: list[float] = state.view.bids
         else:
             bids = [w.order.bid for w in self._ranked if w.order is not exclude]
         horizon = max(QUOTE_HORIZON_S, 4 * within_s)
-        margin = self.scores.score(now).margin
+        margin = 1.0 if steady else self.scores.score(now).margin
         q = lowest_bid(
             candidate_bids(floors, bids),
-            lambda b: self.wait_at(b, now, state, exclude, horizon),
+            lambda b: self.wait_at(b, now, state, exclude, horizon, steady=steady),
             within_s / margin,
         )
         return replace(q, within_s=within_s)

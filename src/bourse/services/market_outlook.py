@@ -137,22 +137,26 @@ class Outlook:
     def score(self) -> Score:
         return self.forecast.score(self.now())
 
-    async def quote(self, within_s: float, order: Order | None = None) -> Quote:
+    async def quote(self, within_s: float, order: Order | None = None, *, steady: bool = False) -> Quote:
         """The lowest bid predicted to start within ``within_s`` (``order``: one waiting
-        already, priced again: left out of the orders ahead)."""
+        already, priced again: left out of the orders ahead; ``steady``: with the
+        arrivals at their mean rate, :meth:`~bourse.services.market_forecast.Forecaster.quote`)."""
         state = await self.fresh_state()
-        return self.forecast.quote(within_s, self.now(), state, exclude=order)
+        return self.forecast.quote(within_s, self.now(), state, exclude=order, steady=steady)
 
-    async def wait_at(self, bid: float) -> float | None:
-        """The predicted wait of a new order at ``bid``."""
+    async def wait_at(self, bid: float, *, steady: bool = False) -> float | None:
+        """The predicted wait of a new order at ``bid`` (``steady``: with the arrivals
+        above at their mean rate)."""
         state = await self.fresh_state()
-        return self.forecast.wait_at(bid, self.now(), state)
+        return self.forecast.wait_at(bid, self.now(), state, steady=steady)
 
-    async def bid_for(self, within_s: float, ceiling: float, order: Order | None = None) -> float:
-        """The quote's bid for ``within_s``, clamped to [the lowest floor of the
-        deployments taking orders, ``ceiling``]: ``ceiling`` when no bid is predicted
-        to start in time (and when ``ceiling`` is under that floor)."""
-        q = await self.quote(within_s, order)
+    async def bid_for(
+        self, within_s: float, ceiling: float, order: Order | None = None, *, steady: bool = False
+    ) -> float:
+        """The quote's bid for ``within_s`` (``steady``: its steady quote), clamped to
+        [the lowest floor of the deployments taking orders, ``ceiling``]: ``ceiling``
+        when no bid is predicted to start in time (and when ``ceiling`` is under that floor)."""
+        q = await self.quote(within_s, order, steady=steady)
         now = self.now()
         floors = [d.floor for d in self._deployments() if d.can_take(now)]
         low = min(floors) if floors else self.book.min_floor

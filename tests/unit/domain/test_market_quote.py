@@ -123,3 +123,35 @@ async def test_a_deadline_orders_bid_is_clamped_to_the_floor_and_the_ceiling() -
     # priced again, an order waiting is not ahead of itself
     assert await outlook.bid_for(1.0, ceiling=3.0, order=waiting) == 0.2
     await book.aclose()
+
+
+def test_a_steady_quote_waits_out_a_burst_of_arrivals_above() -> None:
+    """A deadline order with time to spare is priced with the arrivals at their mean
+    rate over the window: a burst of arrivals above (10 a second, more than the slot
+    takes) passes, and a lower bid fits in the time."""
+    fc = Forecaster(default_cap=256)
+    state = _book(fc)
+    for i in range(10):  # one arrival above every bid every 10 s for 100 s
+        fc.arrivals.add(-100.0 + 10.0 * i, 2.0)
+    for i in range(30):  # then a burst: 10 a second for 3 s
+        fc.arrivals.add(7.0 + 0.1 * i, 2.0)
+    assert fc.quote(8.0, 10.0, state).bid is None  # at the burst's rate none starts in time
+    steady = fc.quote(8.0, 10.0, state, steady=True)
+    assert steady.bid == 1.01 and steady.wait_s == pytest.approx(1.0)  # 40 in 110 s: 0.36 a second
+    calm = ArrivalHistory()
+    for t, bid in [(-100.0 + 10.0 * i, 2.0) for i in range(10)] + [(7.0 + 0.1 * i, 2.0) for i in range(30)]:
+        calm.add(t, bid)
+    assert calm.rate_above(1.0, 10.0) == pytest.approx(10.0, rel=0.05)
+    assert calm.rate_above(1.0, 10.0, steady=True) == pytest.approx(40 / 110.0)
+
+
+def test_a_steady_quote_is_not_stretched_by_the_margin() -> None:
+    fc = Forecaster(default_cap=256)
+    state = _book(fc)
+    for _ in range(30):  # lately the waits were twice as long as predicted
+        fc.scores.add(10.0, 1.0, 2.0)
+    assert fc.quote(8.0, 10.0, state).bid == 1.01  # 7 s stretched to 14 s
+    # a deadline order keeps a reserve of its own for its ceiling: the bid it tries
+    # before it is the one predicted to fit, 7 s at 0.501
+    q = fc.quote(8.0, 10.0, state, steady=True)
+    assert q.bid == 0.501 and q.wait_s == pytest.approx(7.0)

@@ -6,6 +6,7 @@ its deadline, or ends 408 at it."""
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any, cast
 
 import pytest
@@ -18,10 +19,13 @@ from bourse.domain.errors import GatewayError
 from bourse.domain.policy import resolve_policy
 from bourse.services.deadline import (
     LAST_STRETCH,
+    PATIENCE,
     RESERVE,
     last_stretch_s,
     next_bid,
+    price,
     raise_bids,
+    reserve_of,
     start_bid,
     tick_s,
 )
@@ -83,10 +87,12 @@ async def test_a_deadline_order_starts_low_is_raised_and_overtakes_the_lower_bid
 ) -> None:
     market, book = _market()
 
-    async def floor_while_there_is_time(within_s: float, ceiling: float, order: Order | None = None) -> float:
+    async def floor_while_there_is_time(
+        within_s: float, ceiling: float, order: Order | None = None, *, steady: bool = False
+    ) -> float:
         return FLOOR  # the schedule under test, not the forecast: it raises only in the last stretch
 
-    async def a_short_wait_at_the_ceiling(bid: float) -> float:
+    async def a_short_wait_at_the_ceiling(bid: float, *, steady: bool = False) -> float:
         return 0.05  # a reserve shorter than the last stretch: the stretch stands
 
     monkeypatch.setattr(market, "bid_for", floor_while_there_is_time)
@@ -145,21 +151,31 @@ async def test_a_deadline_order_with_a_free_slot_is_admitted_at_once_at_the_floo
 
 
 class _Planned:
-    """A market whose predictions are given: ``bid_for`` the floor for any time, the
-    wait at the ceiling ``wait_s``; its raises are recorded with their loop time."""
+    """A market whose predictions are given: the wait at the ceiling ``wait_s`` (at the
+    arrivals' mean rate; ``now_s`` at the newest ones', the same unless given);
+    ``bid_for`` the floor for any time at the mean rate, and as the book is now for
+    ``floor_now_s`` or more (else the ceiling); its raises are recorded with their loop time."""
 
-    def __init__(self, wait_s: float | None) -> None:
+    def __init__(
+        self, wait_s: float | None, now_s: float | None = -1.0, floor_now_s: float = math.inf
+    ) -> None:
         self.policy = resolve_policy("default", {})
         self.wait_s = wait_s
+        self.now_s = wait_s if now_s == -1.0 else now_s
+        self.floor_now_s = floor_now_s
         self.asked: list[float] = []
+        self.steady: list[bool] = []
         self.raises: list[tuple[float, float]] = []
 
-    async def bid_for(self, within_s: float, ceiling: float, order: Order | None = None) -> float:
+    async def bid_for(
+        self, within_s: float, ceiling: float, order: Order | None = None, *, steady: bool = False
+    ) -> float:
         self.asked.append(within_s)
-        return FLOOR
+        self.steady.append(steady)
+        return FLOOR if steady or within_s >= self.floor_now_s else ceiling
 
-    async def wait_at(self, bid: float) -> float | None:
-        return self.wait_s
+    async def wait_at(self, bid: float, *, steady: bool = False) -> float | None:
+        return self.wait_s if steady else self.now_s
 
     async def rebid(self, order: Order, bid: float) -> bool:
         self.raises.append((asyncio.get_running_loop().time(), bid))
@@ -173,13 +189,40 @@ async def test_a_deadline_order_keeps_the_time_it_needs_at_its_ceiling() -> None
     market = _Planned(wait_s=1.0)
     assert await start_bid(market, 10.0, 2.0) == FLOOR
     assert market.asked == [
-        pytest.approx(10.0 - RESERVE * 1.0 - tick_s(10.0, market.policy.quiet_interval_s))
+        pytest.approx(PATIENCE * (10.0 - RESERVE * 1.0 - tick_s(10.0, market.policy.quiet_interval_s)))
     ]
+    # with time to spare, a burst is waited out: the quote with the arrivals at their
+    # mean rate, not stretched by the score's margin (the reserve is the margin)
+    assert market.steady == [True]
     # 6 s predicted at the ceiling: its reserve is past its deadline, it bids the ceiling
     # at once, as a fixed order at it would (the last stretch alone would have it bid low)
     assert await start_bid(_Planned(wait_s=6.0), 10.0, 2.0) == 2.0
     # no slot predicted to come to the ceiling: the ceiling
     assert await start_bid(_Planned(wait_s=None), 10.0, 2.0) == 2.0
+
+
+def test_the_reserve_waits_out_a_burst_but_not_longer_than_it_may_last() -> None:
+    tick, stretch = 0.1, 0.5
+    # twice the wait at the arrivals' mean rate (a burst passes) ...
+    assert reserve_of(1.0, 1.5, stretch, tick) == pytest.approx(RESERVE * 1.0 + tick)
+    # ... and the wait at the burst's rate once, should it go on
+    assert reserve_of(1.0, 5.0, stretch, tick) == pytest.approx(5.0 + tick)
+    # no slot at the burst's rate: the mean rate's reserve; none at the mean rate either:
+    # the ceiling at once
+    assert reserve_of(1.0, None, stretch, tick) == pytest.approx(RESERVE * 1.0 + tick)
+    assert reserve_of(None, 1.0, stretch, tick) == math.inf
+    assert reserve_of(0.1, 0.2, stretch, tick) == stretch  # the last stretch at least
+
+
+async def test_a_burst_predicted_to_pass_leaves_a_deadline_order_time_to_bid_low() -> None:
+    # 6 s predicted at the ceiling at the burst's rate, 1 s at the mean rate: it bids the
+    # ceiling only for the last 6 s and a tick of its 10, low before
+    market = _Planned(wait_s=1.0, now_s=6.0)
+    tick = tick_s(10.0, market.policy.quiet_interval_s)
+    assert await start_bid(market, 10.0, 2.0) == FLOOR
+    assert market.asked == [pytest.approx(PATIENCE * (10.0 - 6.0 - tick))]
+    # 6 s at the mean rate too: its reserve (2 x 6 s) is past its deadline
+    assert await start_bid(_Planned(wait_s=6.0, now_s=1.0), 10.0, 2.0) == 2.0
 
 
 async def test_a_deadline_order_is_raised_to_its_ceiling_when_its_reserve_begins() -> None:
@@ -195,3 +238,24 @@ async def test_a_deadline_order_is_raised_to_its_ceiling_when_its_reserve_begins
     assert reserve > last_stretch_s(deadline_s, tick)
     raised_at = market.raises[0][0] - order.arrived_at
     assert deadline_s - reserve - tick <= raised_at <= deadline_s - reserve + 0.1
+
+
+async def test_in_its_reserve_a_deadline_order_bids_what_starts_it_in_half_the_time_left() -> None:
+    # the reserve is 2 x 1 s and a tick of its 5 s; as the book is now, the floor is
+    # predicted to start within 1.2 s: in the reserve it bids the floor while half the
+    # time left is that long, then the ceiling (none lower predicted in time), and the
+    # ceiling in the last stretch whatever is predicted
+    deadline_s, ceiling = 5.0, 1.0
+    market = _Planned(wait_s=1.0, floor_now_s=1.2)
+    tick = tick_s(deadline_s, market.policy.quiet_interval_s)
+    stretch = last_stretch_s(deadline_s, tick)
+    reserve = RESERVE * 1.0 + tick
+    assert await price(market, None, 0.0, deadline_s, ceiling, tick, stretch) == FLOOR
+    assert market.steady == [True]  # before the reserve: the burst waited out
+    assert await price(market, None, FLOOR, reserve, ceiling, tick, stretch) == FLOOR  # 2.5 s: 1.25 s
+    assert market.steady[-1] is False and market.asked[-1] == pytest.approx(reserve / RESERVE)
+    assert await price(market, None, FLOOR, 2.0, ceiling, tick, stretch) == ceiling  # 1 s: too short
+    assert (
+        await price(_Planned(wait_s=1.0, floor_now_s=0.0), None, FLOOR, stretch, ceiling, tick, stretch)
+        == ceiling
+    )
