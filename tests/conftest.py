@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: the anyio backend, external services, stores over each adapter."""
+"""Suite-wide fixtures: the anyio backend, external services, stores over each adapter;
+at the session's end, the wait for the test databases still being dropped."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.support.databases import (
+    DROPS,
     MISSING_SERVICE_MARK,
     StoreFactory,
     fresh_postgres_database,
@@ -65,6 +67,19 @@ def _skip_reason(report: Any) -> str:
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         return str(longrepr[2])
     return str(longrepr)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Wait for the test databases still being dropped; a drop that failed fails the run."""
+    failures = DROPS.finish()
+    if not failures:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("=", "test databases that could not be dropped", red=True, bold=True)
+        for line in failures:
+            reporter.write_line(line)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
