@@ -1,5 +1,6 @@
 """Suite-wide fixtures: the anyio backend, external services, stores over each adapter;
-the child processes' bytecode cache; at the session's end, the wait for the test
+the child processes' bytecode cache and the httpx clients' shared SSL contexts
+(:mod:`tests.support.ssl_contexts`); at the session's end, the wait for the test
 databases still being dropped."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +24,22 @@ from tests.support.databases import (
     redis_url,
     require_redis,
 )
-
+from tests.support.ssl_contexts import share_ssl_contexts
 
 PYCACHE = pytest.StashKey[tuple[str, str]]()
 """The children's bytecode folder and the ``PYTHONDONTWRITEBYTECODE`` it replaced."""
+UNSHARE = pytest.StashKey[Callable[[], None]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under ``PYTHONDONTWRITEBYTECODE`` every child Python (hundreds of ``bourse serve``
+    """httpx clients share their SSL contexts (:mod:`tests.support.ssl_contexts`).
+
+    Under ``PYTHONDONTWRITEBYTECODE`` every child Python (hundreds of ``bourse serve``
     and ``bourse admin`` processes) would compile bourse's ~190 modules from source
     again (~0.15 s each): the children share a bytecode cache in a folder of this
     session instead (``PYTHONPYCACHEPREFIX``; nothing is written beside the sources),
     removed at its end. This process is unaffected (its flags are read at start-up)."""
+    config.stash[UNSHARE] = share_ssl_contexts()
     dont_write = os.environ.get("PYTHONDONTWRITEBYTECODE", "")
     if not dont_write or os.environ.get("PYTHONPYCACHEPREFIX"):
         return
@@ -45,6 +50,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if UNSHARE in config.stash:
+        config.stash[UNSHARE]()
     if PYCACHE not in config.stash:
         return
     folder, dont_write = config.stash[PYCACHE]
