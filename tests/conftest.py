@@ -24,40 +24,37 @@ from tests.support.databases import (
     redis_url,
     require_redis,
 )
+from tests.support.processes import PYCACHE_PREFIX_VAR
 from tests.support.ssl_contexts import share_ssl_contexts
 
-PYCACHE = pytest.StashKey[tuple[str, str]]()
-"""The children's bytecode folder and the ``PYTHONDONTWRITEBYTECODE`` it replaced."""
+PYCACHE = pytest.StashKey[str]()
+"""The bytecode folder this session made for its ``bourse`` children (removed at its end)."""
 UNSHARE = pytest.StashKey[Callable[[], None]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """httpx clients share their SSL contexts (:mod:`tests.support.ssl_contexts`).
 
-    Under ``PYTHONDONTWRITEBYTECODE`` every child Python (hundreds of ``bourse serve``
-    and ``bourse admin`` processes) would compile bourse's ~190 modules from source
-    again (~0.15 s each): the children share a bytecode cache in a folder of this
-    session instead (``PYTHONPYCACHEPREFIX``; nothing is written beside the sources),
-    removed at its end. This process is unaffected (its flags are read at start-up)."""
+    Under ``PYTHONDONTWRITEBYTECODE`` every ``bourse`` child (hundreds of ``serve`` and
+    ``admin`` processes) would compile bourse's ~190 modules from source again (~0.15 s
+    each): the children started with :func:`tests.support.processes.clean_env` share a
+    bytecode cache in a folder of this session instead (``BOURSE_TEST_PYCACHE_PREFIX``,
+    or one made here and removed at the end; nothing is written beside the sources).
+    This process is unaffected (its flags are read at start-up)."""
     config.stash[UNSHARE] = share_ssl_contexts()
-    dont_write = os.environ.get("PYTHONDONTWRITEBYTECODE", "")
-    if not dont_write or os.environ.get("PYTHONPYCACHEPREFIX"):
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get(PYCACHE_PREFIX_VAR):
         return
     folder = tempfile.mkdtemp(prefix="bourse-test-pycache-")
-    config.stash[PYCACHE] = (folder, dont_write)
-    del os.environ["PYTHONDONTWRITEBYTECODE"]
-    os.environ["PYTHONPYCACHEPREFIX"] = folder
+    config.stash[PYCACHE] = folder
+    os.environ[PYCACHE_PREFIX_VAR] = folder
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if UNSHARE in config.stash:
         config.stash[UNSHARE]()
-    if PYCACHE not in config.stash:
-        return
-    folder, dont_write = config.stash[PYCACHE]
-    os.environ.pop("PYTHONPYCACHEPREFIX", None)
-    os.environ["PYTHONDONTWRITEBYTECODE"] = dont_write
-    shutil.rmtree(folder, ignore_errors=True)
+    if PYCACHE in config.stash:
+        os.environ.pop(PYCACHE_PREFIX_VAR, None)
+        shutil.rmtree(config.stash[PYCACHE], ignore_errors=True)
 
 
 @pytest.fixture
