@@ -1,14 +1,21 @@
-"""Suite-wide fixtures: the anyio backend, external services, stores over each adapter."""
+"""Suite-wide fixtures: the anyio backend, external services, stores over each adapter;
+the child processes' bytecode cache and the httpx clients' shared SSL contexts
+(:mod:`tests.support.ssl_contexts`); at the session's end, the wait for the test
+databases still being dropped."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.databases import (
+    DROPS,
     MISSING_SERVICE_MARK,
     StoreFactory,
     fresh_postgres_database,
@@ -17,6 +24,37 @@ from tests.support.databases import (
     redis_url,
     require_redis,
 )
+from tests.support.processes import PYCACHE_PREFIX_VAR
+from tests.support.ssl_contexts import share_ssl_contexts
+
+PYCACHE = pytest.StashKey[str]()
+"""The bytecode folder this session made for its ``bourse`` children (removed at its end)."""
+UNSHARE = pytest.StashKey[Callable[[], None]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """httpx clients share their SSL contexts (:mod:`tests.support.ssl_contexts`).
+
+    Under ``PYTHONDONTWRITEBYTECODE`` every ``bourse`` child (hundreds of ``serve`` and
+    ``admin`` processes) would compile bourse's ~190 modules from source again (~0.15 s
+    each): the children started with :func:`tests.support.processes.clean_env` share a
+    bytecode cache in a folder of this session instead (``BOURSE_TEST_PYCACHE_PREFIX``,
+    or one made here and removed at the end; nothing is written beside the sources).
+    This process is unaffected (its flags are read at start-up)."""
+    config.stash[UNSHARE] = share_ssl_contexts()
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get(PYCACHE_PREFIX_VAR):
+        return
+    folder = tempfile.mkdtemp(prefix="bourse-test-pycache-")
+    config.stash[PYCACHE] = folder
+    os.environ[PYCACHE_PREFIX_VAR] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if UNSHARE in config.stash:
+        config.stash[UNSHARE]()
+    if PYCACHE in config.stash:
+        os.environ.pop(PYCACHE_PREFIX_VAR, None)
+        shutil.rmtree(config.stash[PYCACHE], ignore_errors=True)
 
 
 @pytest.fixture
@@ -65,6 +103,19 @@ def _skip_reason(report: Any) -> str:
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         return str(longrepr[2])
     return str(longrepr)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Wait for the test databases still being dropped; a drop that failed fails the run."""
+    failures = DROPS.finish()
+    if not failures:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("=", "test databases that could not be dropped", red=True, bold=True)
+        for line in failures:
+            reporter.write_line(line)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -7,7 +7,9 @@
   test is skipped with a reason naming the URL, unless ``BOURSE_REQUIRE_SERVICES=1``
   (CI), where it fails.
 - :func:`fresh_postgres_database` (sync) / :func:`afresh_postgres_database` (async):
-  a new database ``bourse_t_<hex>`` for one test, dropped ``WITH (FORCE)`` after.
+  a new database ``bourse_t_<hex>`` for one test, dropped ``WITH (FORCE)`` after, by
+  :data:`DROPS`'s thread while the next tests run (PostgreSQL checkpoints on every
+  ``DROP DATABASE``: 0.1-2 s of a test's teardown); the session waits for the last.
   Admin statements use psycopg when installed (the project's driver), else asyncpg
   (run with ``asyncio.run``, in a worker thread if a loop is already running).
 - :class:`StoreFactory`: opens stores of one adapter on one test's database.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import secrets
 import socket
 import threading
@@ -220,20 +223,64 @@ async def acreate_database(admin_url: str | None = None) -> str:
     return await asyncio.to_thread(create_database, admin_url)
 
 
-async def adrop_database(dsn: str, admin_url: str | None = None) -> None:
-    await asyncio.to_thread(drop_database, dsn, admin_url)
+class DeferredDrops:
+    """Test databases dropped one after another by a daemon thread, so that a test's
+    teardown does not wait for the checkpoint each ``DROP DATABASE`` makes. At most
+    :attr:`BACKLOG` wait (a test leaving one more then waits for room: the disk holds
+    a bounded number of them); :meth:`finish` waits for the last and says which
+    could not be dropped."""
+
+    BACKLOG = 8
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[str, str]] = queue.Queue(maxsize=self.BACKLOG)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.failures: list[str] = []
+
+    def later(self, dsn: str, admin_url: str) -> None:
+        """Drop the database of ``dsn`` soon (it is never used again)."""
+        name = urlsplit(dsn).path.lstrip("/")
+        if not name.startswith("bourse_t_"):
+            raise ValueError(f"refusing to drop {name!r}: not a test database")
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="drop-test-databases", daemon=True)
+                self._thread.start()
+        self._queue.put((dsn, admin_url))
+
+    def _run(self) -> None:
+        while True:
+            dsn, admin_url = self._queue.get()
+            try:
+                drop_database(dsn, admin_url)
+            except Exception as exc:
+                self.failures.append(f"{redact(dsn)}: {type(exc).__name__}: {exc}")
+            finally:
+                self._queue.task_done()
+
+    def finish(self) -> list[str]:
+        """Wait until every database handed over is dropped; the ones that failed."""
+        self._queue.join()
+        return list(self.failures)
+
+
+DROPS = DeferredDrops()
+"""The test process's one dropper (test support only, as :data:`tests.support.ledgers.WATCH`);
+the suite's ``pytest_sessionfinish`` waits for it."""
 
 
 @contextmanager
 def fresh_postgres_database(options: str = "") -> Iterator[str]:
-    """A new PostgreSQL database for one test (sync); yields its DSN, drops it after.
-    Skips or fails per the availability rule when PostgreSQL is not reachable."""
+    """A new PostgreSQL database for one test (sync); yields its DSN, drops it after
+    (:data:`DROPS`). Skips or fails per the availability rule when PostgreSQL is not
+    reachable."""
     admin = require_postgres()
     dsn = create_database(admin, options)
     try:
         yield dsn
     finally:
-        drop_database(dsn, admin)
+        DROPS.later(dsn, admin)
 
 
 @asynccontextmanager
@@ -244,7 +291,7 @@ async def afresh_postgres_database() -> AsyncIterator[str]:
     try:
         yield dsn
     finally:
-        await adrop_database(dsn, admin)
+        await asyncio.to_thread(DROPS.later, dsn, admin)
 
 
 # -- stores over each adapter ----------------------------------------------------------

@@ -34,12 +34,23 @@ def free_port() -> int:
         return port
 
 
+PYCACHE_PREFIX_VAR = "BOURSE_TEST_PYCACHE_PREFIX"
+"""A folder where the ``bourse`` children write and read their bytecode when
+``PYTHONDONTWRITEBYTECODE`` would have each compile every module again (set by the
+suite's ``pytest_configure``, or by hand to keep one across runs)."""
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without bourse's variables, and ``extra``. A gateway child stops
     at once when it is idle (``BOURSE_DRAIN_GRACE_S=0``, not the 5 s a load balancer is
     given): the suite stops hundreds; a test of the grace sets it (an empty value: the
-    config's)."""
+    config's). Under ``PYTHONDONTWRITEBYTECODE``, with :data:`PYCACHE_PREFIX_VAR` set,
+    the child caches its bytecode in that folder instead (``PYTHONPYCACHEPREFIX``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOURSE_")}
+    prefix = os.environ.get(PYCACHE_PREFIX_VAR)
+    if prefix and env.get("PYTHONDONTWRITEBYTECODE") and not env.get("PYTHONPYCACHEPREFIX"):
+        del env["PYTHONDONTWRITEBYTECODE"]
+        env["PYTHONPYCACHEPREFIX"] = prefix
     env["BOURSE_DRAIN_GRACE_S"] = "0"
     env.update(extra)
     return env
