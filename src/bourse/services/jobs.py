@@ -116,6 +116,8 @@ class Active:
     admit_task: asyncio.Task[None] | None = None
     tap: Callable[[dict[str, Any]], None] | None = None
     """Sees each chunk as it comes (a background response's stream)."""
+    started_at: float | None = None
+    """When the run got its slot (the ``running`` mark's time, shown before it is stored)."""
     cancelable: bool = True
     """The run still goes: a cancel stops it. False once it has ended (or a cancel is
     under way): the task writes the job's state, which nothing may interrupt (an
@@ -235,7 +237,8 @@ class JobService:
         canceled = False
 
         def admitted(r: Run) -> None:
-            act.admit_task = self._spawn(self._update(job.id, status="running", started_at=self._now()))
+            act.started_at = now = self._now()
+            act.admit_task = self._spawn(self._update(job.id, status="running", started_at=now))
 
         try:
             try:
@@ -416,6 +419,8 @@ class JobService:
             run = act.run
             if run.phase >= Phase.ADMITTED:
                 out["status"] = "running"
+                if job.started_at is None:  # its mark is on its way to the database
+                    out["started_at"] = act.started_at
                 out["progress"] = {"tokens": run.tokens, "max_tokens": run.max_output_tokens}
             else:
                 out["status"] = "queued"
