@@ -289,8 +289,14 @@ class Forecaster:
             return []
         if known:
             weight = position / len(known)
+            model = self.runs.model()
             return [
-                Ahead(w.order.bid, math.inf if w.deadline is None else w.deadline - now, weight)
+                Ahead(
+                    w.order.bid,
+                    math.inf if w.deadline is None else w.deadline - now,
+                    weight,
+                    None if model is None else model.total(w.cap or self.default_cap),
+                )
                 for w in known
             ]
         bids = [b for b in state.view.bids if b >= bid][:position] if state.view is not None else []
