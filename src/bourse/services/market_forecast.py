@@ -295,7 +295,8 @@ class Forecaster:
                     w.order.bid,
                     math.inf if w.deadline is None else w.deadline - now,
                     weight,
-                    None if model is None else model.total(w.cap or self.default_cap),
+                    # its run, where it stands for itself only (the others' caps are not known)
+                    None if model is None or weight > 1.0 else model.total(w.cap or self.default_cap),
                 )
                 for w in known
             ]

@@ -295,6 +295,25 @@ def test_the_order_ahead_holds_the_slot_for_the_run_its_cap_predicts() -> None:
     assert fc.rested(second, 11.0, _state(1)) == pytest.approx(2.0)  # 12.0, then a's 1 s
 
 
+def test_an_order_ahead_that_stands_for_others_holds_a_slot_a_mean_run() -> None:
+    """A shared book: this replica's order ahead (capped at 50 tokens: a 1 s run) stands
+    for two, the other of a cap not known: the slots they take are held a mean run
+    (None: the slot's), not its own run for both."""
+    fc = Forecaster(default_cap=256)
+    for i in range(10):
+        cap, run_s = (50, 1.0) if i % 2 else (150, 3.0)
+        o = _order(f"past{i}", 1.0, i)
+        fc.entering(o, 0.0, None, cap)
+        fc.admitted(o, "d", 0.0)
+        fc.released(o.id, run_s)
+    a = _order("a", 1.0, 101)
+    fc.entering(a, 0.0, 60.0, 50)
+    fc.rested(a, 0.0, _state(1))
+    known = fc._known_at(1.0, 0.0, None)
+    assert [x.run_s for x in fc._ahead(1.0, 1, known, 0.0, _state(1))] == [pytest.approx(1.0)]
+    assert [x.run_s for x in fc._ahead(1.0, 2, known, 0.0, _state(1))] == [None]
+
+
 def test_a_resting_order_knows_its_slots_are_busy_whatever_a_stale_view_said() -> None:
     fc = Forecaster(default_cap=256)
     _fed(fc)
