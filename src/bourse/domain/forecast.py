@@ -12,9 +12,10 @@ What it goes by:
   conditioned on it still running (the seen runs that would last longer than it has
   run);
 - **slots that will free**: each slot of a deployment eligible at the bid (floor at or
-  below it, taking orders) frees when its running order ends, then every mean run
-  length after that (several running orders: the expected order statistics of their
-  times left, :func:`frees`); slots of dearer deployments free too and take the
+  below it, taking orders) frees when its running order ends, then when the run of
+  the order ahead that took it ends (its output cap known: :attr:`Ahead.run_s`), else
+  a mean run length after (several running orders: the expected order statistics of
+  their times left, :func:`frees`); slots of dearer deployments free too and take the
   orders ahead that bid enough for them;
 - **the orders ahead** (:class:`Ahead`), in rank order, each with when it would leave
   unadmitted (its book timeout, where known) and a weight (an order of another
@@ -30,7 +31,11 @@ share within a factor of two and the median error, both best served by the media
 it walks the slots' frees in time order; the orders ahead take them first; the frees
 they leave over go to the arrivals above that came (a Poisson count), else to this
 order. An order likely to time out is told the median of the waits it has if it
-starts. None when no slot is likely to come to it within the horizon, or nothing is
+starts. An order waiting in the book (told its wait if it starts) is told, rather
+than that median, the wait within a factor of two of which it starts likeliest, when
+that catches markedly more (:func:`within_2x_point`: its waits may fall in two groups
+far apart, started at the next free or only after arrivals above took several, and
+the median between them is near neither). None when no slot is likely to come to it within the horizon, or nothing is
 known yet (no run seen).
 
 What it does not see: bursts in the arrivals above (a rate over the newest arrivals
@@ -44,7 +49,7 @@ from __future__ import annotations
 import heapq
 import math
 import statistics
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +64,10 @@ SURE = 0.99
 """The walk of an order told its wait if it starts stops once it starts by then with
 this chance, or at 4 times its median wait (what is left moves the answer by little)."""
 EXACT_POISSON_MEAN = 60.0
+WINDOW_GAIN = 0.15
+NEAR_TOP = 0.03
+"""An order told its wait if it starts is told another wait than the median when that
+catches this much more of its chance within a factor of two (:func:`within_2x_point`)."""
 RUNS_KEPT = 500
 """Run lengths kept per deployment (the newest)."""
 MIN_FIT = 5
@@ -354,6 +363,8 @@ class Ahead:
     """Seconds from now until it leaves the book unadmitted (its timeout); inf: unknown."""
     weight: float = 1.0
     """How many orders it stands for."""
+    run_s: float | None = None
+    """How long it holds the slot it takes (None: not known, the slot's mean run)."""
 
 
 @immutable
@@ -389,7 +400,8 @@ def wait_s(
     ``if_started``: ``horizon_s`` is its timeout, and the wait is the median of the
     waits it may have *if it starts* before then (the first free at which the chance
     reaches half the chance of starting at all): an order that will likely time out
-    starts, if it does, in a lull of the arrivals above. Else None when that chance
+    starts, if it does, in a lull of the arrivals above; or a wait that catches more of
+    them within a factor of two (:func:`within_2x_point`). Else None when that chance
     does not reach one half within ``horizon_s``.
 
     ``gives_up_per_s``: each order ahead is still there at ``t`` with the chance
@@ -412,16 +424,17 @@ def wait_s(
         t, floor, run = heapq.heappop(heap)
         if t > horizon_s:
             break
-        heapq.heappush(heap, (t + run if run > 0 else math.inf, floor, run))
         while leaves and leaves[0][0] < t:  # gone unadmitted before this free
             left[heapq.heappop(leaves)[1]] = 0.0
         while head < len(left) and left[head] <= 1e-9:
             head += 1
         decay = math.exp(-gives_up_per_s * t)
         if floor > bid:  # a dearer slot: an order ahead that bids enough for it takes it
-            _take(left, ahead, head, 1.0, floor, decay)
+            _, _, held = _take(left, ahead, head, 1.0, floor, decay, run)
+            heapq.heappush(heap, (t + held if run > 0 else math.inf, floor, run))
             continue
-        unit, _ = _take(left, ahead, head, 1.0, bid, decay)  # the orders ahead, in rank order
+        unit, _, held = _take(left, ahead, head, 1.0, bid, decay, run)  # the orders ahead, in rank order
+        heapq.heappush(heap, (t + held if run > 0 else math.inf, floor, run))
         if unit <= 1e-9:
             continue
         spare += unit
@@ -441,7 +454,41 @@ def wait_s(
     if not seen or best <= 1e-12:
         return None
     target = 0.5 * best if if_started else 0.5
-    return next((t for t, p in seen if p >= target - 1e-12), None)
+    median = next((t for t, p in seen if p >= target - 1e-12), None)
+    if not if_started or median is None:
+        return median
+    return within_2x_point(seen, median)
+
+
+def within_2x_point(seen: Sequence[tuple[float, float]], median: float, gain: float = WINDOW_GAIN) -> float:
+    """The wait to tell an order whose chance of having started by ``t`` is ``p`` for
+    each ``(t, p)`` of ``seen`` (its walk, times and chances ascending; the last chance
+    is its chance of starting at all): ``median``, unless another wait ``w`` catches
+    more of the waits it may have within a factor of two (``w / 2 <= wait <= 2 w``) by
+    ``gain`` or more of that chance; then the ``w`` that catches most (of those, the
+    nearest ``median``). Waits that fall in two far apart groups (started at the next
+    free, or only after the arrivals above have taken several) are told the likelier
+    group, not a median between them that neither is near. Only a ``w`` whose window
+    the walk has covered (``2 w`` at most its last time) is considered."""
+    ts = [t for t, _ in seen]
+    total = seen[-1][1]
+    last = ts[-1]
+    if total <= 1e-12 or median <= 0:
+        return median
+
+    def caught(w: float) -> float:
+        hi = bisect_right(ts, 2 * w + 1e-12) - 1
+        lo = bisect_left(ts, w / 2 - 1e-12) - 1
+        return (seen[hi][1] if hi >= 0 else 0.0) - (seen[lo][1] if lo >= 0 else 0.0)
+
+    base = caught(median)
+    ws = sorted({x for t in ts for x in (t / 2, t, 2 * t) if x > 0 and 2 * x <= last + 1e-9})
+    masses = [caught(w) for w in ws]
+    top = max(masses, default=base)
+    if top - base < gain * total:
+        return median
+    near = [w for w, m in zip(ws, masses, strict=True) if m >= top - NEAR_TOP * total]
+    return min(near, key=lambda w: abs(math.log(w / median)))
 
 
 def _walked(t: float, best: float, half: float, if_started: bool) -> bool:
@@ -476,18 +523,29 @@ def poisson_cdf(k: int, mean: float) -> float:
 
 
 def _take(
-    left: list[float], ahead: Sequence[Ahead], i: int, unit: float, bid: float, decay: float = 1.0
-) -> tuple[float, int]:
+    left: list[float],
+    ahead: Sequence[Ahead],
+    i: int,
+    unit: float,
+    bid: float,
+    decay: float = 1.0,
+    run: float = 0.0,
+) -> tuple[float, int, float]:
     """One free (``unit`` of it) taken by the orders ahead from ``i`` on that bid
-    ``bid`` or more, each weighing ``left[i] * decay`` now; what is left of it and
-    where they stop."""
+    ``bid`` or more, each weighing ``left[i] * decay`` now; what is left of it, where
+    they stop, and how long the slot is held next: the takers' runs
+    (:attr:`Ahead.run_s`, ``run`` where not known) and ``run`` for what is left,
+    weighted by their shares of the free."""
+    held, whole = 0.0, unit
     while unit > 1e-9 and i < len(left) and ahead[i].bid >= bid:
         have = left[i] * decay
         take = min(unit, have)
         unit -= take
+        r = ahead[i].run_s
+        held += take * (run if r is None else r)
         if have - take <= 1e-9:
             left[i] = 0.0
             i += 1
         else:
             left[i] -= take / decay
-    return unit, i
+    return unit, i, (held + unit * run) / whole if whole > 0 else run

@@ -294,8 +294,15 @@ class Forecaster:
             return []
         if known:
             weight = position / len(known)
+            model = self.runs.model()
             return [
-                Ahead(w.order.bid, math.inf if w.deadline is None else w.deadline - now, weight)
+                Ahead(
+                    w.order.bid,
+                    math.inf if w.deadline is None else w.deadline - now,
+                    weight,
+                    # its run, where it stands for itself only (the others' caps are not known)
+                    None if model is None or weight > 1.0 else model.total(w.cap or self.default_cap),
+                )
                 for w in known
             ]
         bids = [b for b in state.view.bids if b >= bid][:position] if state.view is not None else []
