@@ -256,7 +256,7 @@ async def test_closing_the_generator_closes_the_upstream(upstream: str) -> None:
 async def _wait_cancelled(probe: httpx.AsyncClient) -> dict[str, int]:
     deadline = time.monotonic() + 1.0
     stats: dict[str, int] = (await probe.get("/sim/stats")).json()
-    while stats["cancelled"] != 1 and time.monotonic() < deadline:
+    while (stats["cancelled"] != 1 or stats["running"] != 0) and time.monotonic() < deadline:
         await anyio.sleep(0.02)
         stats = (await probe.get("/sim/stats")).json()
     return stats
