@@ -234,7 +234,7 @@ async def test_failure_after_output_is_final(upstream: str) -> None:
 async def test_closing_the_generator_closes_the_upstream(upstream: str) -> None:
     engine = OpenAIHTTPEngine(upstream + "/v1", "sim-upstream")
     async with httpx.AsyncClient(base_url=upstream) as probe:
-        await probe.post("/sim/reset")
+        await _reset_when_idle(probe)
         try:
             events = engine.generate(_request({**CHAT, "sim": {"output_tokens": 100, "tokens_per_s": 20}}))
             for _ in range(2):
@@ -253,6 +253,19 @@ async def test_closing_the_generator_closes_the_upstream(upstream: str) -> None:
             await engine.aclose()
 
 
+async def _reset_when_idle(probe: httpx.AsyncClient) -> None:
+    """Zero the sim upstream's counts once nothing runs there: an earlier test's abandoned
+    generation (a first-byte timeout that did not wait for the upstream) can still be running,
+    and its cancellation, counted after the reset, would be read as this test's."""
+    deadline = time.monotonic() + 2.0
+    for _ in range(200):
+        if not (await probe.get("/sim/stats")).json()["running"] or time.monotonic() > deadline:
+            break
+        await anyio.sleep(0.02)
+    stats = (await probe.post("/sim/reset")).json()
+    assert stats["running"] == 0, f"the sim upstream still runs an earlier test's generation: {stats}"
+
+
 async def _wait_cancelled(probe: httpx.AsyncClient) -> dict[str, int]:
     deadline = time.monotonic() + 1.0
     stats: dict[str, int] = (await probe.get("/sim/stats")).json()
@@ -269,7 +282,7 @@ async def test_cancelling_the_consumer_closes_the_upstream(upstream: str, stalle
     engine = OpenAIHTTPEngine(upstream + "/v1", "sim-upstream")
     sim = {"ttft_ms": 30000} if stalled else {"output_tokens": 1000, "tokens_per_s": 50}
     async with httpx.AsyncClient(base_url=upstream) as probe:
-        await probe.post("/sim/reset")
+        await _reset_when_idle(probe)
         try:
             with anyio.move_on_after(0.3):
                 await _collect(engine, _request({**CHAT, "sim": sim}))
@@ -301,7 +314,7 @@ async def test_a_first_byte_timeout_closes_the_upstream(upstream: str) -> None:
     generating) at once, not when it gets round to answering."""
     engine = OpenAIHTTPEngine(upstream + "/v1", "sim-upstream", first_byte_timeout_s=0.2)
     async with httpx.AsyncClient(base_url=upstream) as probe:
-        await probe.post("/sim/reset")
+        await _reset_when_idle(probe)
         try:
             with pytest.raises(EngineFailure) as info:
                 await _collect(engine, _request({**CHAT, "sim": {"ttft_ms": 30000}}))
@@ -932,7 +945,7 @@ async def test_a_non_streamed_answer_equals_the_aggregated_stream(upstream: str)
 async def test_cancelling_a_non_streamed_answer_closes_the_upstream(upstream: str) -> None:
     engine = OpenAIHTTPEngine(upstream + "/v1", "sim-upstream")
     async with httpx.AsyncClient(base_url=upstream) as probe:
-        await probe.post("/sim/reset")
+        await _reset_when_idle(probe)
         try:
             with anyio.move_on_after(0.3):
                 await _collect(engine, _one({**CHAT, "sim": {"output_tokens": 1000, "tokens_per_s": 50}}))
