@@ -139,7 +139,10 @@ class UpstreamClient:
         self, target: Target, body: bytes | None = None, headers: dict[str, str] | None = None
     ) -> UpstreamResponse:
         """Send ``target`` with ``body`` and ``headers`` (besides the client's: none of them
-        may repeat one of the client's), and wait for the response head. Cancelled or failed, it closes the connection it took."""
+        may repeat one of the client's), and wait for the response head. Cancelled or failed,
+        it closes the connection it took. A GET whose connection drops before its head is
+        sent once more (as ``ClientSession`` does for idempotent methods: a kept-alive
+        connection the upstream closed as it was taken)."""
         head = target.head
         if headers:
             head += "".join(f"{k}: {_value(v)}\r\n" for k, v in headers.items()).encode()
@@ -147,6 +150,16 @@ class UpstreamClient:
             head += b"content-length: %d\r\n\r\n%b" % (len(body), body)
         else:
             head += b"\r\n"
+        if target.method == "GET":
+            try:
+                return await self._exchange(target, head)
+            except aiohttp.ClientConnectorError:
+                raise
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                pass
+        return await self._exchange(target, head)
+
+    async def _exchange(self, target: Target, head: bytes) -> UpstreamResponse:
         try:
             connection = await self.connector.connect(target.key, [], self._timeout)
         except TimeoutError as exc:
