@@ -35,7 +35,16 @@ from bench.common import cpu_s
 HERE = Path(__file__).resolve().parent
 WORK = HERE / ".work"
 VENV = WORK / "alt-venv"
-PACKAGES = ["granian[uvloop]", "pyreqwest", "rnet", "msgspec", "uvicorn[standard]", "aiohttp", "pydantic", "orjson"]
+PACKAGES = [
+    "granian[uvloop]",
+    "pyreqwest",
+    "rnet",
+    "msgspec",
+    "uvicorn[standard]",
+    "aiohttp",
+    "pydantic",
+    "orjson",
+]
 ANSWER = json.dumps({
     "id": "chatcmpl-bench", "object": "chat.completion", "created": 1700000000, "model": "bench",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello! How can I help you today?"},

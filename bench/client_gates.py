@@ -68,7 +68,9 @@ class Upstream(asyncio.Protocol):
             await asyncio.sleep(5)
             t.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
         elif path == "/sse":
-            t.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            t.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            )
             for i in range(20):
                 await asyncio.sleep(0.1)
                 if t.is_closing():
@@ -78,7 +80,10 @@ class Upstream(asyncio.Protocol):
             t.write(b"0\r\n\r\n")
         else:
             body = b'{"ok":true}'
-            t.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            t.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(body), body)
+            )
 
     def connection_lost(self, exc: BaseException | None) -> None:
         CLOSES.append((self.path, time.monotonic()))
@@ -138,7 +143,9 @@ async def make_aiohttp_raw() -> Stream:
         u = yarl.URL(url)
         key = keys.get(u.host_port_subcomponent or "")
         if key is None:
-            key = keys[u.host_port_subcomponent or ""] = ClientRequest("POST", u.origin(), loop=asyncio.get_running_loop())
+            key = keys[u.host_port_subcomponent or ""] = ClientRequest(
+                "POST", u.origin(), loop=asyncio.get_running_loop()
+            )
         conn = await connector.connect(key, [], timeout)
         try:
             proto = conn.protocol
@@ -166,7 +173,13 @@ async def make_pyreqwest() -> Stream:
     client = ClientBuilder().pool_max_idle_per_host(1024).build()
 
     async def stream(url: str) -> AsyncIterator[bytes]:
-        req = client.post(url).header("content-type", "application/json").body_bytes(b"{}").streamed_read_buffer_limit(0).build_streamed()
+        req = (
+            client.post(url)
+            .header("content-type", "application/json")
+            .body_bytes(b"{}")
+            .streamed_read_buffer_limit(0)
+            .build_streamed()
+        )
         async with req as response:
             assert response.status == 200
             while (chunk := await response.body_reader.read_chunk()) is not None:
@@ -199,7 +212,9 @@ async def make_aiosonic() -> Stream:
     client = aiosonic.HTTPClient()
 
     async def stream(url: str) -> AsyncIterator[bytes]:
-        response = await client.request(url, "POST", data=b"{}", headers={"content-type": "application/json"}, stream=True)
+        response = await client.request(
+            url, "POST", data=b"{}", headers={"content-type": "application/json"}, stream=True
+        )
         try:
             assert response.status_code == 200
             async for chunk in response.read_chunks():
@@ -225,10 +240,13 @@ async def closed_after(path: str, since: float, n_before: int) -> float | None:
     return None
 
 
-async def consume(stream: Stream, url: str, got: list[bytes] | None = None) -> None:
-    async for chunk in stream(url):
-        if got is not None:
-            got.append(chunk)
+async def consume(stream: Stream, url: str, two: asyncio.Event | None = None) -> None:
+    """Read ``url`` to its end; set ``two`` once two chunks have come."""
+    n = 0
+    async for _ in stream(url):
+        n += 1
+        if two is not None and n == 2:
+            two.set()
 
 
 async def gates(name: str, base: str) -> dict[str, str]:
@@ -247,7 +265,9 @@ async def gates(name: str, base: str) -> dict[str, str]:
     except BaseException as exc:
         kind = type(exc).__name__
     ms = await closed_after("/slow", t0, n)
-    out["a"] = f"{'PASS' if ms is not None and ms < 200 else 'FAIL'} ({kind}; close {'none in 1 s' if ms is None else f'{ms:.1f} ms'})"
+    out["a"] = (
+        f"{'PASS' if ms is not None and ms < 200 else 'FAIL'} ({kind}; close {'none in 1 s' if ms is None else f'{ms:.1f} ms'})"
+    )
     # (b)
     n = len(CLOSES)
     escaped = "nothing escaped"
@@ -261,13 +281,14 @@ async def gates(name: str, base: str) -> dict[str, str]:
     t0 = time.monotonic()
     ms = await closed_after("/slow", t0 - 0.0, n)
     ok = caught and ms is not None and ms < 200
-    out["b"] = f"{'PASS' if ok else 'FAIL'} (caught {caught}, {escaped}; close {'none in 1 s' if ms is None else f'{ms:.1f} ms'})"
+    out["b"] = (
+        f"{'PASS' if ok else 'FAIL'} (caught {caught}, {escaped}; close {'none in 1 s' if ms is None else f'{ms:.1f} ms'})"
+    )
     # (c)
     n = len(CLOSES)
-    got: list[bytes] = []
-    task = asyncio.ensure_future(consume(stream, base + "/sse", got))
-    while len(got) < 2 and not task.done():
-        await asyncio.sleep(0.005)
+    two = asyncio.Event()
+    task = asyncio.ensure_future(consume(stream, base + "/sse", two))
+    await two.wait()
     task.cancel()
     t0 = time.monotonic()
     try:
@@ -275,7 +296,9 @@ async def gates(name: str, base: str) -> dict[str, str]:
     except BaseException:
         pass
     ms = await closed_after("/sse", t0, n)
-    out["c"] = f"{'PASS' if ms is not None and ms < 200 else 'FAIL'} (close {'none in 1 s' if ms is None else f'{ms:.1f} ms'})"
+    out["c"] = (
+        f"{'PASS' if ms is not None and ms < 200 else 'FAIL'} (close {'none in 1 s' if ms is None else f'{ms:.1f} ms'})"
+    )
     # (d)
     lags: list[float] = []
     count = 0
@@ -286,7 +309,9 @@ async def gates(name: str, base: str) -> dict[str, str]:
                 count += 1
                 lags.append((now - float(line.split()[2])) * 1000)
     worst = max(lags) if lags else float("inf")
-    out["d"] = f"{'PASS' if count == 20 and worst < 30 else 'FAIL'} ({count} chunks, worst lag {worst:.1f} ms)"
+    out["d"] = (
+        f"{'PASS' if count == 20 and worst < 30 else 'FAIL'} ({count} chunks, worst lag {worst:.1f} ms)"
+    )
     return out
 
 
@@ -298,7 +323,7 @@ def main() -> None:
     for name in names:
         try:
             res = uvloop.run(gates(name, f"http://127.0.0.1:{port}"))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             print(f"{name}: error {type(exc).__name__}: {exc}", flush=True)
             continue
         print(f"{name:12} " + "  ".join(f"({k}) {v}" for k, v in res.items()), flush=True)

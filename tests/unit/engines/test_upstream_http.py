@@ -32,6 +32,10 @@ class Raw:
         self.connections = 0
         self.closed: list[float] = []
         self.port = 0
+        self.gone = asyncio.Event()
+        """Set when a connection closes."""
+        self.asked = asyncio.Event()
+        """Set when a request's head has come."""
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -45,11 +49,13 @@ class Raw:
                         length = int(value)
                 await reader.readexactly(length)
                 self.heads.append(head)
+                self.asked.set()
                 await self.answer(len(self.heads), writer)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             self.closed.append(time.monotonic())
+            self.gone.set()
             writer.close()
 
 
@@ -141,9 +147,8 @@ async def _silent(n: int, writer: asyncio.StreamWriter) -> None:
 
 
 async def _closed_within(raw: Raw, since: float, seconds: float = 1.0) -> float:
-    deadline = time.monotonic() + seconds
-    while not raw.closed and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
+    with anyio.move_on_after(seconds):
+        await raw.gone.wait()
     assert raw.closed, "the upstream never saw the connection close"
     return raw.closed[0] - since
 
@@ -151,8 +156,7 @@ async def _closed_within(raw: Raw, since: float, seconds: float = 1.0) -> float:
 async def test_a_request_cancelled_before_its_head_closes_the_connection() -> None:
     async with _served(_silent) as (raw, client):
         task = asyncio.ensure_future(client.request(client.target("POST", _url(raw)), b"{}"))
-        while not raw.heads:
-            await asyncio.sleep(0.005)
+        await raw.asked.wait()
         task.cancel()
         cancelled_at = time.monotonic()
         with pytest.raises(asyncio.CancelledError):
