@@ -1,8 +1,9 @@
 """Bare pass-through apps for ``bench/alternatives.py`` (no bourse in them): read the
 request body, POST it to ``ALT_UPSTREAM``, return the answer. One ASGI app (for
 uvicorn and granian's ASGI) and one RSGI app (granian's native interface), each with
-either upstream client, chosen by ``ALT_CLIENT`` (``aiohttp`` or ``pyreqwest``), both
-with one keep-alive pool. They run in the candidates' own virtual environment
+an upstream client chosen by ``ALT_CLIENT`` (``aiohttp``: its ``ClientSession``;
+``aiohttp-raw``: its connector and parser driven directly, as the ``openai`` engine
+does; ``rnet``; ``pyreqwest``), each with one keep-alive pool. They run in the candidates' own virtual environment
 (bench/.work/alt-venv), served as factories:
 
     uvicorn --factory bench.alt_apps:asgi_app ...

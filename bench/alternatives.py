@@ -3,10 +3,10 @@ upstream client and the request decoder, measured on bare pass-through apps
 (``bench/alt_apps.py``: read the body, POST it upstream, return the answer; no
 bourse logic), so each figure is the stack's own cost.
 
-    .venv/bin/python -m bench.alternatives [--seconds 8] [--conns 64] [--rounds 2]
+    .venv/bin/python -m bench.alternatives [--seconds 8] [--conns 64] [--rounds 2] [--only NAME,NAME]
 
 The candidates live in their own virtual environment, ``bench/.work/alt-venv``
-(``--setup`` makes it: granian, pyreqwest, msgspec beside uvicorn[standard],
+(``--setup`` makes it: granian, pyreqwest, rnet, msgspec beside uvicorn[standard],
 aiohttp, pydantic). The upstream is nginx answering a fixed chat completion; the
 server under test is pinned to core 0, nginx and wrk (1 thread) to core 1, as the
 harness pins. Each combination runs ``--rounds`` times, the order reversed each
