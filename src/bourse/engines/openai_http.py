@@ -68,10 +68,10 @@ class OpenAIHTTPEngine(Engine):
 
     The HTTP client is one :class:`~bourse.engines.upstream_http.UpstreamClient`
     (aiohttp's C HTTP parser, one keep-alive connection pool of up to
-    ``max_connections``, made on first use inside the running event loop). ``first_byte_timeout_s`` bounds the wait from sending the
-    request to the first bytes of the answer body, including the wait for a free
-    connection (a failure there is transient); ``read_timeout_s`` bounds each silence
-    after that. A non-streamed answer arrives only once it is generated: its wait
+    ``max_connections``, made on first use inside the running event loop).
+    ``first_byte_timeout_s`` bounds the wait from sending the request to the first
+    bytes of the answer body, including the wait for a free connection (a failure
+    there is transient); ``read_timeout_s`` bounds each silence after that. A non-streamed answer arrives only once it is generated: its wait
     (connection, request, the whole answer) is bounded by the larger of the two; a
     connection failure, a timeout or an upstream that says it did not run the request
     (429, 503, ...) is transient (no output was relayed), so the gateway requeues it,
@@ -121,7 +121,6 @@ class OpenAIHTTPEngine(Engine):
         self._connect_timeout_s = connect_timeout_s
         self._first_byte_timeout_s = first_byte_timeout_s
         self._read_timeout_s = read_timeout_s
-        self._max_connections = max_connections
         self._whole = unary and api != "responses"
         """A request that is not streamed gets one unary upstream call (``_answer``):
         ``unary`` (not ``always_stream``) on the chat API. The Responses API is always

@@ -181,6 +181,8 @@ class UpstreamClient:
             raise
 
     async def close(self) -> None:
+        """Close the pool's connections (a later request opens a new pool)."""
+        self._keys.clear()
         connector, self._connector = self._connector, None
         if connector is not None:
             await connector.close()
