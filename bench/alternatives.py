@@ -3,10 +3,10 @@ upstream client and the request decoder, measured on bare pass-through apps
 (``bench/alt_apps.py``: read the body, POST it upstream, return the answer; no
 bourse logic), so each figure is the stack's own cost.
 
-    .venv/bin/python -m bench.alternatives [--seconds 8] [--conns 64] [--rounds 2]
+    .venv/bin/python -m bench.alternatives [--seconds 8] [--conns 64] [--rounds 2] [--only NAME,NAME]
 
 The candidates live in their own virtual environment, ``bench/.work/alt-venv``
-(``--setup`` makes it: granian, pyreqwest, msgspec beside uvicorn[standard],
+(``--setup`` makes it: granian, pyreqwest, rnet, msgspec beside uvicorn[standard],
 aiohttp, pydantic). The upstream is nginx answering a fixed chat completion; the
 server under test is pinned to core 0, nginx and wrk (1 thread) to core 1, as the
 harness pins. Each combination runs ``--rounds`` times, the order reversed each
@@ -35,7 +35,16 @@ from bench.common import cpu_s
 HERE = Path(__file__).resolve().parent
 WORK = HERE / ".work"
 VENV = WORK / "alt-venv"
-PACKAGES = ["granian[uvloop]", "pyreqwest", "msgspec", "uvicorn[standard]", "aiohttp", "pydantic", "orjson"]
+PACKAGES = [
+    "granian[uvloop]",
+    "pyreqwest",
+    "rnet",
+    "msgspec",
+    "uvicorn[standard]",
+    "aiohttp",
+    "pydantic",
+    "orjson",
+]
 ANSWER = json.dumps({
     "id": "chatcmpl-bench", "object": "chat.completion", "created": 1700000000, "model": "bench",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello! How can I help you today?"},
@@ -46,6 +55,8 @@ BODY = json.dumps({"model": "bench", "messages": [{"role": "user", "content": "h
 STACKS = [  # (name, server, interface, client)
     ("uvicorn + aiohttp", "uvicorn", "asgi", "aiohttp"),
     ("uvicorn + pyreqwest", "uvicorn", "asgi", "pyreqwest"),
+    ("uvicorn + aiohttp-raw", "uvicorn", "asgi", "aiohttp-raw"),
+    ("uvicorn + rnet", "uvicorn", "asgi", "rnet"),
     ("granian ASGI + aiohttp", "granian", "asgi", "aiohttp"),
     ("granian ASGI + pyreqwest", "granian", "asgi", "pyreqwest"),
     ("granian RSGI + aiohttp", "granian", "rsgi", "aiohttp"),
@@ -205,6 +216,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=2)
     ap.add_argument("--conns", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", default="", help="comma-separated stack names (default: all)")
     ap.add_argument("--setup", action="store_true", help="make bench/.work/alt-venv first")
     ap.add_argument(
         "--json", action="store_true", help="end with one line: ALTJSON {...} (for bench.harness)"
@@ -213,13 +225,14 @@ def main() -> None:
     WORK.mkdir(exist_ok=True)
     if o.setup or not (VENV / "bin" / "granian").exists():
         setup()
-    results: dict[str, list[dict[str, float]]] = {s[0]: [] for s in STACKS}
+    stacks = [s for s in STACKS if not o.only or s[0] in o.only.split(",")]
+    results: dict[str, list[dict[str, float]]] = {s[0]: [] for s in stacks}
     upstream = free_port()
     print(f"load {os.getloadavg()[0]:.1f}; wrk c={o.conns} {o.seconds:.0f}s; server on core 0, nginx + wrk on core 1",
           flush=True)  # fmt: skip
     with started(nginx(upstream), upstream):
         for rnd in range(o.rounds):
-            for stack in STACKS if rnd % 2 == 0 else list(reversed(STACKS)):
+            for stack in stacks if rnd % 2 == 0 else list(reversed(stacks)):
                 r = measure(stack, upstream, o)
                 results[stack[0]].append(r)
                 print(f"  {stack[0]:26} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"

@@ -722,7 +722,7 @@ def scenario_f(o: Opts) -> dict[str, Any]:
 
 def scenario_g(o: Opts) -> dict[str, Any]:
     """Issue 17's alternatives, bare pass-through apps (bench/alternatives.py, its own venv)."""
-    log(f"  alternatives: 6 server + client stacks, {o.seconds:.0f} s each, twice; pydantic vs msgspec")
+    log(f"  alternatives: 8 server + client stacks, {o.seconds:.0f} s each, twice; pydantic vs msgspec")
     p = subprocess.run(
         [sys.executable, "-m", "bench.alternatives", "--json", "--seconds", str(o.seconds),
          "--warmup", str(o.warmup), "--rounds", "2"],

@@ -1,6 +1,7 @@
 """The ``openai`` engine: any OpenAI-compatible HTTP upstream (vLLM, llama.cpp, SGLang, Ollama, ...).
 
-Owns the upstream side of the relay: one pooled HTTP client per deployment (aiohttp), the
+Owns the upstream side of the relay: one pooled HTTP client per deployment
+(:mod:`bourse.engines.upstream_http`: aiohttp's connector and C parser), the
 request it sends (the gateway's body, streamed with usage when the client streams; for
 a client that asked for one answer, one non-streamed upstream answer, handed on as one
 chunk whose ``delta`` is the message, then its usage), and the stream's three steps:
@@ -41,7 +42,7 @@ from bourse.domain.availability import Availability
 from bourse.engines import flavors
 from bourse.engines.openai_failures import UpstreamFailures
 from bourse.engines.openai_parse import CountingParse, ResponsesParse, StopParse, StreamParse, parse_answer
-from bourse.engines.upstream_reads import lean
+from bourse.engines.upstream_http import Target, UpstreamClient, UpstreamResponse
 from bourse.engines.upstream_tokens import TokenCounts
 from bourse.ports.engine import (
     Engine,
@@ -65,12 +66,12 @@ class OpenAIHTTPEngine(Engine):
     or, for a request that is not streamed (``GenerationRequest.stream`` false) and
     when ``unary`` is on, asks there for one non-streamed answer.
 
-    The HTTP client is one :class:`aiohttp.ClientSession` (its C HTTP parser, one
-    keep-alive connection pool of up to ``max_connections``), made on first use inside
-    the running event loop. ``first_byte_timeout_s`` bounds the wait from sending the
-    request to the first bytes of the answer body, including the wait for a free
-    connection (a failure there is transient); ``read_timeout_s`` bounds each silence
-    after that. A non-streamed answer arrives only once it is generated: its wait
+    The HTTP client is one :class:`~bourse.engines.upstream_http.UpstreamClient`
+    (aiohttp's C HTTP parser, one keep-alive connection pool of up to
+    ``max_connections``, made on first use inside the running event loop).
+    ``first_byte_timeout_s`` bounds the wait from sending the request to the first
+    bytes of the answer body, including the wait for a free connection (a failure
+    there is transient); ``read_timeout_s`` bounds each silence after that. A non-streamed answer arrives only once it is generated: its wait
     (connection, request, the whole answer) is bounded by the larger of the two; a
     connection failure, a timeout or an upstream that says it did not run the request
     (429, 503, ...) is transient (no output was relayed), so the gateway requeues it,
@@ -120,22 +121,24 @@ class OpenAIHTTPEngine(Engine):
         self._connect_timeout_s = connect_timeout_s
         self._first_byte_timeout_s = first_byte_timeout_s
         self._read_timeout_s = read_timeout_s
-        self._max_connections = max_connections
         self._whole = unary and api != "responses"
         """A request that is not streamed gets one unary upstream call (``_answer``):
         ``unary`` (not ``always_stream``) on the chat API. The Responses API is always
         read as a stream (its events become chat chunks), so a request there is never
         answered whole, and its gaps are timed by the stall clock."""
         self._answer_timeout_s = max(first_byte_timeout_s, read_timeout_s)
-        headers = {
-            "accept": "text/event-stream",
+        headers = {  # and accept, per request (a stream, or one JSON answer)
             "accept-encoding": "identity",
             "content-type": "application/json",
         }
         if api_key:  # sent only as this header; scrubbed from every message (UpstreamFailures)
             headers["authorization"] = f"Bearer {api_key}"
-        self._headers = headers
-        self._session: aiohttp.ClientSession | None = None
+        self._client = UpstreamClient(
+            headers, max_connections=max_connections, connect_timeout_s=connect_timeout_s,
+            read_timeout_s=read_timeout_s,
+        )  # fmt: skip
+        self._targets: dict[str, Target] = {}
+        """The generation routes' targets (``chat``, ``completion``, ``responses``), made on first use."""
         self._tokens = tokens
         """The engine's own token counts (None: it has none; a stream without usage is
         then charged the gateway's estimate)."""
@@ -179,25 +182,9 @@ class OpenAIHTTPEngine(Engine):
         timeout: on the chat API unless ``always_stream``; never on the Responses API."""
         return self._whole
 
-    def _open_session(self) -> aiohttp.ClientSession:
-        self._session = aiohttp.ClientSession(
-            connector=lean(
-                aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0, keepalive_timeout=30.0)
-            ),
-            headers=self._headers,
-            timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=self._connect_timeout_s, sock_read=self._read_timeout_s
-            ),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("user-agent",),
-            trust_env=False,
-        )
-        return self._session
-
     async def aclose(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        self._targets.clear()
+        await self._client.close()
         if self._tokens is not None:
             await self._tokens.aclose()
 
@@ -208,24 +195,23 @@ class OpenAIHTTPEngine(Engine):
 
     def _post(
         self, request: GenerationRequest, body: dict[str, Any], *, json: bool
-    ) -> Awaitable[aiohttp.ClientResponse]:
+    ) -> Awaitable[UpstreamResponse]:
         """Send ``body`` to the request kind's URL; ``json``: ask for a JSON answer, not a
-        stream. The caller awaits aiohttp's request itself (no coroutine of ours between:
+        stream. The caller awaits the client's request itself (no coroutine of ours between:
         each of the request's suspensions would resume it)."""
         headers = {
+            "accept": "application/json" if json else "text/event-stream",
             "x-request-id": flavors.request_id_header(self._flavor, request.request_id),
             "x-bourse-attempt": str(request.attempt),
         }
         if request.traceparent is not None:
             headers["traceparent"] = request.traceparent
-        if json:
-            headers["accept"] = "application/json"
-        if self._api == "responses":
-            url = self._responses_url
-        else:
-            url = self._chat_url if request.kind == "chat" else self._completion_url
-        session = self._session or self._open_session()
-        return session.post(url, data=orjson.dumps(body), headers=headers)
+        route = "responses" if self._api == "responses" else request.kind
+        target = self._targets.get(route)
+        if target is None:
+            url = {"responses": self._responses_url, "chat": self._chat_url}.get(route, self._completion_url)
+            target = self._targets[route] = self._client.target("POST", url)
+        return self._client.request(target, orjson.dumps(body), headers)
 
     async def _answer(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """One non-streamed upstream answer, as one chunk (``delta`` = the message) and its usage."""
@@ -256,22 +242,24 @@ class OpenAIHTTPEngine(Engine):
 
     async def _connect(
         self, request: GenerationRequest, body: dict[str, Any], *, json: bool
-    ) -> tuple[aiohttp.ClientResponse, bytes]:
+    ) -> tuple[UpstreamResponse, bytes]:
         """The connect step, nothing yielded yet: send ``body``, check the status, then
         read the first body bytes of a stream, or the whole answer (``json``). Bounded by
         ``first_byte_timeout_s`` (a stream) or the answer's timeout; every failure is
         transient, and closes the response."""
         timeout_s = self._answer_timeout_s if json else self._first_byte_timeout_s
-        response: aiohttp.ClientResponse | None = None
+        response: UpstreamResponse | None = None
         try:
             async with asyncio.timeout(timeout_s):
                 response = await self._post(request, body, json=json)
                 if not 200 <= response.status < 300:
-                    raise self._failures.status_failure(response.status, await response.read(), answer=json)
+                    answer = await response.read()
+                    response.release()  # read to its end: the connection goes back to the pool
+                    raise self._failures.status_failure(response.status, answer, answer=json)
                 return response, await (response.read() if json else response.content.readany())
         except BaseException as exc:
             if response is not None:
-                response.close()  # (an error answer, read to its end, is already back in the pool)
+                response.close()  # (a no-op for an error answer, already back in the pool)
             if json and isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError):
                 raise self._failures.answer_timeout(timeout_s) from None
             if isinstance(exc, TimeoutError | aiohttp.ClientError):
@@ -334,12 +322,16 @@ class OpenAIHTTPEngine(Engine):
     # -- probes ---------------------------------------------------------------------
 
     async def _fetch(self, method: str, url: str, body: bytes | None) -> tuple[int, bytes]:
-        session = self._session or self._open_session()
+        target = self._client.target(method, yarl.URL(url))
         async with asyncio.timeout(self._probe_timeout_s):
-            async with session.request(
-                method, url, data=body, headers={"accept": "application/json"}
-            ) as response:
-                return response.status, await response.read()
+            response = await self._client.request(target, body, {"accept": "application/json"})
+            try:
+                content = await response.read()
+            except BaseException:
+                response.close()
+                raise
+            response.release()
+            return response.status, content
 
     async def probe(self) -> Probe:
         """Find the flavour (``auto``, once the upstream answers), check that the upstream

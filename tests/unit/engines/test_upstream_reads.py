@@ -45,8 +45,7 @@ async def test_a_resume_of_a_read_not_paused_does_nothing() -> None:
 async def test_the_engines_connections_are_made_with_it() -> None:
     engine = OpenAIHTTPEngine("http://127.0.0.1:9/v1", "m", None)
     try:
-        connector = engine._open_session().connector
-        assert connector is not None
+        connector = engine._client.connector
         assert connector._factory.func is ResumeWhenPaused
     finally:
         await engine.aclose()
