@@ -405,9 +405,11 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the raw results here")
     ap.add_argument("--rounds", type=int, default=None, help=f"each mode this many times (default {ROUNDS})")
     ap.add_argument("--profile", type=Path, default=None, help="cProfile both gateways; dumps in this folder")
-    ap.add_argument("--modes", default=None, help="only these modes (comma-separated names of MODES)")
+    ap.add_argument(
+        "--modes", default=None, help="only these modes (names of MODES, separated by semicolons)"
+    )
     args = ap.parse_args()
-    only = args.modes.split(",") if args.modes else None
+    only = args.modes.split(";") if args.modes else None
     res = scenario(args.quick, args.redis, args.postgres, args.profile, args.rounds, only)
     report(res, section_lines(res), HEADING, args.out, args.json)
 

@@ -105,7 +105,7 @@ async def test_a_connection_redis_closes_is_replaced(rig: tuple[aioredis.Redis, 
     conn = line._conn
     assert conn is not None and conn._transport is not None
     host, port = conn._transport.get_extra_info("sockname")[:2]
-    await r.execute_command("CLIENT", "KILL", "ADDR", f"{host}:{port}")  # this line's alone
+    await r.client_kill_filter(addr=f"{host}:{port}")  # this line's alone
     await asyncio.sleep(0.05)
     assert (await line.call("ECHO", [key], ["two"]))[0] == "two"
     assert line.connections == 2
@@ -151,3 +151,16 @@ async def test_the_urls_database_is_the_one_written(redis_service_url: str) -> N
         await line.aclose()
         await other.delete(key)
         await other.aclose()
+
+
+async def test_a_kept_head_is_packed_once_a_new_one_is_used(
+    rig: tuple[aioredis.Redis, ScriptLine, str],
+) -> None:
+    r, line, key = rig
+    keys = [key]
+    head = ["h1"]
+    assert (await line.call("ECHO", keys, ["x"], head))[0] == "h1"  # ARGV[1] is the head's
+    assert (await line.call("ECHO", keys, ["y"], head))[0] == "h1"
+    assert len(line._prefixes) == 1
+    assert (await line.call("ECHO", keys, ["z"], ["h2"]))[0] == "h2"  # a new head, never a stale one
+    assert await r.lrange(key, 0, -1) == ["h1", "h1", "h2"]

@@ -13,7 +13,8 @@ A caller that stops waiting (cancelled) leaves its call sent; its answer is drop
 
 Failures, as the redis-py client of :class:`~bourse.coordination.redis_hub.RedisHub`
 had them: a connection that fails (Redis restarted) fails the calls on it with
-:class:`redis.exceptions.ConnectionError`, and a call that fails so is made again on
+:class:`redis.exceptions.ConnectionError`, and a call that fails so (or that finds Redis
+still loading its data after a restart) is made again on
 a new connection (three attempts in all, with a short back-off); a call without an
 answer within ``timeout_s`` fails with :class:`redis.exceptions.TimeoutError` (not
 made again: it may have run) and the connection is dropped, so a half-dead one does
@@ -32,8 +33,8 @@ from typing import Any, cast
 import hiredis
 from redis.asyncio.connection import ConnectionPool, UnixDomainSocketConnection
 from redis.commands.core import AsyncScript
+from redis.exceptions import BusyLoadingError, NoScriptError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 ATTEMPTS = 3
@@ -83,10 +84,14 @@ PREFIXES_MAX = 256
 """Packed script prefixes kept (one per script and book: a few dozen)."""
 
 
-def _error(reply: Exception) -> ResponseError:
+def _error(reply: Exception) -> RedisError:
+    """An error reply as redis-py raises it: a script Redis does not know, Redis still
+    loading its data (a connection error to redis-py: made again), or the script's own."""
     msg = str(reply)
     if msg.startswith("NOSCRIPT"):
         return NoScriptError(msg)
+    if msg.startswith("LOADING"):
+        return BusyLoadingError(msg)
     return ResponseError(msg)
 
 
@@ -209,21 +214,25 @@ class ScriptLine:
         return 0 if self._conn is None else self._conn.writes
 
     def _prefix(self, name: str, keys: Sequence[str | bytes], head: Sequence[Any]) -> tuple[bytes, int]:
-        """``EVALSHA``, the script's hash, ``keys`` and ``head`` packed (and their count)."""
-        got = self._prefixes.get((name, id(keys), id(head)))
+        """``EVALSHA``, the script's hash, ``keys`` and ``head`` packed, and their count;
+        kept when there is a ``head`` (a caller that passes one keeps its keys and head)."""
+        key = (name, id(keys), id(head))
+        got = self._prefixes.get(key) if head else None
         if got is not None and got[0] is keys and got[1] is head:
             return got[2], got[3]
         words = [b"EVALSHA", self._scripts[name].sha, len(keys), *keys, *head]
-        if len(self._prefixes) >= PREFIXES_MAX:
-            self._prefixes.clear()
-        self._prefixes[(name, id(keys), id(head))] = (keys, head, _body(words), len(words))
-        return _body(words), len(words)
+        body = _body(words)
+        if head:
+            if len(self._prefixes) >= PREFIXES_MAX:
+                self._prefixes.clear()
+            self._prefixes[key] = (keys, head, body, len(words))
+        return body, len(words)
 
     async def call(
         self, name: str, keys: Sequence[str | bytes], args: Sequence[Any], head: Sequence[Any] = ()
     ) -> Any:
-        """Script ``name`` with ``keys`` and ``[*head, *args]`` (the caller's ``keys`` and
-        ``head``, the same objects from call to call, are packed once)."""
+        """Script ``name`` with ``keys`` and ``[*head, *args]`` (a caller's ``keys`` and
+        ``head``, when it keeps them the same objects from call to call, are packed once)."""
         self.calls += 1
         prefix, count = self._prefix(name, keys, head)
         packed = b"*%d\r\n%b%b" % (count + len(args), prefix, _body(args))
