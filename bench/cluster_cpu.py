@@ -340,7 +340,8 @@ def section_lines(res: dict[str, Any]) -> list[str]:
         f"`bourse serve` (one worker) with one `sim` product (answers at once), non-streamed requests at c={C} "
         f"(aiohttp), {WARM} of warm-up, then the requests measured: alone (embedded SQLite, the book in "
         "process) and in cluster mode (`[cluster]` Redis, a key prefix of its own; `--database` a fresh "
-        "PostgreSQL database). *CPU*: the gateway process's user + sys (`/proc/<pid>/stat`) a request. "
+        "PostgreSQL database). *CPU*: the gateway process's user + sys (`/proc/<pid>/stat`) a request; "
+        "of it, the event loop's thread and the others (the ledger's: SQLite's or psycopg's; `/proc/<pid>/task`). "
         "*Redis sent*: the commands the gateway sent a request (each a round trip or part of a pipeline; "
         "`MONITOR` over an eighth as many requests more), *in scripts*: those its Lua scripts ran. "
         "*PostgreSQL*: `pg_stat_database` of the gateway's database, transactions committed and rows "
@@ -358,13 +359,13 @@ def section_lines(res: dict[str, Any]) -> list[str]:
     )
     L.append("")
     L.append(
-        "| mode | requests | requests/s | CPU µs/request (each round) | x single | Redis sent/request | in scripts/request | PostgreSQL transactions/request | rows written/request |"
+        "| mode | requests | requests/s | CPU µs/request (each round) | loop's thread / others | x single | Redis sent/request | in scripts/request | PostgreSQL transactions/request | rows written/request |"
     )
-    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     base = next((r["cpu_us"] for r in res["rows"] if r["mode"] == "single" and "error" not in r), None)
     for r in res["rows"]:
         if "error" in r:
-            L.append(f"| {r['mode']} | {r['n']:,} | {r['error']} | | | | | | |")
+            L.append(f"| {r['mode']} | {r['n']:,} | {r['error']} | | | | | | | |")
             continue
         use_redis, use_pg, _unix = MODES[r["mode"]]
         rd = f"{r['redis_sent']:.2f} | {r['redis_in_lua']:.2f}" if use_redis else "— | —"
@@ -372,8 +373,9 @@ def section_lines(res: dict[str, Any]) -> list[str]:
         extra = f"{rd} | {pg}"
         x = f"{r['cpu_us'] / base:.2f}" if base else "—"
         each = ", ".join(str(c) for c in r.get("cpu_us_rounds", []))
+        split = f"{r['loop_us']:.0f} / {r['threads_us']:.0f}" if "loop_us" in r else "—"
         L.append(
-            f"| {r['mode']} | {r['n']:,} | {r['per_s']:,.0f} | {r['cpu_us']:.0f} ({each}) | {x} | {extra} |"
+            f"| {r['mode']} | {r['n']:,} | {r['per_s']:,.0f} | {r['cpu_us']:.0f} ({each}) | {split} | {x} | {extra} |"
         )
     L.append("")
     for r in res["rows"]:
