@@ -713,7 +713,7 @@ async def test_requeue_at_once_after_the_admission_gets_the_new_terms(
             late.append((order_id, deployment, price, level, attempt))
 
         async def call(name: str, keys: list[str], args: list[Any], head: Any = ()) -> Any:
-            if name == "SUBMIT" and args[4] == "o1" and book._waiting["o1"][0].requeues == 1:
+            if name == "SUBMIT" and args[0] == "o1" and book._waiting["o1"][0].requeues == 1:
                 monkeypatch.setattr(book, "on_admitted", real_on)
                 for msg in late:  # the first admission's message lands now
                     real_on(*msg)
