@@ -46,7 +46,7 @@ from typing import Any
 import psycopg
 import redis
 
-from bench.common import GATEWAY_SITE, cpu_s, free_port, gateway_process, report
+from bench.common import CLOCK, GATEWAY_SITE, cpu_s, free_port, gateway_process, report
 from bench.disk import CONFIG, load
 
 HEADING = "## (j) the gateway's CPU a request, cluster mode against one process (bench/cluster_cpu.py)"
@@ -154,6 +154,23 @@ def _dump(pid: int, path: Path) -> None:
         time.sleep(0.05)
 
 
+def thread_cpu(pid: int) -> tuple[float, float]:
+    """(the main thread's, every other thread's) user + sys seconds of process ``pid``:
+    the event loop's thread against the database threads (psycopg's and SQLite's)."""
+    main = other = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks = int(fields[11]) + int(fields[12])
+        if task.name == str(pid):
+            main += ticks
+        else:
+            other += ticks
+    return main / CLOCK, other / CLOCK
+
+
 def redis_calls(url: str) -> dict[str, int]:
     """Calls by command since the server started (``INFO commandstats``)."""
     info = redis.Redis.from_url(url).info("commandstats")
@@ -216,9 +233,9 @@ def measure(
             time.sleep(STATS_WAIT_S if use_pg else 0)
             r0 = redis_calls(redis_url) if use_redis else {}
             pg0 = pg_counts(dsn) if dsn else (0, 0)
-            cpu0, t0 = cpu_s(proc.pid), time.monotonic()
+            th0, cpu0, t0 = thread_cpu(proc.pid), cpu_s(proc.pid), time.monotonic()
             asyncio.run(load(v1, key, n, C))
-            cpu1, dt = cpu_s(proc.pid), time.monotonic() - t0
+            cpu1, dt, th1 = cpu_s(proc.pid), time.monotonic() - t0, thread_cpu(proc.pid)
             if profile:
                 _dump(proc.pid, profile / f"{mode}.1")
             r1 = redis_calls(redis_url) if use_redis else {}
@@ -238,6 +255,8 @@ def measure(
         "n": n,
         "per_s": n / dt,
         "cpu_us": (cpu1 - cpu0) / n * 1e6,
+        "loop_us": (th1[0] - th0[0]) / n * 1e6,
+        "threads_us": (th1[1] - th0[1]) / n * 1e6,
         "redis": {k: v / n for k, v in sorted(by_cmd.items(), key=lambda kv: -kv[1])},
         "redis_sent": trips[0] / m,
         "redis_in_lua": trips[1] / m,
@@ -252,8 +271,9 @@ def scenario(
     pg_url: str | None = None,
     profile: Path | None = None,
     rounds: int | None = None,
+    only: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Every row (what the harness calls): single process, cluster mode, then each half
+    """Every row (or the modes ``only`` names) (what the harness calls): single process, cluster mode, then each half
     of it, ``rounds`` times in turn (a busy machine drifts); each row is the round
     with the median CPU a request of its mode."""
     url = pg_url or os.environ.get("BOURSE_DISK_POSTGRES_URL", PG_URL)
@@ -266,6 +286,7 @@ def scenario(
             own = shutil.which("redis-server") is not None
             redis_url, unix_redis = stack.enter_context(own_redis()) if own else (SHARED_REDIS, None)
         modes = [m for m in MODES if not MODES[m][2] or (unix_redis and Path(PG_SOCKETS).is_dir())]
+        modes = [m for m in modes if only is None or m in only]
         runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         for _ in range(rounds):
             for mode in modes:
@@ -287,7 +308,8 @@ def _summary(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"{r['mode']}: {r['error']}"
     return (
-        f"{r['mode']}: {r['cpu_us']:.0f} µs of gateway CPU a request ({r['per_s']:.0f} requests/s); "
+        f"{r['mode']}: {r['cpu_us']:.0f} µs of gateway CPU a request ({r['loop_us']:.0f} the loop's thread, "
+        f"{r['threads_us']:.0f} the others; {r['per_s']:.0f} requests/s); "
         f"Redis {r['redis_sent']:.2f} commands sent ({r['redis_in_lua']:.2f} run in scripts) a request, "
         f"PostgreSQL {r['pg_xacts']:.2f} transactions, {r['pg_rows']:.2f} rows written a request"
     )
@@ -318,7 +340,8 @@ def section_lines(res: dict[str, Any]) -> list[str]:
         f"`bourse serve` (one worker) with one `sim` product (answers at once), non-streamed requests at c={C} "
         f"(aiohttp), {WARM} of warm-up, then the requests measured: alone (embedded SQLite, the book in "
         "process) and in cluster mode (`[cluster]` Redis, a key prefix of its own; `--database` a fresh "
-        "PostgreSQL database). *CPU*: the gateway process's user + sys (`/proc/<pid>/stat`) a request. "
+        "PostgreSQL database). *CPU*: the gateway process's user + sys (`/proc/<pid>/stat`) a request; "
+        "of it, the event loop's thread and the others (the ledger's: SQLite's or psycopg's; `/proc/<pid>/task`). "
         "*Redis sent*: the commands the gateway sent a request (each a round trip or part of a pipeline; "
         "`MONITOR` over an eighth as many requests more), *in scripts*: those its Lua scripts ran. "
         "*PostgreSQL*: `pg_stat_database` of the gateway's database, transactions committed and rows "
@@ -336,13 +359,13 @@ def section_lines(res: dict[str, Any]) -> list[str]:
     )
     L.append("")
     L.append(
-        "| mode | requests | requests/s | CPU µs/request (each round) | x single | Redis sent/request | in scripts/request | PostgreSQL transactions/request | rows written/request |"
+        "| mode | requests | requests/s | CPU µs/request (each round) | loop's thread / others | x single | Redis sent/request | in scripts/request | PostgreSQL transactions/request | rows written/request |"
     )
-    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     base = next((r["cpu_us"] for r in res["rows"] if r["mode"] == "single" and "error" not in r), None)
     for r in res["rows"]:
         if "error" in r:
-            L.append(f"| {r['mode']} | {r['n']:,} | {r['error']} | | | | | | |")
+            L.append(f"| {r['mode']} | {r['n']:,} | {r['error']} | | | | | | | |")
             continue
         use_redis, use_pg, _unix = MODES[r["mode"]]
         rd = f"{r['redis_sent']:.2f} | {r['redis_in_lua']:.2f}" if use_redis else "— | —"
@@ -350,8 +373,9 @@ def section_lines(res: dict[str, Any]) -> list[str]:
         extra = f"{rd} | {pg}"
         x = f"{r['cpu_us'] / base:.2f}" if base else "—"
         each = ", ".join(str(c) for c in r.get("cpu_us_rounds", []))
+        split = f"{r['loop_us']:.0f} / {r['threads_us']:.0f}" if "loop_us" in r else "—"
         L.append(
-            f"| {r['mode']} | {r['n']:,} | {r['per_s']:,.0f} | {r['cpu_us']:.0f} ({each}) | {x} | {extra} |"
+            f"| {r['mode']} | {r['n']:,} | {r['per_s']:,.0f} | {r['cpu_us']:.0f} ({each}) | {split} | {x} | {extra} |"
         )
     L.append("")
     for r in res["rows"]:
@@ -383,8 +407,12 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the raw results here")
     ap.add_argument("--rounds", type=int, default=None, help=f"each mode this many times (default {ROUNDS})")
     ap.add_argument("--profile", type=Path, default=None, help="cProfile both gateways; dumps in this folder")
+    ap.add_argument(
+        "--modes", default=None, help="only these modes (names of MODES, separated by semicolons)"
+    )
     args = ap.parse_args()
-    res = scenario(args.quick, args.redis, args.postgres, args.profile, args.rounds)
+    only = args.modes.split(";") if args.modes else None
+    res = scenario(args.quick, args.redis, args.postgres, args.profile, args.rounds, only)
     report(res, section_lines(res), HEADING, args.out, args.json)
 
 

@@ -130,7 +130,9 @@ def gateway_process(
     env = {"BOURSE_ADMIN_KEY": ADMIN_KEY, "BOURSE_DRAIN_GRACE_S": "0"}  # stopped at once between runs
     src = os.environ.get("BOURSE_BENCH_SRC")
     if src:
-        env["PYTHONPATH"] = str(Path(src).resolve())
+        # the tree first; the bench's gateway hooks (bench/gateway_site) stay if set
+        hooks = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p == str(GATEWAY_SITE)]
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()), *hooks])
     with tempfile.TemporaryDirectory(prefix="bourse-bench-") as tmp:
         d = str(data_dir or tmp)
         cfg = Path(tmp) / "bench.toml"

@@ -7,7 +7,8 @@ A closed loop of ``--callers`` coroutines, each calling a one-line script with t
 book's 30 arguments (``SUBMIT``'s 14 keys, the replica's 7 terms, 9 values) then
 yielding once, over one redis-py client (hiredis): ``direct`` is ``EVALSHA`` per call
 (the hub before script batches), ``lanes=N`` is :class:`ScriptBatch` with ``N`` round
-trips on their way at most. Printed: this process's CPU a call (user + sys), calls a
+trips on their way at most, ``line`` is :class:`ScriptLine` (the hub's path now: one
+connection, the calls of a turn in one write). Printed: this process's CPU a call (user + sys), calls a
 second, and calls a round trip. Twice each, in turn.
 """
 
@@ -24,6 +25,7 @@ import uvloop
 
 import bourse.coordination.script_batch as script_batch
 from bourse.coordination.script_batch import ScriptBatch
+from bourse.coordination.script_line import ScriptLine
 
 KEYS = [f"{{bench}}:k{i}".encode() for i in range(14)]
 ARGS: list[Any] = [b"abcdefghijklmno"] * 7 + ["o1", "0.5", 0, "", "rep", 100, 0, 0, ""]
@@ -35,11 +37,16 @@ async def run(url: str, calls: int, callers: int) -> None:
         sha = await r.script_load("return 1")
         scripts = {"S": r.register_script("return 1")}
         for _ in range(2):
-            for lanes in (0, 1, 2, 4):
+            for lanes in (0, 1, 2, 4, -1):
                 batch = ScriptBatch(lambda: r, scripts)
-                script_batch.MAX_IN_FLIGHT = lanes or 1
+                script_batch.MAX_IN_FLIGHT = max(1, lanes)
+                line = ScriptLine(url, scripts)
                 call: Callable[[], Awaitable[Any]]
-                if lanes == 0:
+                if lanes == -1:
+
+                    async def call(line: ScriptLine = line) -> Any:
+                        return await line.call("S", KEYS, ARGS)
+                elif lanes == 0:
 
                     async def call() -> Any:
                         return await r.evalsha(sha, len(KEYS), *KEYS, *ARGS)
@@ -57,8 +64,14 @@ async def run(url: str, calls: int, callers: int) -> None:
                 await asyncio.gather(*(caller() for _ in range(callers)))
                 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
                 n = calls // callers * callers
-                per_trip = f", {batch.calls / batch.round_trips:.1f} calls a round trip" if lanes else ""
-                name = f"lanes={lanes}" if lanes else "direct"
+                writes = line.writes
+                await line.aclose()
+                per_trip = ""
+                if lanes > 0:
+                    per_trip = f", {batch.calls / batch.round_trips:.1f} calls a round trip"
+                elif lanes == -1:
+                    per_trip = f", {line.calls / max(1, writes):.1f} calls a write"
+                name = {0: "direct", -1: "line"}.get(lanes, f"lanes={lanes}")
                 print(f"{name:8} {cpu / n * 1e6:6.1f} µs of CPU a call, {n / wall:8,.0f} calls/s{per_trip}")
     finally:
         await r.aclose()

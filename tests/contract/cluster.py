@@ -46,6 +46,8 @@ class Replicas:
         hub._tasks.clear()
         hub._books.clear()
         await hub.redis.aclose()
+        if hub.line is not None:
+            await hub.line.aclose()
         self.crashed.append(hub)
 
     async def kill_listener(self, hub: RedisHub) -> None:

@@ -510,9 +510,9 @@ async def test_redis_releases_of_one_moment_go_in_one_call(redis_books: Books) -
     calls: list[str] = []
     real = book.hub.call
 
-    async def counted(name: str, keys: list[str], args: list[Any]) -> Any:
+    async def counted(name: str, keys: list[str], args: list[Any], head: Any = ()) -> Any:
         calls.append(name)
-        return await real(name, keys, args)
+        return await real(name, keys, args, head)
 
     book.hub.call = counted
     for adm in held:
@@ -712,12 +712,12 @@ async def test_requeue_at_once_after_the_admission_gets_the_new_terms(
         def held_back(order_id: str, deployment: str, price: str, level: str, attempt: int) -> None:
             late.append((order_id, deployment, price, level, attempt))
 
-        async def call(name: str, keys: list[str], args: list[Any]) -> Any:
-            if name == "SUBMIT" and args[4] == "o1" and book._waiting["o1"][0].requeues == 1:
+        async def call(name: str, keys: list[str], args: list[Any], head: Any = ()) -> Any:
+            if name == "SUBMIT" and args[0] == "o1" and book._waiting["o1"][0].requeues == 1:
                 monkeypatch.setattr(book, "on_admitted", real_on)
                 for msg in late:  # the first admission's message lands now
                     real_on(*msg)
-            return await real_call(name, keys, args)
+            return await real_call(name, keys, args, head)
 
         monkeypatch.setattr(book, "on_admitted", held_back)
         monkeypatch.setattr(book.hub, "call", call)
@@ -949,9 +949,9 @@ async def test_redis_timeout_racing_an_admission_keeps_the_slot_counted(
         task: asyncio.Task[Any] = real_spawn(after_remove())
         return task
 
-    async def call(name: str, keys: list[str], args: list[Any]) -> Any:
+    async def call(name: str, keys: list[str], args: list[Any], head: Any = ()) -> Any:
         if name != "REMOVE" or args[-1] != o.id:
-            return await real_call(name, keys, args)
+            return await real_call(name, keys, args, head)
         try:
             b.release(holder)  # the other replica's release lands at the deadline: it admits the waiter
             await asyncio.wait(list(b.hub._background))
@@ -961,7 +961,7 @@ async def test_redis_timeout_racing_an_admission_keeps_the_slot_counted(
 
             with contextlib.suppress(AssertionError):
                 await eventually(message_handled, within=3.0)
-            return await real_call(name, keys, args)
+            return await real_call(name, keys, args, head)
         finally:
             removed.set()
 
@@ -1245,7 +1245,7 @@ async def test_redis_unreachable_for_a_lease_fails_the_waiting_orders(
     o, fo = await submit(book, "waiter", 3.0)
     real_call = book.hub.call
 
-    async def down(name: str, keys: list[str], args: list[Any]) -> Any:
+    async def down(name: str, keys: list[str], args: list[Any], head: Any = ()) -> Any:
         raise RedisConnectionError("Error 111 connecting to Redis (test)")
 
     monkeypatch.setattr(book.hub, "call", down)

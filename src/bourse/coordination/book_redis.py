@@ -122,7 +122,7 @@ class RedisBook:
 
     async def _call(self, script: str, *args: Any) -> Any:
         try:
-            offers, reply = await self.hub.call(script, self._keys, [*self._head, *args])
+            offers, reply = await self.hub.call(script, self._keys, args, self._head)
         except (RedisError, OSError) as exc:
             raise BookUnavailable(f"the shared book of '{self.product}' is unreachable ({exc})") from exc
         self._answered_at = self.now()

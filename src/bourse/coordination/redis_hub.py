@@ -31,7 +31,9 @@ from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from bourse.coordination import script_line
 from bourse.coordination.script_batch import ScriptBatch
+from bourse.coordination.script_line import ScriptLine
 from bourse.retrying import retrying
 
 log = logging.getLogger("bourse.coordination")
@@ -128,6 +130,8 @@ class RedisHub:
         self._subscribed = asyncio.Event()
         self.script: dict[str, AsyncScript] = {}
         self.batch = ScriptBatch(lambda: self.redis, self.script)
+        self.line = ScriptLine(url, self.script, timeout_s=5) if script_line.usable(url) else None
+        """The scripts' own pipelined connection; None for TLS (then :attr:`batch`)."""
         self.heartbeats = 0
         self._beat_failing = False
         self._beat_hooks: list[Callable[[], Awaitable[None]]] = []
@@ -249,13 +253,21 @@ class RedisHub:
         if not task.cancelled() and task.exception() is not None:
             log.error("cluster: background call failed: %s", task.exception())
 
-    async def call(self, name: str, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
-        """Run script ``name``: ``EVALSHA`` straight away when no other call is on its
-        way, else with the calls made in the same turn of the loop as one pipeline
-        (:class:`~bourse.coordination.script_batch.ScriptBatch`); through the script
-        object when Redis does not know the script (a restart emptied its script
-        cache: the object loads it again)."""
-        return await self.batch.call(name, keys, args)
+    async def call(
+        self, name: str, keys: Sequence[str | bytes], args: Sequence[Any], head: Sequence[Any] = ()
+    ) -> Any:
+        """Run script ``name``: on the scripts' own line, every call made in one turn of
+        the loop in one write, pipelined (:class:`~bourse.coordination.script_line.ScriptLine`);
+        over TLS through redis-py, ``EVALSHA`` straight away when no other call is on its
+        way, else with the calls made in the same turn as one pipeline
+        (:class:`~bourse.coordination.script_batch.ScriptBatch`). Either way through
+        the script object when Redis does not know the script (a restart emptied its
+        script cache: the object loads it again). The script's arguments are ``head``
+        then ``args``: a caller's ``keys`` and ``head`` that stay the same objects from
+        call to call are encoded once."""
+        if self.line is not None:
+            return await self.line.call(name, keys, args, head)
+        return await self.batch.call(name, keys, [*head, *args])
 
     async def aclose(self) -> None:
         """Give back this replica's orders and slots, stop the tasks, close the
@@ -275,6 +287,8 @@ class RedisHub:
             await asyncio.wait_for(self.redis.zrem(self.key("replicas"), self.replica), timeout=5)
         except Exception:
             pass
+        if self.line is not None:
+            await self.line.aclose()
         for client in (self.redis, self._sub):
             try:
                 await asyncio.wait_for(client.aclose(), timeout=5)

@@ -181,44 +181,59 @@ def server_options(dsn: str, unavailable_timeout_s: float) -> str:
 
 
 class _PgExecutor:
+    """One transaction's statements on one connection. A statement whose parameters are
+    ``$1`` to ``$n``, each given (nearly all), goes through psycopg's
+    :class:`~psycopg.RawCursor` as written: psycopg parses a statement longer than 4 KB
+    (a batch of ledger writes) again on every execution to turn its ``%(name)s`` into
+    ``$n``, a quarter of the database thread's Python a batch (issue 40 item 4). Any
+    other statement has its ``$n`` rewritten as named parameters, as before."""
+
     __slots__ = ("_cache", "_conn")
 
     # the server's clock, stable within one statement (unlike clock_timestamp()); every
     # replica's leases are written and judged on it
     clock = "EXTRACT(EPOCH FROM statement_timestamp())::DOUBLE PRECISION"
 
-    def __init__(self, conn: psycopg.Connection[Any], cache: dict[str, str]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], cache: dict[str, tuple[str, int]]) -> None:
         self._conn = conn
         self._cache = cache
 
-    def _sql(self, sql: str) -> str:
-        out = self._cache.get(sql)
-        if out is None:
-            out = self._cache[sql] = _PARAM.sub(r"%(p\1)s", sql)
-        return out
-
-    @staticmethod
-    def _args(args: tuple[Any, ...]) -> dict[str, Any]:
-        return {f"p{i}": v for i, v in enumerate(args, 1)}
+    def _cursor(self, sql: str, args: tuple[Any, ...]) -> psycopg.Cursor[Any]:
+        """``sql`` run with ``args``: raw when its parameters are ``$1``..``$n``, n of them."""
+        got = self._cache.get(sql)
+        if got is None:
+            got = self._cache[sql] = _converted(sql)
+        named, n = got
+        if n == len(args):
+            return psycopg.RawCursor(self._conn).execute(sql, args or None)
+        return self._conn.execute(named, {f"p{i}": v for i, v in enumerate(args, 1)} if args else None)
 
     def fetch(self, sql: str, *args: Any) -> list[Row]:
         try:
-            return self._conn.execute(self._sql(sql), self._args(args)).fetchall()
+            return self._cursor(sql, args).fetchall()
         except psycopg.errors.IntegrityError as exc:
             raise IntegrityError(str(exc)) from None
 
     def fetchrow(self, sql: str, *args: Any) -> Row | None:
         try:
-            row: Row | None = self._conn.execute(self._sql(sql), self._args(args)).fetchone()
+            row: Row | None = self._cursor(sql, args).fetchone()
         except psycopg.errors.IntegrityError as exc:
             raise IntegrityError(str(exc)) from None
         return row
 
     def execute(self, sql: str, *args: Any) -> int:
         try:
-            return self._conn.execute(self._sql(sql), self._args(args) if args else None).rowcount
+            return self._cursor(sql, args).rowcount
         except psycopg.errors.IntegrityError as exc:
             raise IntegrityError(str(exc)) from None
+
+
+def _converted(sql: str) -> tuple[str, int]:
+    """``sql`` with its ``$n`` as psycopg's named parameters; how many parameters it
+    takes as written (``$1``..``$n`` each present: n), or -1 (then only named)."""
+    used = {int(m) for m in _PARAM.findall(sql)}
+    raw = len(used) if used == set(range(1, len(used) + 1)) else -1
+    return _PARAM.sub(r"%(p\1)s", sql), raw
 
 
 class PostgresStore(SqlStore):
@@ -235,7 +250,7 @@ class PostgresStore(SqlStore):
         self._size = max(1, max_size)
         self._threads: ThreadPoolExecutor | None = None
         self._pool: _Pool | None = None
-        self._cache: dict[str, str] = {}
+        self._cache: dict[str, tuple[str, int]] = {}
 
     async def open(self) -> None:
         pool = _Pool(
