@@ -385,6 +385,7 @@ def wait_s(
     *,
     if_started: bool = False,
     gives_up_per_s: float = 0.0,
+    told: bool = True,
 ) -> float | None:
     """The predicted wait of an order at ``bid`` behind ``ahead`` (rank order: every
     one bids at least ``bid``), with ``above_per_s`` orders a second arriving later
@@ -406,6 +407,9 @@ def wait_s(
     chance reaches half the chance of starting at all) or a wait that catches more of
     them within a factor of two (:func:`~bourse.domain.forecast_starts.within_2x_point`).
     Else None when that chance does not reach one half within ``horizon_s``.
+
+    ``told``: false, the median of the waits if it starts, not the wait told
+    (for the quotes' margin, :attr:`~bourse.domain.forecast_score.Score.margin`).
 
     ``gives_up_per_s``: each order ahead is still there at ``t`` with the chance
     ``exp(-gives_up_per_s * t)`` (clients that give up before their timeout,
@@ -461,7 +465,7 @@ def wait_s(
         return None
     target = 0.5 * best if if_started else 0.5
     median = next((t for t, p in seen if p >= target - 1e-12), None)
-    if not if_started or median is None:
+    if not if_started or median is None or not told:
         return median
     return within_2x_point(seen, median)
 
