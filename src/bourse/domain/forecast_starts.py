@@ -7,11 +7,11 @@ waiting, else this order. So the order starts at the first free at which no
 arrival above is waiting: the backlog of arrivals above grows by a Poisson count
 between frees and falls by one at each free it takes. :class:`Starts` follows the
 distribution of that backlog exactly (to a small pruned tail), so that the chance of
-starting at each free is its share of the chance, not a bound of it (the chance that
-at most ``k - 1`` arrived by the ``k``-th free, which
-:func:`~bourse.domain.forecast.wait_s` uses for a new order's wait, is the chance of
-starting *at* that free or earlier only when it is the largest so far, and misses
-the orders that started earlier and would have been passed by later arrivals).
+starting by each free is that chance, not a bound of it: the chance that at most
+``k - 1`` arrived by the ``k``-th free (the best so far of which
+:func:`~bourse.domain.forecast.wait_s` takes for a new order's wait) is less, since
+it misses the orders that started at an earlier free and would have been passed by
+later arrivals.
 """
 
 from __future__ import annotations
