@@ -30,13 +30,16 @@ What it goes by:
 share within a factor of two and the median error, both best served by the median):
 it walks the slots' frees in time order; the orders ahead take them first; the frees
 they leave over go to the arrivals above that came (a Poisson count), else to this
-order. An order likely to time out is told the median of the waits it has if it
-starts. An order waiting in the book (told its wait if it starts) is told, rather
-than that median, the wait within a factor of two of which it starts likeliest, when
-that catches markedly more (:func:`within_2x_point`: its waits may fall in two groups
-far apart, started at the next free or only after arrivals above took several, and
-the median between them is near neither). None when no slot is likely to come to it within the horizon, or nothing is
-known yet (no run seen).
+order. An order waiting in the book is told its wait *if it starts* before its
+timeout (one likely to time out starts, if it does, in a lull of the arrivals
+above): the chance that it starts at each free is followed exactly
+(:class:`~bourse.domain.forecast_starts.Starts`), and it is told, rather than the
+median, the wait that catches the most of that chance within a factor of two when
+that catches more (:func:`~bourse.domain.forecast_starts.within_2x_point`: the frees
+come when predicted to within a few hundredths of a second, so its waits fall on a
+few known times, and which one is for the arrivals above to decide). None when no
+slot is likely to come to it within the horizon, or nothing is known yet (no run
+seen).
 
 What it does not see: bursts in the arrivals above (a rate over the newest arrivals
 follows a burst, does not foresee it), runs of a kind not seen yet, a raised bid
@@ -49,11 +52,12 @@ from __future__ import annotations
 import heapq
 import math
 import statistics
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from bourse.domain.forecast_starts import Starts, within_2x_point
 from bourse.domain.values import immutable
 
 HORIZON_S = 3600.0
@@ -64,10 +68,6 @@ SURE = 0.99
 """The walk of an order told its wait if it starts stops once it starts by then with
 this chance, or at 4 times its median wait (what is left moves the answer by little)."""
 EXACT_POISSON_MEAN = 60.0
-WINDOW_GAIN = 0.15
-NEAR_TOP = 0.03
-"""An order told its wait if it starts is told another wait than the median when that
-catches this much more of its chance within a factor of two (:func:`within_2x_point`)."""
 RUNS_KEPT = 500
 """Run lengths kept per deployment (the newest)."""
 MIN_FIT = 5
@@ -385,6 +385,7 @@ def wait_s(
     *,
     if_started: bool = False,
     gives_up_per_s: float = 0.0,
+    told: bool = True,
 ) -> float | None:
     """The predicted wait of an order at ``bid`` behind ``ahead`` (rank order: every
     one bids at least ``bid``), with ``above_per_s`` orders a second arriving later
@@ -397,12 +398,18 @@ def wait_s(
     that chance reaches one half (a short wait is not lengthened by an arrival above
     that is less likely than not to come).
 
-    ``if_started``: ``horizon_s`` is its timeout, and the wait is the median of the
-    waits it may have *if it starts* before then (the first free at which the chance
-    reaches half the chance of starting at all): an order that will likely time out
-    starts, if it does, in a lull of the arrivals above; or a wait that catches more of
-    them within a factor of two (:func:`within_2x_point`). Else None when that chance
-    does not reach one half within ``horizon_s``.
+    ``if_started``: ``horizon_s`` is its timeout, and the wait is told from the waits
+    it may have *if it starts* before then: an order that will likely time out starts,
+    if it does, in a lull of the arrivals above. The chance of starting at each free
+    left over is then followed exactly (:class:`~bourse.domain.forecast_starts.Starts`:
+    the bound above misses the orders that started at an earlier free and would have
+    been passed later), and the wait told is their median (the first free at which the
+    chance reaches half the chance of starting at all) or a wait that catches more of
+    them within a factor of two (:func:`~bourse.domain.forecast_starts.within_2x_point`).
+    Else None when that chance does not reach one half within ``horizon_s``.
+
+    ``told``: false, the median of the waits if it starts, not the wait told
+    (for the quotes' margin, :attr:`~bourse.domain.forecast_score.Score.margin`).
 
     ``gives_up_per_s``: each order ahead is still there at ``t`` with the chance
     ``exp(-gives_up_per_s * t)`` (clients that give up before their timeout,
@@ -420,6 +427,8 @@ def wait_s(
     best = 0.0
     seen: list[tuple[float, float]] = []  # (t, chance it started by t)
     half = -1.0  # the median wait, once walked to
+    frees_at_most = 2.0 * pace * horizon_s + len(heap) + 2  # in the walk, with runs shorter than the mean
+    starts = Starts(above_per_s, int(min(frees_at_most, MAX_EVENTS))) if if_started else None
     for _ in range(MAX_EVENTS):
         t, floor, run = heapq.heappop(heap)
         if t > horizon_s:
@@ -439,10 +448,11 @@ def wait_s(
             continue
         spare += unit
         room = math.floor(spare + 0.5 + 1e-9) - 1  # arrivals above it may have had by now
-        if room < 0:
-            continue
         mean = above_per_s * t
-        best = max(best, poisson_cdf(room, mean))
+        chance = _chance(starts, best, room, mean, t, len(seen))
+        if chance is None:
+            continue
+        best = chance
         seen.append((t, best))
         half = (
             t if half < 0 <= best - 0.5 else half
@@ -455,40 +465,21 @@ def wait_s(
         return None
     target = 0.5 * best if if_started else 0.5
     median = next((t for t, p in seen if p >= target - 1e-12), None)
-    if not if_started or median is None:
+    if not if_started or median is None or not told:
         return median
     return within_2x_point(seen, median)
 
 
-def within_2x_point(seen: Sequence[tuple[float, float]], median: float, gain: float = WINDOW_GAIN) -> float:
-    """The wait to tell an order whose chance of having started by ``t`` is ``p`` for
-    each ``(t, p)`` of ``seen`` (its walk, times and chances ascending; the last chance
-    is its chance of starting at all): ``median``, unless another wait ``w`` catches
-    more of the waits it may have within a factor of two (``w / 2 <= wait <= 2 w``) by
-    ``gain`` or more of that chance; then the ``w`` that catches most (of those, the
-    nearest ``median``). Waits that fall in two far apart groups (started at the next
-    free, or only after the arrivals above have taken several) are told the likelier
-    group, not a median between them that neither is near. Only a ``w`` whose window
-    the walk has covered (``2 w`` at most its last time) is considered."""
-    ts = [t for t, _ in seen]
-    total = seen[-1][1]
-    last = ts[-1]
-    if total <= 1e-12 or median <= 0:
-        return median
-
-    def caught(w: float) -> float:
-        hi = bisect_right(ts, 2 * w + 1e-12) - 1
-        lo = bisect_left(ts, w / 2 - 1e-12) - 1
-        return (seen[hi][1] if hi >= 0 else 0.0) - (seen[lo][1] if lo >= 0 else 0.0)
-
-    base = caught(median)
-    ws = sorted({x for t in ts for x in (t / 2, t, 2 * t) if x > 0 and 2 * x <= last + 1e-9})
-    masses = [caught(w) for w in ws]
-    top = max(masses, default=base)
-    if top - base < gain * total:
-        return median
-    near = [w for w, m in zip(ws, masses, strict=True) if m >= top - NEAR_TOP * total]
-    return min(near, key=lambda w: abs(math.log(w / median)))
+def _chance(starts: Starts | None, best: float, room: int, mean: float, t: float, frees: int) -> float | None:
+    """The chance an order has started by ``t`` in the walk of :func:`wait_s`, ``room``
+    arrivals above a Poisson count of ``mean`` may have had by then (``frees``: the
+    frees walked so far): the bound (the best chance so far that no more arrived), or
+    (``starts``) its chance exactly. None: no new free for it."""
+    if room < 0:
+        return None
+    if starts is None:
+        return max(best, poisson_cdf(room, mean))
+    return starts.free(t) if room + 1 > frees else None
 
 
 def _walked(t: float, best: float, half: float, if_started: bool) -> bool:

@@ -42,9 +42,9 @@ class Score:
     window_s: float
     max_orders: int
     margin: float = 1.0
-    """The :data:`MARGIN_QUANTILE` quantile of the actual waits over the predicted ones
-    (at least 1, at most :data:`MARGIN_MAX`; 1 with fewer than :data:`MARGIN_MIN_ORDERS`
-    scored)."""
+    """The :data:`MARGIN_QUANTILE` quantile of the actual waits over the predicted
+    medians (at least 1, at most :data:`MARGIN_MAX`; 1 with fewer than
+    :data:`MARGIN_MIN_ORDERS` scored): a quote is a median too."""
 
     def doc(self) -> dict[str, object]:
         """The score as the market view and the quote show it."""
@@ -70,14 +70,17 @@ def within_2x(predicted: float | None, actual: float) -> bool:
 
 @dataclass(slots=True)
 class WaitScore:
-    """The recent (at, predicted, actual) of the orders admitted after waiting."""
+    """The recent (at, predicted, actual, median) of the orders admitted after waiting."""
 
     max_orders: int = SCORE_ORDERS
     window_s: float = SCORE_WINDOW_S
-    _seen: deque[tuple[float, float | None, float]] = field(default_factory=deque)
+    _seen: deque[tuple[float, float | None, float, float | None]] = field(default_factory=deque)
 
-    def add(self, now: float, predicted: float | None, actual: float) -> None:
-        self._seen.append((now, predicted, max(0.0, actual)))
+    def add(self, now: float, predicted: float | None, actual: float, median: float | None = None) -> None:
+        """An order admitted after waiting ``actual`` s, told ``predicted`` (None: no
+        wait) as it entered; ``median``: the median of the waits it was predicted to
+        have, where the wait told was another (for the margin; None: the wait told)."""
+        self._seen.append((now, predicted, max(0.0, actual), predicted if median is None else median))
         while len(self._seen) > self.max_orders:
             self._seen.popleft()
 
@@ -85,17 +88,17 @@ class WaitScore:
         seen = self._seen
         while seen and seen[0][0] < now - self.window_s:
             seen.popleft()
-        errors = [abs(p - a) for _, p, a in seen if p is not None]
-        hits = sum(1 for _, p, a in seen if within_2x(p, a))
+        errors = [abs(p - a) for _, p, a, _ in seen if p is not None]
+        hits = sum(1 for _, p, a, _ in seen if within_2x(p, a))
         n = len(seen)
         return Score(
             orders=n,
             median_abs_error_s=statistics.median(errors) if errors else None,
             within_2x=hits / n if n else None,
-            median_wait_s=statistics.median(a for _, _, a in seen) if n else None,
+            median_wait_s=statistics.median(a for _, _, a, _ in seen) if n else None,
             window_s=self.window_s,
             max_orders=self.max_orders,
-            margin=_margin([a / p for _, p, a in seen if p is not None and p >= SCORE_SLACK_S]),
+            margin=_margin([a / m for _, _, a, m in seen if m is not None and m >= SCORE_SLACK_S]),
         )
 
 

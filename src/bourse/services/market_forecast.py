@@ -84,6 +84,8 @@ class _Waiting:
     deadline: float | None
     cap: int | None
     predicted: float | None = None
+    median: float | None = None
+    """The median of the waits predicted as it rested, where it was told another."""
     scored: bool = False
     """Rested in the book at its entry: its wait is scored when it is admitted."""
     resting: bool = False
@@ -140,6 +142,7 @@ class Forecaster:
             self._ranked.add(w)
             w.resting = True
         w.predicted = self.predict(order, order.position_at_entry, now, state)
+        w.median = self.predict(order, order.position_at_entry, now, state, told=False)
         w.scored = True
         return w.predicted
 
@@ -153,7 +156,7 @@ class Forecaster:
             self._ranked.discard(w)
             w.resting = False
             if w.scored:
-                self.scores.add(now, w.predicted, now - w.entered)
+                self.scores.add(now, w.predicted, now - w.entered, w.median)
                 w.scored = False
         wall = time.time()
         self._running[order.id] = _Running(deployment, now, wall, w.cap)
@@ -214,12 +217,15 @@ class Forecaster:
 
     # -- predictions ---------------------------------------------------------------
 
-    def predict(self, order: Order, position: int, now: float, state: BookState) -> float | None:
+    def predict(
+        self, order: Order, position: int, now: float, state: BookState, *, told: bool = True
+    ) -> float | None:
         """The predicted wait of ``order``, waiting with ``position`` orders ahead: the
-        median of the waits it may have if it starts before its timeout
-        (:func:`~bourse.domain.forecast.wait_s` with ``if_started``); when it has almost
-        no chance to (more arrive above it than the slots take), its wait in a lull of
-        the arrivals above (none arriving), the only way it can start."""
+        wait told from the waits it may have if it starts before its timeout
+        (:func:`~bourse.domain.forecast.wait_s` with ``if_started``; ``told`` false:
+        their median); when it has almost no chance to (more arrive above it than the
+        slots take), its wait in a lull of the arrivals above (none arriving), the only
+        way it can start."""
         if position < 0:
             return None
         w = self._waiting.get(order.id)
@@ -229,7 +235,9 @@ class Forecaster:
             known = self._known_at(order.bid, now, exclude=order)
         horizon = HORIZON_S if w is None or w.deadline is None else max(0.0, w.deadline - now)
         state = _resting(state, order.bid)
-        wait = self._wait(order.bid, position, known, now, state, horizon, if_started=w is not None)
+        wait = self._wait(
+            order.bid, position, known, now, state, horizon, if_started=w is not None, told=told
+        )
         if wait is not None or w is None:
             return wait
         return self._wait(order.bid, position, known, now, state, HORIZON_S, above=0.0)
@@ -274,6 +282,7 @@ class Forecaster:
         above: float = 1.0,
         if_started: bool = False,
         steady: bool = False,
+        told: bool = True,
     ) -> float | None:
         if position <= 0 and any(d.usable and d.floor <= bid and d.busy < d.slots for d in state.deployments):
             return 0.0  # a slot is free for it
@@ -284,7 +293,14 @@ class Forecaster:
         scale = 1.0 if state.view is None else self._scale(state.view)
         rate = self.arrivals.rate_above(bid, now, scale, steady=steady) * above
         return wait_s(
-            bid, slots, ahead, rate, horizon, if_started=if_started, gives_up_per_s=self.give_ups.per_s()
+            bid,
+            slots,
+            ahead,
+            rate,
+            horizon,
+            if_started=if_started,
+            gives_up_per_s=self.give_ups.per_s(),
+            told=told,
         )
 
     def _ahead(

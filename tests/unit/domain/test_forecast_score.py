@@ -58,3 +58,21 @@ def test_the_margin_is_how_much_longer_than_predicted_the_waits_were() -> None:
         early.add(0.0, 2.0, 1.0)  # shorter than predicted: no margin under 1
         early.add(0.0, 0.0, 0.01)  # predictions of no wait are not ratios
     assert early.score(0.0).margin == 1.0
+
+
+def test_the_margin_is_of_the_waits_over_their_predicted_medians() -> None:
+    """Issue 38: a quote is a median wait, stretched by the margin. An order resting
+    in the book may be told another wait than its median (one between two likely
+    starts, later than the median: :func:`~bourse.domain.forecast_starts.within_2x_point`);
+    the margin is how much longer than their medians the waits were, else quotes
+    would be stretched less the better the waits told catch."""
+    s = WaitScore()
+    for _ in range(20):
+        s.add(0.0, 3.0, 3.0, median=2.0)
+    score = s.score(0.0)
+    assert score.margin == pytest.approx(1.5)
+    assert score.within_2x == 1.0 and score.median_abs_error_s == 0.0  # scored as told
+    told_only = WaitScore()
+    for _ in range(20):
+        told_only.add(0.0, 2.0, 3.0)  # no median given: the wait told is the median
+    assert told_only.score(0.0).margin == pytest.approx(1.5)
