@@ -1088,6 +1088,12 @@ def write_results(
     for row in targets_table(res):
         add("| " + " | ".join(row) + " |")
     add("")
+    add(
+        "Where a request's CPU goes (the profile behind the missed CPU rows: by thread and library, "
+        "instructions at c=1 and c=64, the interpreter's share by package): docs/design.md, "
+        '"Where a request\'s CPU goes".'
+    )
+    add("")
     add("Logs of this run: `bench/.work/logs/` (not committed).")
     path.write_text("\n".join(L) + "\n")
 
