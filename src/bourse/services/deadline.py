@@ -15,12 +15,15 @@ low bid waits it out to be admitted as the book clears, at a low price; if it is
 the reserve is its margin), and while it waits :func:`raise_bids` prices it again every
 tick (:func:`tick_s`) the same way for the time left (:func:`price`), each new bid a
 raise of the last (:func:`next_bid`: never lower, never above the ceiling). In its
-reserve it bids the lowest price predicted, as the book is now, to start within half
-(1/:data:`RESERVE`) the time left (the ceiling if none is), and in the last stretch the
-ceiling itself. So an order bids low while the book is predicted to clear in time (and
-is admitted at that bid if a slot comes to it: it pays at most its bid), and in the time
-a fixed order would need, what starts it about as soon as the ceiling would: it pays the
-best bid it beat, and a bid at the ceiling beats every one under it. Each raise re-ranks
+reserve (and the last stretch) it bids the ceiling itself, and it enters at the ceiling
+when its reserve is its whole deadline: it pays the second price, set by the others,
+never by its own bid, so it saves only by being admitted at a cheaper moment, a lull
+after a burst; where none is predicted before its deadline, a bid under the ceiling
+buys nothing (the bids between it and the ceiling go first, and it is admitted later,
+at the top of a book as busy or busier) and it behaves as a fixed order at its ceiling
+does. So an order bids low while the book is predicted to clear in time (and is
+admitted at that bid if a slot comes to it: it pays at most its bid), and in the time a
+fixed order would need, the ceiling. Each raise re-ranks
 the order at its new price with its arrival kept
 (:meth:`~bourse.ports.book.BookPort.rebid`). At the deadline the order has been admitted
 or ends, as any order at its timeout, with 408 ``book_timeout``. It pays the second
@@ -130,18 +133,13 @@ async def price(
     """The bid from now of an order bidding ``current`` (0: a new one) with ``left_s``
     to its deadline, raised only (:func:`next_bid`): before its reserve
     (:func:`reserve_s`), the lowest bid predicted to start before the reserve begins,
-    a burst waited out (``steady``); in it, the lowest predicted to start within
-    1/:data:`RESERVE` of the time left as the book is now (the waits stretched by the
-    score's margin; the ceiling when none is); the ceiling in the last stretch. A bid
-    under the ceiling that starts as soon pays less when orders bidding more wait: it
-    pays the best bid it beat, and the ceiling beats them all."""
+    a burst waited out (``steady``); in its reserve and its last stretch, the ceiling
+    (no quote asked): no cheaper moment is predicted before its deadline, and what it
+    pays (the second price) does not fall with its own bid."""
     reserve = await reserve_s(market, ceiling, stretch, tick)
-    if left_s <= stretch:
+    if left_s <= max(stretch, reserve):
         return ceiling
-    if left_s <= reserve:
-        proposed = await market.bid_for(left_s / RESERVE, ceiling, order)
-    else:
-        proposed = await market.bid_for(PATIENCE * (left_s - reserve), ceiling, order, steady=True)
+    proposed = await market.bid_for(PATIENCE * (left_s - reserve), ceiling, order, steady=True)
     return next_bid(current, proposed, left_s, stretch, ceiling)
 
 

@@ -240,22 +240,25 @@ async def test_a_deadline_order_is_raised_to_its_ceiling_when_its_reserve_begins
     assert deadline_s - reserve - tick <= raised_at <= deadline_s - reserve + 0.1
 
 
-async def test_in_its_reserve_a_deadline_order_bids_what_starts_it_in_half_the_time_left() -> None:
-    # the reserve is 2 x 1 s and a tick of its 5 s; as the book is now, the floor is
-    # predicted to start within 1.2 s: in the reserve it bids the floor while half the
-    # time left is that long, then the ceiling (none lower predicted in time), and the
-    # ceiling in the last stretch whatever is predicted
+async def test_in_its_reserve_a_deadline_order_bids_its_ceiling_as_its_control_would() -> None:
+    # the reserve is 2 x 1 s and a tick of its 5 s. Before it, it bids low (the steady
+    # quote); from its start, the ceiling, though a lower bid is predicted, as the book is
+    # now, to start within the time left: no lull is predicted before its deadline, so a
+    # lower bid buys no cheaper moment (it pays the second price, set by the others, not
+    # its own bid); it only lets the bids between it and the ceiling go first and be
+    # admitted at the top of a busier book. It behaves as a fixed order at its ceiling.
     deadline_s, ceiling = 5.0, 1.0
-    market = _Planned(wait_s=1.0, floor_now_s=1.2)
+    market = _Planned(wait_s=1.0, floor_now_s=0.0)  # the floor: predicted to start at once
     tick = tick_s(deadline_s, market.policy.quiet_interval_s)
     stretch = last_stretch_s(deadline_s, tick)
     reserve = RESERVE * 1.0 + tick
+    assert reserve > stretch
     assert await price(market, None, 0.0, deadline_s, ceiling, tick, stretch) == FLOOR
     assert market.steady == [True]  # before the reserve: the burst waited out
-    assert await price(market, None, FLOOR, reserve, ceiling, tick, stretch) == FLOOR  # 2.5 s: 1.25 s
-    assert market.steady[-1] is False and market.asked[-1] == pytest.approx(reserve / RESERVE)
-    assert await price(market, None, FLOOR, 2.0, ceiling, tick, stretch) == ceiling  # 1 s: too short
-    assert (
-        await price(_Planned(wait_s=1.0, floor_now_s=0.0), None, FLOOR, stretch, ceiling, tick, stretch)
-        == ceiling
-    )
+    assert await price(market, None, FLOOR, reserve + 0.01, ceiling, tick, stretch) == FLOOR
+    asked = len(market.asked)
+    for left in (reserve, reserve / 2, stretch + 0.01, stretch):
+        assert await price(market, None, FLOOR, left, ceiling, tick, stretch) == ceiling
+    assert len(market.asked) == asked  # no quote asked in the reserve
+    # an order whose reserve is its whole deadline enters at its ceiling, not under it
+    assert await start_bid(_Planned(wait_s=3.0, floor_now_s=0.0), deadline_s, ceiling) == ceiling
