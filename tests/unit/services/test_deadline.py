@@ -153,16 +153,22 @@ async def test_a_deadline_order_with_a_free_slot_is_admitted_at_once_at_the_floo
 class _Planned:
     """A market whose predictions are given: the wait at the ceiling ``wait_s`` (at the
     arrivals' mean rate; ``now_s`` at the newest ones', the same unless given);
-    ``bid_for`` the floor for any time at the mean rate, and as the book is now for
-    ``floor_now_s`` or more (else the ceiling); its raises are recorded with their loop time."""
+    ``bid_for`` the floor for ``floor_steady_s`` or more at the mean rate (any time
+    unless given), and as the book is now for ``floor_now_s`` or more (else the
+    ceiling); its raises are recorded with their loop time."""
 
     def __init__(
-        self, wait_s: float | None, now_s: float | None = -1.0, floor_now_s: float = math.inf
+        self,
+        wait_s: float | None,
+        now_s: float | None = -1.0,
+        floor_now_s: float = math.inf,
+        floor_steady_s: float = 0.0,
     ) -> None:
         self.policy = resolve_policy("default", {})
         self.wait_s = wait_s
         self.now_s = wait_s if now_s == -1.0 else now_s
         self.floor_now_s = floor_now_s
+        self.floor_steady_s = floor_steady_s
         self.asked: list[float] = []
         self.steady: list[bool] = []
         self.raises: list[tuple[float, float]] = []
@@ -172,7 +178,9 @@ class _Planned:
     ) -> float:
         self.asked.append(within_s)
         self.steady.append(steady)
-        return FLOOR if steady or within_s >= self.floor_now_s else ceiling
+        if steady:
+            return FLOOR if within_s >= self.floor_steady_s else ceiling
+        return FLOOR if within_s >= self.floor_now_s else ceiling
 
     async def wait_at(self, bid: float, *, steady: bool = False) -> float | None:
         return self.wait_s if steady else self.now_s
@@ -240,22 +248,43 @@ async def test_a_deadline_order_is_raised_to_its_ceiling_when_its_reserve_begins
     assert deadline_s - reserve - tick <= raised_at <= deadline_s - reserve + 0.1
 
 
-async def test_in_its_reserve_a_deadline_order_bids_what_starts_it_in_half_the_time_left() -> None:
-    # the reserve is 2 x 1 s and a tick of its 5 s; as the book is now, the floor is
-    # predicted to start within 1.2 s: in the reserve it bids the floor while half the
-    # time left is that long, then the ceiling (none lower predicted in time), and the
-    # ceiling in the last stretch whatever is predicted
+async def test_in_its_reserve_a_deadline_order_bids_its_ceiling_as_its_control_would() -> None:
+    # the reserve is 2 x 1 s and a tick of its 5 s. Before it, it bids low (the steady
+    # quote); from its start, the ceiling, though a lower bid is predicted, as the book is
+    # now, to start within the time left: no lull is predicted before its deadline, so a
+    # lower bid buys no cheaper moment (it pays the second price, set by the others, not
+    # its own bid); it only lets the bids between it and the ceiling go first and be
+    # admitted at the top of a busier book. It behaves as a fixed order at its ceiling.
     deadline_s, ceiling = 5.0, 1.0
-    market = _Planned(wait_s=1.0, floor_now_s=1.2)
+    market = _Planned(wait_s=1.0, floor_now_s=0.0)  # the floor: predicted to start at once
     tick = tick_s(deadline_s, market.policy.quiet_interval_s)
     stretch = last_stretch_s(deadline_s, tick)
     reserve = RESERVE * 1.0 + tick
+    assert reserve > stretch
     assert await price(market, None, 0.0, deadline_s, ceiling, tick, stretch) == FLOOR
     assert market.steady == [True]  # before the reserve: the burst waited out
-    assert await price(market, None, FLOOR, reserve, ceiling, tick, stretch) == FLOOR  # 2.5 s: 1.25 s
-    assert market.steady[-1] is False and market.asked[-1] == pytest.approx(reserve / RESERVE)
-    assert await price(market, None, FLOOR, 2.0, ceiling, tick, stretch) == ceiling  # 1 s: too short
-    assert (
-        await price(_Planned(wait_s=1.0, floor_now_s=0.0), None, FLOOR, stretch, ceiling, tick, stretch)
-        == ceiling
-    )
+    assert await price(market, None, FLOOR, reserve + 0.01, ceiling, tick, stretch) == FLOOR
+    asked = len(market.asked)
+    for left in (reserve, reserve / 2, stretch + 0.01, stretch):
+        assert await price(market, None, FLOOR, left, ceiling, tick, stretch) == ceiling
+    assert len(market.asked) == asked  # no quote asked in the reserve
+    # an order whose reserve is its whole deadline enters at its ceiling, not under it
+    assert await start_bid(_Planned(wait_s=3.0, floor_now_s=0.0), deadline_s, ceiling) == ceiling
+
+
+async def test_before_its_reserve_a_deadline_order_bets_only_on_a_lull_the_market_predicts() -> None:
+    # 10 s to its deadline, 1 s predicted at the ceiling: its reserve is 1.5 x 1 s and
+    # a tick (1 s), 2.5 s; 7.5 s before it. It bids the floor when the floor is
+    # predicted (at the arrivals' mean rate) to start within those 7.5 s, and its
+    # ceiling when it is predicted to need 9 s: a bet on a wait longer than predicted
+    # ends, more often than not, raised to the ceiling at the top of a busy book, paying
+    # more than a fixed bid at the ceiling would have
+    deadline_s, ceiling = 10.0, 2.0
+    tick = tick_s(deadline_s, resolve_policy("default", {}).quiet_interval_s)
+    assert tick == pytest.approx(1.0)
+    assert reserve_of(1.0, 1.0, last_stretch_s(deadline_s, tick), tick) == pytest.approx(2.5)
+    market = _Planned(wait_s=1.0, floor_steady_s=7.0)
+    assert await start_bid(market, deadline_s, ceiling) == FLOOR
+    assert market.asked == [pytest.approx(7.5)] and market.steady == [True]
+    market = _Planned(wait_s=1.0, floor_steady_s=9.0)
+    assert await start_bid(market, deadline_s, ceiling) == ceiling
