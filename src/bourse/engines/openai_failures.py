@@ -137,7 +137,7 @@ class UpstreamFailures:
         except orjson.JSONDecodeError:
             parsed = content.decode("utf-8", "replace").strip()
         message, code, error_type = _error_details(parsed)
-        if status in _CONFIG_STATUSES:
+        if status in _CONFIG_STATUSES or 300 <= status <= 399:
             return self.config_failure(status, message)
         if answer and status in _FAILED_ANSWER_STATUSES:
             detail = f": {message}" if message else ""
@@ -171,7 +171,7 @@ class UpstreamFailures:
 
     def config_failure(self, status: int, message: str) -> EngineFailure:
         """A 404 from the generation route (a wrong ``base_url``, a model the upstream does
-        not serve) or refused credentials: the deployment is set up wrong. It is marked
+        not serve), a redirect (not followed) or refused credentials: the deployment is set up wrong. It is marked
         unavailable until a probe passes; the failure is transient (another deployment may
         serve the request) and not counted by the breaker (the deployment is unavailable)."""
         detail = f": {message}" if message else ""
@@ -179,6 +179,11 @@ class UpstreamFailures:
             reason = (
                 f"the upstream answered HTTP 404 to a generation request{detail}; check base_url "
                 "(it usually ends in /v1), api and model"
+            )
+        elif 300 <= status <= 399:
+            reason = (
+                f"the upstream answered a redirect (HTTP {status}) to a generation request; bourse does "
+                "not follow redirects: set base_url to the address it redirects to"
             )
         else:
             reason = f"the upstream refused bourse's credentials (HTTP {status}{detail}); check api_key_env"

@@ -131,8 +131,12 @@ class UpstreamClient:
             key = ClientRequest(method, url.origin(), loop=asyncio.get_running_loop(), trust_env=False)
             self._keys[origin] = key
         host = f"host: {key.headers['Host']}\r\n"
-        auth = key.headers.get("Authorization")  # credentials in the URL, as aiohttp sends them
-        extra = f"authorization: {auth}\r\n" if auth and "authorization:" not in self._fixed.lower() else ""
+        # credentials in the URL (the key's origin has none), as ClientSession sent them;
+        # the client's own authorization (an api_key) wins
+        auth = aiohttp.BasicAuth.from_url(url)
+        extra = ""
+        if auth is not None and "authorization:" not in self._fixed.lower():
+            extra = f"authorization: {_value(auth.encode())}\r\n"
         return Target(method, url, key, (host + extra + self._fixed).encode())
 
     async def request(

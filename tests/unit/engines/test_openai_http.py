@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import asyncio
 import contextlib
 import socket
@@ -952,3 +953,52 @@ async def test_cancelling_a_non_streamed_answer_closes_the_upstream(upstream: st
             assert (await _wait_cancelled(probe))["cancelled"] == 1
         finally:
             await engine.aclose()
+
+
+async def test_credentials_in_the_base_url_are_sent_as_basic_auth() -> None:
+    """``http://user:pw@host/v1`` with no api_key: the upstream gets ``Authorization: Basic``,
+    as aiohttp's ClientSession sent it (a deployment behind a basic-auth proxy)."""
+    seen: list[Seen] = []
+    server = RawTestServer(_answer(200, _sse(_chunk("hi", "stop")), seen), host="127.0.0.1")
+    await server.start_server()
+    url = server.make_url("/v1").with_user("ops").with_password("p:ss w")
+    engine = OpenAIHTTPEngine(str(url), "internal-model", None)
+    try:
+        await _collect(engine, _request(CHAT))
+    finally:
+        await engine.aclose()
+        await server.close()
+    assert seen[0].headers["authorization"] == "Basic " + base64.b64encode(b"ops:p:ss w").decode()
+    assert seen[0].path == "/v1/chat/completions"
+
+
+async def test_an_api_key_wins_over_credentials_in_the_base_url() -> None:
+    seen: list[Seen] = []
+    server = RawTestServer(_answer(200, _sse(_chunk("hi", "stop")), seen), host="127.0.0.1")
+    await server.start_server()
+    url = server.make_url("/v1").with_user("ops").with_password("pw")
+    engine = OpenAIHTTPEngine(str(url), "internal-model", SECRET)
+    try:
+        await _collect(engine, _request(CHAT))
+    finally:
+        await engine.aclose()
+        await server.close()
+    assert seen[0].headers["authorization"] == f"Bearer {SECRET}"
+
+
+@pytest.mark.parametrize("status", [301, 307, 308])
+async def test_a_redirect_is_not_followed_and_says_base_url_is_wrong(status: int) -> None:
+    """bourse does not follow an upstream's redirect (a POST's body would be dropped or sent
+    to another host): the deployment is set up wrong, and the failure says so."""
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        await request.read()
+        return web.Response(status=status, headers={"location": "http://127.0.0.1:9/v1/chat/completions"})
+
+    async with _fake(handler) as engine:
+        with pytest.raises(EngineFailure) as info:
+            await _collect(engine, _request(CHAT))
+    failure = info.value
+    assert (failure.transient, failure.kind, failure.status) == (True, "config", 503)
+    assert f"HTTP {status}" in failure.message and "redirect" in failure.message
+    assert "base_url" in failure.message
