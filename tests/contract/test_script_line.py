@@ -27,6 +27,12 @@ redis.call('RPUSH', KEYS[1], ARGV[1])
 return {ARGV[1], 7, {'x'}}
 """
 
+BIN = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+if ARGV[1] == 'bin' then return '\\255\\254' end
+return ARGV[1]
+"""
+
 SLOW = """
 local n = 0
 for i = 1, 4000000 do n = n + 1 end
@@ -164,3 +170,43 @@ async def test_a_kept_head_is_packed_once_a_new_one_is_used(
     assert len(line._prefixes) == 1
     assert (await line.call("ECHO", keys, ["z"], ["h2"]))[0] == "h2"  # a new head, never a stale one
     assert await r.lrange(key, 0, -1) == ["h1", "h1", "h2"]
+
+
+async def test_an_answer_not_utf8_fails_its_own_call_only_and_runs_nothing_twice(
+    rig: tuple[aioredis.Redis, ScriptLine, str],
+) -> None:
+    """hiredis reads the answer, then cannot decode it: its caller gets a ResponseError,
+    the connection stays (the others' answers in the same read are theirs), and no call
+    is made again (a connection failure would have re-run every call on it)."""
+    r, line, key = rig
+    line._scripts["BIN"] = r.register_script(BIN)
+    await r.script_load(BIN)
+    got = await asyncio.gather(*(line.call("BIN", [key], [w]) for w in ["a", "bin", "c"]),
+                               return_exceptions=True)  # fmt: skip
+    assert got[0] == "a" and got[2] == "c", got
+    assert isinstance(got[1], ResponseError) and "UTF-8" in str(got[1]), got
+    assert await r.lrange(key, 0, -1) == ["a", "bin", "c"]  # each ran once
+    assert line.connections == 1 and line._conn is not None and not line._conn.closed
+
+
+async def test_a_closed_line_opens_no_connection(rig: tuple[aioredis.Redis, ScriptLine, str]) -> None:
+    """A call after ``aclose`` (a background task late at shutdown) fails at once, without a
+    new connection nobody would close."""
+    _, line, key = rig
+    await line.call("ECHO", [key], ["before"])
+    await line.aclose()
+    with pytest.raises(RedisConnectionError, match="closed"):
+        await line.call("ECHO", [key], ["after"])
+    assert line.connections == 1 and line._conn is None
+
+
+def test_the_retries_wait_as_redis_py_did() -> None:
+    """The hub's redis-py client retried a failed connection 3 times, 40, 80 and 160 ms
+    apart (``Retry(ExponentialBackoff(cap=0.5, base=0.02), 3)``): the line gives a restart
+    as long."""
+    from bourse.coordination import script_line
+
+    waits = [
+        min(script_line.BACKOFF_CAP_S, script_line.BACKOFF_S * 2**i) for i in range(script_line.ATTEMPTS - 1)
+    ]
+    assert waits == [0.04, 0.08, 0.16]

@@ -14,8 +14,11 @@ A caller that stops waiting (cancelled) leaves its call sent; its answer is drop
 Failures, as the redis-py client of :class:`~bourse.coordination.redis_hub.RedisHub`
 had them: a connection that fails (Redis restarted) fails the calls on it with
 :class:`redis.exceptions.ConnectionError`, and a call that fails so (or that finds Redis
-still loading its data after a restart) is made again on
-a new connection (three attempts in all, with a short back-off); a call without an
+still loading its data after a restart) is made again on a new connection (four
+attempts in all, 40, 80 and 160 ms apart, as the hub's redis-py client retried); a
+call after :meth:`ScriptLine.aclose` fails at once. An answer hiredis cannot decode
+as UTF-8 fails its own call only (a :class:`redis.exceptions.ResponseError`), not the
+connection, so nothing sent with it is made again. A call without an
 answer within ``timeout_s`` fails with :class:`redis.exceptions.TimeoutError` (not
 made again: it may have run) and the connection is dropped, so a half-dead one does
 not outlive it. A script Redis does not know (a restart emptied its cache) is loaded
@@ -37,10 +40,13 @@ from redis.exceptions import BusyLoadingError, NoScriptError, RedisError, Respon
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-ATTEMPTS = 3
-"""A call that finds its connection failed is made this many times at most."""
-BACKOFF_S = 0.02
-"""The wait before the second attempt (doubled before each next one)."""
+ATTEMPTS = 4
+"""A call that finds its connection failed is made this many times at most (redis-py's
+``Retry(ExponentialBackoff(cap=0.5, base=0.02), 3)`` of the hub's client: 3 retries)."""
+BACKOFF_S = 0.04
+"""The wait before the second attempt (doubled before each next one: 40, 80, 160 ms)."""
+BACKOFF_CAP_S = 0.5
+"""No wait between attempts is longer."""
 
 
 def usable(url: str) -> bool:
@@ -149,11 +155,17 @@ class _Connection(asyncio.Protocol):
         reader.feed(data)
         waiting = self._waiting
         while True:
+            bad: RedisError | None = None
             try:
                 reply = reader.gets()
             except hiredis.ProtocolError as exc:
                 self._fail(RedisConnectionError(f"Redis protocol error: {exc}"))
                 return
+            except UnicodeDecodeError as exc:  # read, not decoded: only its caller fails
+                reply, bad = (
+                    None,
+                    ResponseError(f"an answer from Redis that is not UTF-8 text ({exc.reason})"),
+                )
             if reply is False:
                 return
             if not waiting:  # an answer nobody asked for: the stream is out of step
@@ -162,7 +174,9 @@ class _Connection(asyncio.Protocol):
             fut = waiting.popleft()[0]
             if fut.done():  # its caller stopped waiting
                 continue
-            if isinstance(reply, hiredis.ReplyError):
+            if bad is not None:
+                fut.set_exception(bad)
+            elif isinstance(reply, hiredis.ReplyError):
                 fut.set_exception(_error(reply))
             else:
                 fut.set_result(reply)
@@ -205,6 +219,8 @@ class ScriptLine:
         self._timeout_s = timeout_s
         self._conn: _Connection | None = None
         self._opening: asyncio.Task[_Connection] | None = None
+        self._closed = False
+        """Closed by :meth:`aclose`: a later call fails at once, opening nothing."""
         self.calls = 0
         self.connections = 0
 
@@ -240,16 +256,18 @@ class ScriptLine:
         for attempt in range(ATTEMPTS):
             conn = self._conn
             try:
+                if self._closed:
+                    raise RedisConnectionError("the script line is closed")
                 if conn is None or conn.closed:
                     conn = await self._connect()
                 return await conn.send(packed)
             except NoScriptError:
                 return await self._scripts[name](keys=list(keys), args=[*head, *args])
             except RedisConnectionError:
-                if attempt + 1 == ATTEMPTS:
+                if attempt + 1 == ATTEMPTS or self._closed:
                     raise
             await asyncio.sleep(wait)
-            wait *= 2
+            wait = min(BACKOFF_CAP_S, wait * 2)
         raise AssertionError("unreachable")
 
     async def _connect(self) -> _Connection:
@@ -257,7 +275,13 @@ class ScriptLine:
         if task is None:
             task = self._opening = asyncio.get_running_loop().create_task(self._open())
             task.add_done_callback(self._opened)
-        conn = await asyncio.shield(task)
+        try:
+            conn = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if task.cancelled() and self._closed and (me is None or not me.cancelling()):
+                raise RedisConnectionError("the script line is closed") from None  # not this caller's cancel
+            raise
         self._conn = conn
         return conn
 
@@ -303,6 +327,7 @@ class ScriptLine:
         return conn
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._opening is not None:
             self._opening.cancel()
         if self._conn is not None:
