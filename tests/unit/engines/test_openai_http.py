@@ -101,12 +101,21 @@ Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 @contextlib.asynccontextmanager
 async def _fake(
-    handler: Handler, *, api_key: str | None = SECRET, suffix: str = "/v1", **kwargs: Any
+    handler: Handler,
+    *,
+    api_key: str | None = SECRET,
+    suffix: str = "/v1",
+    user: tuple[str, str] | None = None,
+    **kwargs: Any,
 ) -> AsyncIterator[OpenAIHTTPEngine]:
-    """An engine pointed at ``handler`` served on a local socket (aiohttp's low-level server)."""
+    """An engine pointed at ``handler`` served on a local socket (aiohttp's low-level server);
+    ``user``: credentials put in the engine's base URL."""
     server = RawTestServer(handler, host="127.0.0.1")
     await server.start_server()
-    engine = OpenAIHTTPEngine(str(server.make_url(suffix)), "internal-model", api_key, **kwargs)
+    url = server.make_url(suffix)
+    if user is not None:
+        url = url.with_user(user[0]).with_password(user[1])
+    engine = OpenAIHTTPEngine(str(url), "internal-model", api_key, **kwargs)
     try:
         yield engine
     finally:
@@ -959,30 +968,18 @@ async def test_credentials_in_the_base_url_are_sent_as_basic_auth() -> None:
     """``http://user:pw@host/v1`` with no api_key: the upstream gets ``Authorization: Basic``,
     as aiohttp's ClientSession sent it (a deployment behind a basic-auth proxy)."""
     seen: list[Seen] = []
-    server = RawTestServer(_answer(200, _sse(_chunk("hi", "stop")), seen), host="127.0.0.1")
-    await server.start_server()
-    url = server.make_url("/v1").with_user("ops").with_password("p:ss w")
-    engine = OpenAIHTTPEngine(str(url), "internal-model", None)
-    try:
+    async with _fake(
+        _answer(200, _sse(_chunk("hi", "stop")), seen), api_key=None, user=("ops", "p:ss w")
+    ) as engine:
         await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
-        await server.close()
     assert seen[0].headers["authorization"] == "Basic " + base64.b64encode(b"ops:p:ss w").decode()
     assert seen[0].path == "/v1/chat/completions"
 
 
 async def test_an_api_key_wins_over_credentials_in_the_base_url() -> None:
     seen: list[Seen] = []
-    server = RawTestServer(_answer(200, _sse(_chunk("hi", "stop")), seen), host="127.0.0.1")
-    await server.start_server()
-    url = server.make_url("/v1").with_user("ops").with_password("pw")
-    engine = OpenAIHTTPEngine(str(url), "internal-model", SECRET)
-    try:
+    async with _fake(_answer(200, _sse(_chunk("hi", "stop")), seen), user=("ops", "pw")) as engine:
         await _collect(engine, _request(CHAT))
-    finally:
-        await engine.aclose()
-        await server.close()
     assert seen[0].headers["authorization"] == f"Bearer {SECRET}"
 
 
