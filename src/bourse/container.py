@@ -278,13 +278,32 @@ def sealing_problem(container: Container) -> str | None:
         finally:
             await probe.close()
 
-    try:
-        asyncio.run(check())
-    except SealingKeyMismatch as exc:
-        return str(exc)
-    except Exception as exc:  # the database went away since it was reached: one line, no traceback
-        return f"cannot check the webhook-secret key (BOURSE_SECRET_KEY) in the database: {type(exc).__name__}: {exc}"
+    for attempt in range(SEALING_ATTEMPTS):
+        try:
+            asyncio.run(check())
+        except SealingKeyMismatch as exc:
+            return str(exc)
+        except Exception as exc:  # the database went away since it was reached: one line, no traceback
+            # a name that did not resolve, or a connection refused, just after the database
+            # was reached (a container network's DNS at start): tried again, a second apart
+            if attempt + 1 < SEALING_ATTEMPTS and _transient(exc):
+                time.sleep(SEALING_RETRY_S)
+                continue
+            return f"cannot check the webhook-secret key (BOURSE_SECRET_KEY) in the database: {type(exc).__name__}: {exc}"
+        return None
     return None
+
+
+SEALING_ATTEMPTS = 5
+"""Checks of the sealing key before a replica gives up on a database it just reached."""
+SEALING_RETRY_S = 1.0
+
+
+def _transient(exc: Exception) -> bool:
+    """A connection that could not be made (psycopg's OperationalError), not a refusal."""
+    import psycopg
+
+    return isinstance(exc, psycopg.OperationalError)
 
 
 def instance_id(data_dir: Path) -> str:
