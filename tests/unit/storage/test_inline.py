@@ -105,7 +105,7 @@ async def test_a_file_locked_by_another_connection_is_waited_for_off_the_loop(tm
 
 async def test_the_gate_admits_one_a_turn_and_closes_after_a_slow_one() -> None:
     loop = asyncio.get_running_loop()
-    gate = InlineGate(per_turn=1, slow_s=0.005, backoff_s=0.05, load_s=0.0)
+    gate = InlineGate(per_turn=1, slow_s=0.005, slow_runs=1, backoff_s=0.05, load_s=0.0)
     assert gate.admit(loop)
     assert not gate.admit(loop)  # the same turn
     await asyncio.sleep(0)
@@ -114,6 +114,27 @@ async def test_the_gate_admits_one_a_turn_and_closes_after_a_slow_one() -> None:
     await asyncio.sleep(0)
     assert gate.admit(loop)
     gate.ran(0.006)  # slow: closed for backoff_s
+    await asyncio.sleep(0)
+    assert not gate.admit(loop)
+    await asyncio.sleep(0.06)
+    assert gate.admit(loop)
+
+
+async def test_one_slow_write_alone_leaves_the_gate_open_two_in_a_row_close_it() -> None:
+    """A write slowed once (the loop's thread preempted on a busy machine) is not a slow
+    disk: by default the gate closes after two slow ones in a row, and a fast one between
+    them starts the count again."""
+    loop = asyncio.get_running_loop()
+    gate = InlineGate(per_turn=1, backoff_s=0.05, load_s=0.0)
+    for seconds in (0.006, 0.001, 0.006, 0.001):  # never two slow in a row
+        assert gate.admit(loop)
+        gate.ran(seconds)
+        await asyncio.sleep(0)
+    assert gate.admit(loop)
+    gate.ran(0.006)
+    await asyncio.sleep(0)
+    assert gate.admit(loop)
+    gate.ran(0.006)  # the second in a row: closed for backoff_s
     await asyncio.sleep(0)
     assert not gate.admit(loop)
     await asyncio.sleep(0.06)
