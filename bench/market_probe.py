@@ -128,9 +128,11 @@ def probe(d: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
         o["_last"] = xm.get("bid") or o["bid"]
     hits, errors, waits, odds, oracle_hits, oracle_errors = 0, [], [], [], 0, []
     oracled = 0
+    each: list[tuple[int, bool, bool, float]] = []
     for row in rows:
         actual, told = row["actual"], row["predicted"]
-        hits += within_2x(told, actual)
+        hit = within_2x(told, actual)
+        hits += hit
         waits.append(actual)
         if told is not None:
             errors.append(abs(told - actual))
@@ -139,7 +141,8 @@ def probe(d: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
         call = row["calls"][0]
         w, seen = _walk(call)
         p = _odds(w, seen)
-        odds.append(float(within_2x(told, actual)) if p is None else p)
+        odds.append(float(hit) if p is None else p)
+        each.append((row["position"], hit, told is not None and told < actual, odds[-1]))
         o = by_id.get(row["id"])
         if o is None or o["_start"] is None:
             continue
@@ -174,7 +177,33 @@ def probe(d: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
         "model_odds": statistics.fmean(odds) if odds else math.nan,
         "oracle_within_2x": oracle_hits / oracled if oracled else math.nan,
         "oracle_median_error_s": statistics.median(oracle_errors) if oracle_errors else math.nan,
+        "orders": each,
     }
+
+
+POSITIONS = ((0, 0), (1, 2), (3, 9), (10, 1 << 30))
+"""The buckets of the orders' positions at entry in the table by position."""
+
+
+def by_position(each: list[tuple[int, bool, bool, float]]) -> list[str]:
+    """The orders of all runs by their position at entry: scored, within 2x, the model's
+    odds, and the misses told too short (waited over twice as long) and too long."""
+    out = [
+        "| position at entry | scored | within 2x | model's odds | missed: waited longer | shorter |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for lo, hi in POSITIONS:
+        rows = [e for e in each if lo <= e[0] <= hi]
+        if not rows:
+            continue
+        n = len(rows)
+        hits = sum(1 for e in rows if e[1])
+        longer = sum(1 for e in rows if not e[1] and e[2])
+        name = f"{lo}" if lo == hi else f"{lo}+" if hi >= 1 << 30 else f"{lo}-{hi}"
+        out.append(
+            f"| {name} | {n} | {hits / n:.1%} | {statistics.fmean(e[3] for e in rows):.1%} | {longer} | {n - hits - longer} |"
+        )
+    return out
 
 
 def main() -> None:
@@ -190,15 +219,19 @@ def main() -> None:
         "| oracle: within 2x, median error s |"
     )
     print("|---|---:|---:|---:|---:|---:|")
+    each: list[tuple[int, bool, bool, float]] = []
     for path, (d, rows) in runs.items():
         if not rows:
             continue
         r = probe(d, rows)
+        each += r["orders"]
         print(
             f"| {path} | {r['scored']} | {r['within_2x']:.1%} | {r['median_error_s']:.2f} / {r['median_wait_s']:.2f} "
             f"({r['median_error_s'] / r['median_wait_s']:.0%}) | {r['model_odds']:.1%} "
             f"| {r['oracle_within_2x']:.1%}, {r['oracle_median_error_s']:.2f} |"
         )
+    print()
+    print("\n".join(by_position(each)))
 
 
 if __name__ == "__main__":
