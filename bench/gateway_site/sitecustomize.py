@@ -13,6 +13,12 @@ any other Python process that sees this file does nothing.
   ``f_trace_opcodes``: ~50 times slower, exact), writes them as JSON
   (``[[file, first line, function, count], ...]``) to ``$BENCH_OPCODES_OUT.<k>`` and
   counts afresh.
+
+Not on a signal: ``BENCH_FORECAST_LOG`` (``python -m bench.market_probe``): each order
+whose wait the forecast scores (it rested in the book), as it is admitted, one JSON line
+appended to ``$BENCH_FORECAST_LOG.<pid>``: the wait told as it entered, the one it had,
+and what the prediction went by (the arguments of
+:func:`bourse.domain.forecast.wait_s`: slots, orders ahead, rate of arrivals above...).
 """
 
 import os
@@ -101,7 +107,63 @@ def _opcodes(prefix: str) -> None:
     sys.settrace(call)
 
 
+def _forecast_log(prefix: str) -> None:
+    import json
+    import math
+
+    from bourse.services import market_forecast as mf
+
+    path = f"{prefix}.{os.getpid()}"
+    calls: list[dict[str, object]] = []
+    entry: dict[str, dict[str, object]] = {}
+    wait_s, rested, admitted, gone = (
+        mf.wait_s,
+        mf.Forecaster.rested,
+        mf.Forecaster.admitted,
+        mf.Forecaster.gone,
+    )
+
+    def fin(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    def logged_wait_s(bid, slots, ahead, above_per_s=0.0, horizon_s=mf.HORIZON_S, **kw):  # type: ignore[no-untyped-def]
+        slots = list(slots)
+        calls.append({
+            "bid": bid, "slots": [[s.floor, s.at, s.run_s] for s in slots],
+            "ahead": [[a.bid, fin(a.leaves_in), a.weight, a.run_s] for a in ahead],
+            "above_per_s": above_per_s, "horizon_s": horizon_s, **kw,
+        })  # fmt: skip
+        return wait_s(bid, slots, ahead, above_per_s, horizon_s, **kw)
+
+    def logged_rested(self, order, now, state):  # type: ignore[no-untyped-def]
+        calls.clear()
+        out = rested(self, order, now, state)
+        entry[order.id] = {"id": order.id, "bid": order.bid, "position": order.position_at_entry,
+                           "rested": now, "shared": state.view is not None, "calls": list(calls)}  # fmt: skip
+        return out
+
+    def logged_admitted(self, order, deployment, now):  # type: ignore[no-untyped-def]
+        w = self._waiting.get(order.id)
+        e = entry.pop(order.id, None)
+        if w is not None and w.scored and e is not None:
+            e.update(entered=w.entered, predicted=w.predicted, median=w.median, actual=now - w.entered)
+            with open(path, "a") as f:
+                f.write(json.dumps(e) + "\n")
+        return admitted(self, order, deployment, now)
+
+    def logged_gone(self, order, now=None, *, gave_up=False):  # type: ignore[no-untyped-def]
+        entry.pop(order.id, None)
+        return gone(self, order, now, gave_up=gave_up)
+
+    mf.wait_s = logged_wait_s
+    mf.Forecaster.rested = logged_rested
+    mf.Forecaster.admitted = logged_admitted
+    mf.Forecaster.gone = logged_gone
+
+
 if _is_gateway():
+    if os.environ.get("BENCH_FORECAST_LOG"):
+        _forecast_log(os.environ["BENCH_FORECAST_LOG"])
     if os.environ.get("SOAK_TRACEMALLOC_DIR"):
         _tracemalloc(os.environ["SOAK_TRACEMALLOC_DIR"])
     elif os.environ.get("BENCH_CPROFILE_OUT"):
