@@ -39,7 +39,15 @@ class LocalBook:
         return self.submit_now(order)
 
     def submit_now(self, order: Order) -> asyncio.Future[Admission]:
-        fut: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Admission] = loop.create_future()
+        now = loop.time()
+        adm = self.book.admit_at_once(order, now)  # nothing waits and a slot is free
+        if adm is not None:
+            if order.requeues == 0:
+                order.position_at_entry = 0
+            self._admit(adm, fut, now)
+            return fut
         pos = self.book.add(order)  # BookFull propagates
         if order.requeues == 0:
             order.position_at_entry = pos
@@ -132,32 +140,37 @@ class LocalBook:
         while again:
             again = False
             for adm in self.book.dispatch(now):
-                fut = self._futures.pop(adm.order, None)
-                if fut is None or fut.done() or not adm.order.still_wanted():
-                    # the waiter is gone (cancelled at this instant, or its client left
-                    # unseen by the loop yet): the slot goes back, to the next order
-                    self.book.release(adm.deployment)
-                    if fut is not None and not fut.done():
-                        fut.set_exception(ClientGone(adm.order.id))
+                if not self._admit(adm, self._futures.pop(adm.order, None), now):
                     again = True
-                    continue
-                fut.set_result(adm)
-                self.admitted_total += 1
-                self.recent.append(
-                    Clear(
-                        time.time(),
-                        adm.price,
-                        adm.order.bid,
-                        adm.deployment,
-                        max(0.0, now - adm.order.arrived_at),
-                        adm.order.id,
-                        adm.order.requeues,
-                    )
-                )
         if self.book.waiting and self._wakeup is None:
             at = self.book.next_recovery(now)
             if at is not None:
                 self._wakeup = asyncio.get_running_loop().call_at(at + 0.001, self._on_wakeup)
+
+    def _admit(self, adm: Admission, fut: asyncio.Future[Admission] | None, now: float) -> bool:
+        """Give ``adm`` to its waiter; False if the waiter is gone (cancelled at this
+        instant, or its client left unseen by the loop yet): the slot goes back, to the
+        next order (the caller dispatches again)."""
+        order = adm.order
+        if fut is None or fut.done() or not order.still_wanted():
+            self.book.release(adm.deployment)
+            if fut is not None and not fut.done():
+                fut.set_exception(ClientGone(order.id))
+            return False
+        fut.set_result(adm)
+        self.admitted_total += 1
+        self.recent.append(
+            Clear(
+                time.time(),
+                adm.price,
+                order.bid,
+                adm.deployment,
+                max(0.0, now - order.arrived_at),
+                order.id,
+                order.requeues,
+            )
+        )
+        return True
 
     def _on_wakeup(self) -> None:
         self._wakeup = None

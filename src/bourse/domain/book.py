@@ -326,6 +326,20 @@ class ProductBook:
                 best, best_key = d, key
         return best
 
+    def admit_at_once(self, order: Order, now: float) -> Admission | None:
+        """``order``, arriving while no order waits, given a free slot without entering
+        the book: what :meth:`add` then :meth:`dispatch` would do (its price its bid or
+        the floor, none waiting behind it), without ranking it in the sorted list. None:
+        it cannot be placed now (or the book takes no order at all), :meth:`add` it."""
+        if self._orders or self.max_waiting <= 0:
+            return None
+        d = self._free_for(order, now)
+        if d is None:
+            return None
+        d.busy += 1
+        d.breaker.on_admit(now)
+        return Admission(order, d.name, min(order.bid, max(d.floor, 0.0)), self.level(now))
+
     def dispatch(self, now: float) -> list[Admission]:
         """Give free slots to the best eligible waiting orders."""
         out: list[Admission] = []

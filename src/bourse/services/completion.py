@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-from bourse.domain.errors import GatewayError, draining, invalid_request, model_not_found
+from bourse.domain.errors import GatewayError, draining, invalid_request, model_not_found, no_capacity
 from bourse.domain.ratelimit import retry_after_header
 from bourse.domain.values import immutable
 from bourse.ports.engine import Kind
@@ -177,17 +177,14 @@ class CompletionService:
         """503 if no deployment can run (``fail_fast``: or none before its cool-down
         ends); 400 if the prompt cannot fit the context."""
         market = ask.market
-        broken = market.broken_reason()
-        if broken is not None:
-            raise GatewayError(
-                503,
-                "no_capacity",
-                f"'{market.product}' cannot serve: {broken}",
-                headers={"retry-after": "30"},
-            )
-        cooling = market.cooling() if fail_fast else None
-        if cooling is not None:  # no deployment can be tried before its cool-down ends
-            raise cooling
+        if fail_fast:  # broken (its 503, as below) or every deployment cooling down: 503 now
+            cooling = market.cooling()
+            if cooling is not None:
+                raise cooling
+        else:
+            broken = market.broken_reason()
+            if broken is not None:
+                raise no_capacity(f"'{market.product}' cannot serve: {broken}", retry_after_s=30)
         param = "messages" if ask.kind == "chat" else "prompt"
         counter = market.token_counter()
         n = None if counter is None else await counter.count_prompt_tokens(ask.kind, ask.body)

@@ -406,7 +406,14 @@ class Market:
 
     def broken_reason(self) -> str | None:
         """Why no deployment of this product can run at all (e.g. its model failed to
-        load, or every one is unavailable: its probes fail)."""
+        load, or every one is unavailable: its probes fail). Read for every request: the
+        common answer, None, is found at the first deployment that can serve."""
+        engines = self.engines
+        for d in self._deployments:
+            if d.availability.reason is None:
+                engine = engines.get(d.name)
+                if engine is not None and engine.broken is None:  # not every engine is broken
+                    return None
         reasons = [e.broken for e in self.engines.values()]
         if reasons and all(reasons):
             return "; ".join(str(r) for r in reasons)

@@ -25,6 +25,7 @@ The run's settlement and its report are the host's
 from __future__ import annotations
 
 import asyncio
+from asyncio import Future
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -38,7 +39,7 @@ from bourse.ports.observer import NULL_SPAN, Observer, Span
 from bourse.services.billing import Closing, Quote
 from bourse.services.deadline import start_bid
 from bourse.services.market import Market
-from bourse.services.run_events import Finished, HandedBack, Queued, Requeued, RunEvent
+from bourse.services.run_events import Finished, HandedBack, Queued, Requeued, RunEvent, resolving
 from bourse.services.run_failures import (
     after_output,
     close_quietly,
@@ -497,10 +498,12 @@ class Run:
         return await self._settled("error", engine_error(m.policy, m.failure_after_requeues(failure.message)))
 
     async def _settled(self, outcome: Outcome, error: GatewayError | None) -> Finished:
-        self._finish(outcome, error)
-        fin = await self.settled()
-        assert fin is not None
-        return fin
+        if self._state.phase is not DONE:  # its settlement, a task of its own (see resolving)
+            out: Future[Finished] = asyncio.get_running_loop().create_future()
+            self._finish(outcome, error, out)
+            return await out
+        assert self._settlement is not None  # ended already (abandoned): its settlement
+        return await asyncio.shield(self._settlement)
 
     async def settled(self) -> Finished | None:
         """The run's settled end (waits for its settlement); None if it has not ended."""
@@ -518,7 +521,7 @@ class Run:
         if self._state.phase is DONE:
             return
         await self._halt()
-        self._finish("disconnected" if self.client_left else "canceled", None)
+        self._finish("disconnected" if self.client_left else "canceled", None, None)
 
     async def _halt(self) -> None:
         """Stop the engine; take a waiting order out of the book."""
@@ -551,8 +554,8 @@ class Run:
         self.span.end("handed_back")
         raise HandedBack(self.terms.request_id)
 
-    def _finish(self, outcome: Outcome, error: GatewayError | None) -> None:
-        """The run ends: give back the slot, start the settlement (its own task)."""
+    def _finish(self, outcome: Outcome, error: GatewayError | None, out: Future[Finished] | None) -> None:
+        """The run ends: give back the slot, start the settlement (its own task; ``out`` gets its end)."""
         if self._state.phase is DONE:
             return
         closing = closing_of(self.terms, self.meter, self._state.phase, self.order, self.cleared, outcome)
@@ -565,9 +568,8 @@ class Run:
         if self.admission is not None:
             self.terms.ask.market.release(self.admission)
             self.admission = None
-        self._settlement = host.spawn(
-            host.settle(closing, error, self.terms.grant, self.meter.generated, self)
-        )
+        settling = host.settle(closing, error, self.terms.grant, self.meter.generated, self)
+        self._settlement = host.spawn(settling if out is None else resolving(settling, out))
 
     def _unlink(self) -> None:
         """At the run's end, drop the order's way back to the run (its presence probe, a

@@ -37,7 +37,7 @@ def usage_values(usage: UsageRecord) -> tuple[Any, ...]:
     """The record's values in :data:`USAGE_COLUMNS` order (``record`` as compact JSON text)."""
     return (
         *_PLAIN_FIELDS(usage),
-        encode(dict(usage.record), usage.request_id, usage.product, usage.created_at),
+        encode(usage.record, usage.request_id, usage.product, usage.created_at),
     )
 
 

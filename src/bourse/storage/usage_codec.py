@@ -23,6 +23,7 @@ reports filter on it in SQL (``json_extract`` / ``->>``).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -51,8 +52,7 @@ _CODES = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _TO_CODE = dict(zip(NAMES, _CODES, strict=False))
 _FROM_CODE = {c: n for n, c in _TO_CODE.items()}
 assert len(NAMES) <= len(_CODES)
-_VALUE_CODE = {v: [1, i] for i, v in enumerate(VALUES)}
-_NESTED = (dict, list, str)
+_VALUE_INDEX = {v: i for i, v in enumerate(VALUES)}
 _HEAD = ("id", "object", "created", "model")
 OBJECT = "bourse.usage"
 
@@ -78,16 +78,27 @@ def _code(value: Any) -> Any:
     keys' codes then their values (``{"prompt_tokens": 11, "total_tokens": 19}`` is
     ``["57", 11, 19]``); any other with each key coded or escaped; a string of
     :data:`VALUES` as ``[1, i]``. A list is written with a 0 before its items, so that a
-    list read back is never taken for a dict or a coded string."""
+    list read back is never taken for a dict or a coded string. (On the commit thread,
+    once a request for each record: the known-keys case loops in line.)"""
     kind = type(value)
     if kind is dict:
         codes = _shape(tuple(value))
-        if codes is not None:
-            return [codes, *[_code(v) if type(v) in _NESTED else v for v in value.values()]]
-        return {_key(k): _code(v) for k, v in value.items()}
+        if codes is None:
+            return {_key(k): _code(v) for k, v in value.items()}
+        out: list[Any] = [codes]
+        for v in value.values():
+            kind = type(v)
+            if kind is str:
+                i = _VALUE_INDEX.get(v)
+                out.append(v if i is None else [1, i])
+            elif kind is dict or kind is list:
+                out.append(_code(v))
+            else:
+                out.append(v)  # a subclass too, as it is (its exact type is not one to code)
+        return out
     if kind is str:
-        coded = _VALUE_CODE.get(value)
-        return value if coded is None else list(coded)
+        i = _VALUE_INDEX.get(value)
+        return value if i is None else [1, i]
     if kind is list:
         return [0, *map(_code, value)]
     if isinstance(value, dict | list):  # a subclass: as its base
@@ -112,20 +123,23 @@ def _uncode(value: Any) -> Any:
     return value
 
 
-def _head_is_columns(doc: dict[str, Any], request_id: str, product: str, created_at: float) -> bool:
-    """Whether ``doc`` starts with exactly the head the columns rebuild."""
-    head = list(doc.items())[:4]
+def _head_is_columns(head: list[tuple[str, Any]], request_id: str, product: str, created_at: float) -> bool:
+    """Whether ``head`` (a document's first four items) is exactly the head the columns rebuild."""
     want = [("id", request_id), ("object", OBJECT), ("created", int(created_at)), ("model", product)]
     return head == want and type(head[2][1]) is int
 
 
-def encode(doc: dict[str, Any], request_id: str, product: str, created_at: float) -> str:
+def encode(doc: Mapping[str, Any], request_id: str, product: str, created_at: float) -> str:
     """The stored JSON text of a record with these columns (always an object: the
     reports read its ``key_id``)."""
-    dropped = _head_is_columns(doc, request_id, product, created_at)
+    items = list(doc.items())
+    dropped = _head_is_columns(items[: len(_HEAD)], request_id, product, created_at)
     out: dict[str, Any] = {MARK: int(dropped)}
-    for k, v in list(doc.items())[len(_HEAD) :] if dropped else doc.items():
-        out[_key(k)] = v if k == "key_id" and type(v) is str else _code(v)  # as the reports read it
+    for k, v in items[len(_HEAD) :] if dropped else items:
+        code = _TO_CODE.get(k)
+        if code is None:
+            code = "~" + k if _escaped(k) else k
+        out[code] = v if k == "key_id" and type(v) is str else _code(v)  # as the reports read it
     return orjson.dumps(out).decode()
 
 

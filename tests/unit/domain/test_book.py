@@ -289,6 +289,60 @@ def test_random_sequences_with_timeouts_and_requeues_keep_every_book_rule(
         run.check()
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([0.05, 0.1, 0.5, 2.0]), st.integers(0, 2)), max_size=8),
+    st.sampled_from([0.05, 0.1, 0.3, 0.5, 2.0]),
+    st.sampled_from([None, "cheap", "dear"]),
+    st.booleans(),
+)
+def test_admission_at_once_is_what_add_then_dispatch_gives(
+    before: list[tuple[float, int]], bid: float, avoid: str | None, cooling: bool
+) -> None:
+    """The admission of an order arriving at an empty book, without entering it, is the
+    one adding it and dispatching gives (slot, price, level, the deployments' state);
+    and none at all when an order waits."""
+    books = []
+    for _ in range(2):
+        b = book(("cheap", 0.1, 2), ("dear", 0.5, 1), ("far", 1.0, 1))
+        if cooling:
+            for _ in range(10):
+                b.report_failure("cheap", 0.0)
+        for i, (first, releases) in enumerate(before):  # slots taken and given back
+            o = order(b, f"b{i}", first)
+            b.add(o)
+            for taken in b.dispatch(0.0)[:releases]:
+                b.release(taken.deployment)
+        books.append(b)
+    at_once, added = books
+    o1, o2 = order(at_once, "x", bid), order(added, "x", bid)
+    o1.avoid = o2.avoid = avoid
+    waits = added.waiting > 0
+    adm = at_once.admit_at_once(o1, 1.0)
+    added.add(o2)
+    [*admitted] = added.dispatch(1.0)
+    if waits:
+        assert adm is None
+        return
+    if adm is None:
+        assert admitted == []
+        assert at_once.waiting == 0  # not in the book: the caller adds it
+        return
+    [other] = admitted
+    assert (adm.deployment, adm.price, adm.level) == (other.deployment, other.price, other.level)
+    assert [(d.busy, d.breaker.state) for d in at_once.deployments] == [
+        (d.busy, d.breaker.state) for d in added.deployments
+    ]
+    assert at_once.waiting == added.waiting == 0
+    at_once.check()
+
+
+def test_no_admission_at_once_while_an_order_waits() -> None:
+    b = book(("d", 0.5, 1))
+    b.add(order(b, "low", 0.1))  # below the floor: it waits
+    assert b.admit_at_once(order(b, "high", 1.0), 0.0) is None
+
+
 def test_expected_wait_is_the_time_of_the_admissions_ahead_at_the_recent_pace() -> None:
     assert expected_wait_s(0, 0, 0.0) is None  # no pace yet
     assert expected_wait_s(3, 1, 5.0) is None  # one admission is no pace
