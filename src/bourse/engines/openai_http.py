@@ -42,7 +42,7 @@ from bourse.domain.availability import Availability
 from bourse.engines import flavors
 from bourse.engines.openai_failures import UpstreamFailures
 from bourse.engines.openai_parse import CountingParse, ResponsesParse, StopParse, StreamParse, parse_answer
-from bourse.engines.upstream_http import Target, UpstreamClient, UpstreamResponse
+from bourse.engines.upstream_http import Target, UpstreamClient, UpstreamResponse, header_value
 from bourse.engines.upstream_tokens import TokenCounts
 from bourse.ports.engine import (
     Engine,
@@ -199,13 +199,13 @@ class OpenAIHTTPEngine(Engine):
         """Send ``body`` to the request kind's URL; ``json``: ask for a JSON answer, not a
         stream. The caller awaits the client's request itself (no coroutine of ours between:
         each of the request's suspensions would resume it)."""
-        headers = {
-            "accept": "application/json" if json else "text/event-stream",
-            "x-request-id": flavors.request_id_header(self._flavor, request.request_id),
-            "x-bourse-attempt": str(request.attempt),
-        }
+        # the header lines as bytes, made here at once (not a dict the client joins)
+        rid = header_value(flavors.request_id_header(self._flavor, request.request_id))
+        headers = b"accept: %s\r\nx-request-id: %s\r\nx-bourse-attempt: %d\r\n" % (
+            b"application/json" if json else b"text/event-stream", rid.encode(), request.attempt,
+        )  # fmt: skip
         if request.traceparent is not None:
-            headers["traceparent"] = request.traceparent
+            headers += b"traceparent: %s\r\n" % header_value(request.traceparent).encode()
         route = "responses" if self._api == "responses" else request.kind
         target = self._targets.get(route)
         if target is None:

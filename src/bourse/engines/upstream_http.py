@@ -37,7 +37,7 @@ from aiohttp.streams import StreamReader
 
 from bourse.engines.upstream_reads import lean
 
-__all__ = ["MalformedAnswer", "Target", "UpstreamClient", "UpstreamResponse"]
+__all__ = ["MalformedAnswer", "Target", "UpstreamClient", "UpstreamResponse", "header_value"]
 
 _READ_BUFSIZE = 2**16
 """As ``ClientSession``'s default: the body buffered before the socket's reads pause."""
@@ -104,7 +104,7 @@ class UpstreamClient:
         read_timeout_s: float,
         keepalive_timeout_s: float = 30.0,
     ) -> None:
-        self._fixed = "".join(f"{k}: {_value(v)}\r\n" for k, v in headers.items())
+        self._fixed = "".join(f"{k}: {header_value(v)}\r\n" for k, v in headers.items())
         self._max_connections = max_connections
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
         self._read_timeout_s = read_timeout_s
@@ -136,20 +136,23 @@ class UpstreamClient:
         auth = aiohttp.BasicAuth.from_url(url)
         extra = ""
         if auth is not None and "authorization:" not in self._fixed.lower():
-            extra = f"authorization: {_value(auth.encode())}\r\n"
+            extra = f"authorization: {header_value(auth.encode())}\r\n"
         return Target(method, url, key, (host + extra + self._fixed).encode())
 
     async def request(
-        self, target: Target, body: bytes | None = None, headers: dict[str, str] | None = None
+        self, target: Target, body: bytes | None = None, headers: dict[str, str] | bytes | None = None
     ) -> UpstreamResponse:
         """Send ``target`` with ``body`` and ``headers`` (besides the client's: none of them
-        may repeat one of the client's), and wait for the response head. Cancelled or failed,
+        may repeat one of the client's; or as header lines already, each value passed
+        through :func:`header_value`), and wait for the response head. Cancelled or failed,
         it closes the connection it took. A GET whose connection drops before its head is
         sent once more (as ``ClientSession`` does for idempotent methods: a kept-alive
         connection the upstream closed as it was taken)."""
         head = target.head
-        if headers:
-            head += "".join(f"{k}: {_value(v)}\r\n" for k, v in headers.items()).encode()
+        if isinstance(headers, bytes):
+            head += headers
+        elif headers:
+            head += "".join(f"{k}: {header_value(v)}\r\n" for k, v in headers.items()).encode()
         if body is not None:
             head += b"content-length: %d\r\n\r\n%b" % (len(body), body)
         else:
@@ -203,6 +206,6 @@ async def _head(connection: Connection, protocol: ResponseHandler) -> UpstreamRe
             return UpstreamResponse(connection, message.code, message.headers, payload)
 
 
-def _value(value: str) -> str:
+def header_value(value: str) -> str:
     """A header value with no line breaks or NULs (they would end the header early)."""
     return value.translate(_FORBIDDEN) if "\r" in value or "\n" in value or "\x00" in value else value

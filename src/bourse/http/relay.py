@@ -49,6 +49,7 @@ idempotency key) is the relay's, unchanged. A chat or legacy completion has none
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -85,6 +86,13 @@ OnDone = Callable[[int, dict[str, str], bytes | None], Awaitable[None]]
 
 def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     return [(k.encode(), v.encode()) for k, v in headers.items()]
+
+
+@functools.cache
+def _money_names(prefix: str) -> tuple[bytes, bytes, bytes]:
+    """The names of the quote, cost and latency headers under a policy's ``prefix``
+    (encoded once, not per response)."""
+    return (f"{prefix}quote-micros".encode(), f"{prefix}cost-micros".encode(), f"{prefix}latency-ms".encode())
 
 
 def _body(data: bytes) -> Message:
@@ -278,12 +286,14 @@ class RunResponse:
 
     def _money_headers(self, fin: Finished | None) -> list[tuple[bytes, bytes]]:
         terms = self.terms
-        prefix = self.policy.header_prefix
-        out = [(f"{prefix}quote-micros".encode(), str(terms.quote.micros).encode())]
+        quote, cost, latency = _money_names(self.policy.header_prefix)
+        out = [(quote, b"%d" % terms.quote.micros)]
         if fin is not None:
-            out.append((f"{prefix}cost-micros".encode(), str(fin.cost_micros).encode()))
-            out.append((f"{prefix}latency-ms".encode(), str(fin.receipt["latency_ms"]).encode()))
-        out.extend((k.encode(), v.encode()) for k, v in terms.grant.headers.items())
+            out.append((cost, b"%d" % fin.cost_micros))
+            out.append((latency, str(fin.receipt["latency_ms"]).encode()))
+        grant = terms.grant.headers
+        if grant:
+            out.extend((k.encode(), v.encode()) for k, v in grant.items())
         return out
 
     # -- client ---------------------------------------------------------------
