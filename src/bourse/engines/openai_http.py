@@ -215,7 +215,8 @@ class OpenAIHTTPEngine(Engine):
 
     async def _answer(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """One non-streamed upstream answer, as one chunk (``delta`` = the message) and its usage."""
-        body = {k: v for k, v in request.body.items() if k != "stream_options"}
+        body = dict(request.body)
+        body.pop("stream_options", None)
         body["model"] = self._model
         body["stream"] = False
         response, content = await self._connect(request, body, json=True)

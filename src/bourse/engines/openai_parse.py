@@ -342,39 +342,50 @@ def parse_answer(
         if doc.get("error") is not None or doc.get("object") == "error":
             raise failure_of(doc, False)
         usage = doc.pop("usage", None)
-        tokens = _answer_chunk(doc, chat) if doc.get("choices") else None
-        if tokens is not None:
-            check_choices(doc["choices"])
+        choices = doc.get("choices")
+        if choices:
+            _answer_chunk(doc, choices, chat)
+            check_choices(choices)
     except (orjson.JSONDecodeError, TypeError, AttributeError, KeyError):
         raise EngineFailure("upstream sent a malformed answer", transient=True, kind="malformed") from None
     usage_event = _usage_event(usage) if isinstance(usage, dict) else None
-    if tokens is None:
+    if not choices:
         return None, usage_event
     if usage_event is not None and usage_event.completion_tokens > 0:
         tokens = usage_event.completion_tokens
+    else:  # estimated only when the upstream does not say (its choices' types checked above)
+        tokens = _estimate(choices, chat)
     return ChunkEvent(doc, tokens), usage_event
 
 
-def _answer_chunk(doc: dict[str, Any], chat: bool) -> int:
-    """Turn a non-streamed answer into a stream chunk in place (each chat choice's
-    ``message`` becomes its ``delta``; tool calls get their ``index``); returns an
-    estimate of the completion tokens it carries (UTF-8 bytes / 4), for when the
-    upstream gives no usage."""
+def _answer_chunk(doc: dict[str, Any], choices: Any, chat: bool) -> None:
+    """Turn a non-streamed answer into a stream chunk in place: each chat choice's
+    ``message`` becomes its ``delta``; tool calls get their ``index``."""
+    if not chat:
+        return
+    doc["object"] = "chat.completion.chunk"
+    for choice in choices:
+        message = choice.pop("message", None) or {}
+        choice["delta"] = message
+        calls = message.get("tool_calls")
+        if calls:
+            for i, call in enumerate(calls):
+                call.setdefault("index", i)
+
+
+def _estimate(choices: list[dict[str, Any]], chat: bool) -> int:
+    """An estimate of the completion tokens an answer's (checked) choices carry: UTF-8
+    bytes / 4, for an upstream that gives no usage."""
     nbytes = 0
-    for choice in doc["choices"]:
+    for choice in choices:
         if chat:
-            doc["object"] = "chat.completion.chunk"
-            message = choice.pop("message", None) or {}
-            choice["delta"] = message
+            delta = choice["delta"]
             for key in ("content", "reasoning_content", "reasoning", "refusal"):
-                text = message.get(key)
+                text = delta.get(key)
                 if isinstance(text, str):
                     nbytes += len(text.encode())
-            calls = message.get("tool_calls")
-            if calls:
-                for i, call in enumerate(calls):
-                    call.setdefault("index", i)
-                    nbytes += len(str((call.get("function") or {}).get("arguments") or "").encode())
+            for call in delta.get("tool_calls") or ():
+                nbytes += len(str((call.get("function") or {}).get("arguments") or "").encode())
         else:
             text = choice.get("text")
             if isinstance(text, str):
