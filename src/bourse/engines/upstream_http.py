@@ -18,7 +18,8 @@ back to the pool (:meth:`UpstreamResponse.release`) unless the upstream asked to
 Its failures are aiohttp's (``ClientError`` and its ``ServerTimeoutError`` /
 ``ConnectionTimeoutError``), as ``ClientSession`` raises them; a malformed head is a
 :class:`MalformedAnswer`. It leans on aiohttp's internals (``TCPConnector.connect`` with
-a ``ClientRequest`` as the connection's key, ``ResponseHandler.set_response_params`` and
+a ``ClientRequest`` as the connection's key, and its ``_get`` of a pooled connection by
+that request's ``connection_key``; ``ResponseHandler.set_response_params`` and
 ``read``), so pyproject.toml caps aiohttp below its next minor release, and
 ``tests/unit/engines/test_upstream_http.py`` checks it over real sockets.
 """
@@ -52,12 +53,14 @@ class Target:
     """A method and a URL, as the request line, ``host`` and the client's fixed headers
     (made once: the engine's generation routes are built once per client)."""
 
-    __slots__ = ("head", "key", "method")
+    __slots__ = ("head", "key", "method", "pool_key")
 
     def __init__(self, method: str, url: yarl.URL, key: ClientRequest, fixed: bytes) -> None:
         self.method = method
         self.key = key
         """The connector's key for the connection (host, port, TLS): an unsent ``ClientRequest``."""
+        self.pool_key = key.connection_key
+        """Its pool's key (a property the connector would compute again for each request)."""
         path = url.raw_path_qs or "/"
         self.head = f"{method} {path} HTTP/1.1\r\n".encode() + fixed
 
@@ -167,8 +170,13 @@ class UpstreamClient:
         return await self._exchange(target, head)
 
     async def _exchange(self, target: Target, head: bytes) -> UpstreamResponse:
+        connector = self.connector
         try:
-            connection = await self.connector.connect(target.key, [], self._timeout)
+            # a kept-alive connection of the pool first (what connect() does first, without
+            # its key made again), else connect()'s wait for a slot and a new connection
+            connection = await connector._get(target.pool_key, []) or await connector.connect(
+                target.key, [], self._timeout
+            )
         except TimeoutError as exc:
             raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {target.key.url}") from exc
         try:
@@ -178,7 +186,7 @@ class UpstreamClient:
                 raise aiohttp.ServerDisconnectedError()
             protocol.set_response_params(
                 read_until_eof=True, read_timeout=self._read_timeout_s, read_bufsize=_READ_BUFSIZE,
-                timeout_ceil_threshold=self.connector._timeout_ceil_threshold,
+                timeout_ceil_threshold=connector._timeout_ceil_threshold,
             )  # fmt: skip
             transport.write(head)
             protocol.start_timeout()
