@@ -164,7 +164,9 @@ def why(h: History, hi: bool) -> list[dict[str, Any]]:
     most ``p*``), ``early`` (admitted before ``t*``, at a higher price), ``low`` (still
     waiting at ``t*`` with a bid under ``p*``: a cheap moment it was priced out of),
     ``passed`` (waiting at ``t*`` bidding ``p*`` or more, not admitted then: another order
-    of that bid ranked first), ``missed`` (never admitted)."""
+    of that bid ranked first; ``low or passed``: its bid then known only to be on either
+    side), ``missed`` (never admitted). Also where ``t*`` fell against its control's
+    admission (``after_control``)."""
     by_n = {o.n: o for o in h.orders}
     out = []
     for x in h.orders:
@@ -187,6 +189,8 @@ def why(h: History, hi: bool) -> list[dict[str, Any]]:
             kind = "early"
         elif market_deadline.hi(x, t) < p - 1e-9:
             kind = "low"
+        elif market_deadline.lo(x, t) < p - 1e-9:
+            kind = "low or passed"
         else:
             kind = "passed"
         out.append({
@@ -196,6 +200,9 @@ def why(h: History, hi: bool) -> list[dict[str, Any]]:
             "admit_share": None if x.start is None else (x.start - a) / x.timeout,
             "bid_at_t": (market_deadline.lo(x, t), market_deadline.hi(x, t)),
             "cleared_bid": (x.x_market or {}).get("bid") if x.start is not None else None,
+            "after_control": t > c.start + market.TOL_S,
+            "start_at_ceiling": start_bid is not None and float(start_bid) >= x.bid - 1e-9,
+            "before_control": x.start is not None and c.arrival <= x.start < c.start,
         })  # fmt: skip
     return out
 
@@ -204,10 +211,11 @@ def why_lines(recs: list[dict[str, Any]]) -> list[str]:
     """:func:`why` summed up by kind."""
     L = [
         "| what the deadline order did | pairs | ceiling | p* | t* (share of deadline) | deadline paid "
-        "| control paid | start bid | at ceiling from (share) | admitted at (share) | cleared at its ceiling |",
-        "|---|" + "---:|" * 10,
+        "| control paid | start bid (at ceiling) | at ceiling from (share) | admitted at (share) "
+        "| cleared at its ceiling | t* after control's admission |",
+        "|---|" + "---:|" * 11,
     ]
-    for kind in ("took", "early", "low", "passed", "missed"):
+    for kind in ("took", "early", "low", "low or passed", "passed", "missed"):
         rs = [r for r in recs if r["kind"] == kind]
         if not rs:
             continue
@@ -218,9 +226,16 @@ def why_lines(recs: list[dict[str, Any]]) -> list[str]:
         at_c = sum(1 for r in rs if r["cleared_bid"] is not None and r["cleared_bid"] >= r["ceiling"] - 1e-9)
         L.append(
             f"| {kind} | {len(rs)} | {_f(m('ceiling'))} | {_f(m('p'))} | {_f(m('t_share'))} | {_f(m('paid'))} "
-            f"| {_f(m('control_paid'))} | {_f(m('start_bid'))} | {_f(m('ceiling_share'))} "
-            f"| {_f(m('admit_share'))} | {at_c} |"
+            f"| {_f(m('control_paid'))} | {_f(m('start_bid'))} ({sum(r['start_at_ceiling'] for r in rs)}) "
+            f"| {_f(m('ceiling_share'))} | {_f(m('admit_share'))} | {at_c} | {sum(r['after_control'] for r in rs)} |"
         )
+    before = [r for r in recs if r["before_control"]]
+    L += [
+        "",
+        f"admitted while its control (same ceiling) still waited: {len(before)} of {len(recs)}; they paid "
+        f"{_f(_mean([r['paid'] for r in before]))} (ceiling {_f(_mean([r['ceiling'] for r in before]))}, "
+        f"their controls {_f(_mean([r['control_paid'] for r in before]))})",
+    ]
     return L
 
 
