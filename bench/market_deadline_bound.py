@@ -3,7 +3,8 @@ book's own history of a market bench run (``bench/market.py`` with
 ``BENCH_MARKET_DUMP=PREFIX``, which writes ``PREFIX-SEED.json``).
 
     BENCH_MARKET_DUMP=/tmp/m PYTHONPATH=src:. .venv/bin/python -m bench.market --runs 8 --seeds 2
-    PYTHONPATH=src:. .venv/bin/python -m bench.market_deadline_bound /tmp/m-23.json /tmp/m-1023.json [--slack 0.5]
+    PYTHONPATH=src:. .venv/bin/python -m bench.market_deadline_bound /tmp/m-23.json /tmp/m-1023.json \
+        [--slack 0.5] [--replay] [--why] [--ceilings] [--moments] [--hi] [--name NAME] [--json OUT]
 
 The target asks a deadline order (arrival ``a``, deadline ``d``, ceiling ``c``) to meet
 its deadline as often as its control (a fixed bid at ``c``, timeout ``d``) and to pay
@@ -43,7 +44,12 @@ apart. Per run (and over all files given, pooled), it reports:
 - with ``--slack S``, the same clairvoyant bound with the window cut at the control's
   own admission + S (a deadline order that must start no later than a fixed bid
   would, give or take S);
-- the share of slot-free moments over the run at which the price was the floor, and
+- with ``--replay``, simple causal bid schedules replayed on the same history (each
+  alone, its effect on the others ignored: :meth:`History.replay`): the floor until a
+  share of the deadline, then the ceiling (0: the control's own schedule, a check of
+  the replay against the controls' actual figures), and the deadline orders' own bids;
+- with ``--why``, what each deadline order did at its cheapest moment (:func:`why`);
+- with ``--moments``, the share of slot-free moments over the run at which the price was the floor, and
   the mean price at such moments, per decile of the run's time (is the second price
   stationary? then no timing can save much).
 """
@@ -111,6 +117,82 @@ class History:
             if p <= x.bid + 1e-9 and (best is None or p < best[0] - 1e-9):
                 best = (p, t)
         return best
+
+    def best_rank(self, t: float, x: market.Order, hi: bool) -> tuple[float, float]:
+        """(bid, arrival) of the order other than ``x`` (and its control, when
+        :attr:`solo`) first in the book at ``t``: the best bid, the earliest arrival among
+        its equals; (0, inf) when none waits."""
+        best = (0.0, float("inf"))
+        for o in self.orders:
+            if o is x or (self.solo and o.n == x.twin) or not (o.arrival <= t <= o.leave):
+                continue
+            b = market_deadline.hi(o, t) if hi else market_deadline.lo(o, t)
+            if b > best[0] + 1e-9 or (abs(b - best[0]) <= 1e-9 and o.arrival < best[1]):
+                best = (b, o.arrival)
+        return best
+
+    def replay(self, x: market.Order, a: float, d: float, hi: bool, switch: float | None) -> float | None:
+        """The price ``x`` would have paid bidding the floor until ``a + switch * (d - a)``
+        and its ceiling from then on (``switch`` None: the bids it was seen to have,
+        :func:`bench.market_deadline.lo`), admitted at the first slot-free moment of
+        [a, d] at which it ranks first (a better bid, or an equal one that arrived later),
+        paying max(floor, the best other bid); None: not admitted by ``d``. Its effect on
+        the others is ignored, as in :meth:`cheapest`."""
+        moments = self.ends[bisect.bisect_left(self.ends, a) : bisect.bisect_right(self.ends, d)]
+        moments += self.starts[bisect.bisect_left(self.starts, a) : bisect.bisect_right(self.starts, d)]
+        if self.running(a) < market.SLOTS:
+            moments.append(a)
+        for t in sorted(moments):
+            if switch is None:
+                bid = market_deadline.lo(x, t)
+            else:
+                bid = market.FLOOR if t < a + switch * (d - a) else float(x.bid)
+            other, since = self.best_rank(t, x, hi)
+            if bid > other + 1e-9 or (abs(bid - other) <= 1e-9 and a < since):
+                return max(market.FLOOR, other)
+        return None
+
+
+SWITCHES = (0.0, 0.25, 0.5, 0.75, 0.9)
+"""The shares of its deadline after which a replayed order (:meth:`History.replay`)
+leaves the floor for its ceiling."""
+
+
+def replays(hs: list[History], hi: bool) -> list[str]:
+    """Met share and mean price of simple bid schedules replayed on the histories
+    ``hs`` (pooled), against the controls' actual (0: the ceiling from the start, the
+    control's own schedule: a check of the replay), and of the deadline orders' own bids
+    replayed (a check too, against their actual outcome, in the table above)."""
+    L = [
+        "| schedule (replayed, control left out) | pairs | met | mean price (met) | pairs also control met "
+        "| replayed price | control price | saving |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for switch in (None, *SWITCHES):
+        n = 0
+        met: list[float] = []
+        both: list[tuple[float, float]] = []
+        for h in hs:
+            by_n = {o.n: o for o in h.orders}
+            for x in h.orders:
+                if x.role != "deadline" or x.twin not in by_n:
+                    continue
+                n += 1
+                p = h.replay(x, x.arrival, x.arrival + x.timeout, hi, switch)
+                c = _paid(by_n[x.twin])
+                if p is not None:
+                    met.append(p)
+                    if c is not None:
+                        both.append((p, c))
+        rp, cp = _mean([p for p, _ in both]), _mean([c for _, c in both])
+        name = (
+            "its own bids (lo)" if switch is None else f"floor, then ceiling from {switch:g} of the deadline"
+        )
+        L.append(
+            f"| {name} | {n} | {_p(len(met) / n if n else float('nan'))} | {_f(_mean(met))} "
+            f"| {len(both)} | {_f(rp)} | {_f(cp)} | {_p(1 - rp / cp if both else float('nan'))} |"
+        )
+    return L
 
 
 def load(path: Path) -> History:
@@ -342,73 +424,63 @@ def by_ceiling(s: dict[str, Any]) -> list[str]:
     return L
 
 
-def main() -> None:
+def _rows(name: str, others: str, recs: list[dict[str, Any]], slack: float | None) -> list[str]:
+    """The table's rows for ``recs``: all, and those whose deadline fell before the run's
+    last arrival."""
+    steady = [r for r in recs if not r["drain"]]
+    return [
+        row(name, others, summarize(recs, slack), slack),
+        row(f"{name} (deadline before last arrival)", others, summarize(steady, slack), slack),
+    ]
+
+
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dumps", nargs="+", type=Path, help="BENCH_MARKET_DUMP files (PREFIX-SEED.json)")
-    ap.add_argument("--name", default=None, help="the scenario's name in the table (default: the files')")
+    ap.add_argument("--name", default="pooled", help="the scenario's name in the pooled rows")
     ap.add_argument("--hi", action="store_true", help="a deadline order's bid at t: the most it can have had")
     ap.add_argument(
         "--slack", type=float, default=None, help="also cut the window at control's admission + S"
     )
     ap.add_argument("--moments", action="store_true", help="price at slot-free moments per tenth of each run")
-    ap.add_argument("--ceilings", action="store_true", help="the bound per ceiling too")
+    ap.add_argument("--ceilings", action="store_true", help="the pooled bound per ceiling too")
+    ap.add_argument("--replay", action="store_true", help="replay simple bid schedules on the history")
     ap.add_argument("--why", action="store_true", help="what each deadline order did at its cheapest moment")
     ap.add_argument("--json", type=Path, default=None, help="write the per-pair records here")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _args()
+    hs = [load(path) for path in args.dumps]
     pooled: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     per: dict[str, Any] = {}
-    print(HEAD)
-    print("|---|---|" + "---:|" * 14)
-    for path in args.dumps:
-        h = load(path)
+    L = [HEAD, "|---|---|" + "---:|" * 14]
+    for path, h in zip(args.dumps, hs, strict=True):
         for solo in (False, True):
             h.solo = solo
             recs = pairs(h, args.hi, args.slack)
             per[f"{path}{' solo' if solo else ''}"] = recs
             pooled[solo] += recs
-            others = "control left out" if solo else "all"
-            print(row(path.stem, others, summarize(recs, args.slack), args.slack))
-            steady = [r for r in recs if not r["drain"]]
-            print(
-                row(
-                    path.stem + " (deadline before last arrival)",
-                    others,
-                    summarize(steady, args.slack),
-                    args.slack,
-                )
-            )
+            L += _rows(path.stem, "control left out" if solo else "all", recs, args.slack)
         if args.moments:
-            for i, (k, floor_share, mean) in enumerate(moments(h, args.hi)):
-                print(
-                    f"  tenth {i}: {k} slot-free moments, at floor {_p(floor_share)}, mean price {_f(mean)}"
-                )
-    if args.why:
-        recs = []
-        for path in args.dumps:
-            h = load(path)
-            h.solo = True
-            recs += why(h, args.hi)
-        print()
-        print("\n".join(why_lines(recs)))
-    if len(args.dumps) > 1:
-        name = args.name or "pooled"
+            L += [
+                f"  tenth {i}: {k} slot-free moments, at floor {_p(share)}, mean price {_f(mean)}"
+                for i, (k, share, mean) in enumerate(moments(h, args.hi))
+            ]
+    if len(hs) > 1:
         for solo in (False, True):
             others = "control left out" if solo else "all"
-            recs = pooled[solo]
-            print(
-                row(f"{name}, {len(args.dumps)} runs pooled", others, summarize(recs, args.slack), args.slack)
-            )
-            steady = [r for r in recs if not r["drain"]]
-            print(
-                row(
-                    f"{name}, pooled, deadline before last arrival",
-                    others,
-                    summarize(steady, args.slack),
-                    args.slack,
-                )
-            )
+            L += _rows(f"{args.name}, {len(hs)} runs pooled", others, pooled[solo], args.slack)
             if args.ceilings:
-                print("\n".join(by_ceiling(summarize(recs, args.slack))))
+                L += by_ceiling(summarize(pooled[solo], args.slack))
+    for h in hs:
+        h.solo = True
+    if args.replay:
+        L += ["", *replays(hs, args.hi)]
+    if args.why:
+        L += ["", *why_lines([r for h in hs for r in why(h, args.hi)])]
+    print("\n".join(L))
     if args.json:
         args.json.write_text(json.dumps(per, indent=1))
 
