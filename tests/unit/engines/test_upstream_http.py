@@ -211,3 +211,23 @@ async def test_the_engine_sends_one_accept_header_for_a_stream_an_answer_and_a_p
     accepts = [[x for x in h.decode().lower().split("\r\n") if x.startswith("accept:")] for h in raw.heads]
     assert accepts[:2] == [["accept: text/event-stream"], ["accept: application/json"]]
     assert len(accepts) > 2 and all(a == ["accept: application/json"] for a in accepts[2:])
+
+
+def test_the_aiohttp_range_admits_only_versions_with_the_pool_lookup_the_client_uses() -> None:
+    """The client takes a kept-alive connection with ``await connector._get(key, traces)``,
+    a coroutine taking the traces from aiohttp 3.10.11 on (synchronous, key only, before):
+    on 3.10.0-3.10.10 every upstream request failed with a TypeError."""
+    import inspect
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
+    spec = next(
+        Requirement(r) for r in project["project"]["dependencies"] if r.startswith("aiohttp")
+    ).specifier
+    assert "3.10.10" not in spec and "3.10.11" in spec and aiohttp.__version__ in spec
+    lookup = aiohttp.TCPConnector._get
+    assert inspect.iscoroutinefunction(lookup)
+    assert list(inspect.signature(lookup).parameters)[:3] == ["self", "key", "traces"]
