@@ -8,6 +8,7 @@ its end, once, how it was settled (:class:`Finished`).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -16,6 +17,8 @@ from bourse.domain.errors import GatewayError
 from bourse.domain.values import immutable
 from bourse.ports.engine import ChunkEvent
 from bourse.services.billing import Closing
+
+log = logging.getLogger("bourse.completion")
 
 
 @immutable
@@ -65,12 +68,24 @@ async def resolving(settling: Coroutine[Any, Any, Finished], out: asyncio.Future
     try:
         fin = await settling
     except BaseException as exc:
-        if not out.done():
-            if isinstance(exc, asyncio.CancelledError):
+        if isinstance(exc, asyncio.CancelledError):
+            if not out.done():
                 out.cancel()
-            else:
-                out.set_exception(exc)
+            raise
+        if out.done():  # its consumer was cancelled: nobody else hears of it
+            log.error("a run's settlement failed after its consumer left", exc_info=exc)
+        else:
+            out.set_exception(exc)
+        task = asyncio.current_task()
+        if task is not None:  # reported once (above, or by the consumer), not again by asyncio
+            task.add_done_callback(_retrieved)
         raise
     if not out.done():
         out.set_result(fin)
     return fin
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Mark a settlement task's error as seen (:func:`resolving` reported it)."""
+    if not task.cancelled():
+        task.exception()

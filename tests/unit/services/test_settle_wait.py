@@ -5,6 +5,8 @@ run reported), and a settlement that fails hands its error to the consumer."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 
 import pytest
 
@@ -67,3 +69,79 @@ async def test_a_settlement_that_fails_raises_in_the_consumer(
         await run.settled()
     monkeypatch.undo()
     await exchange.completions.billing.release(run.hold_id)  # the hold back, for the next test
+
+
+async def test_a_failed_settlement_is_reported_once_not_again_as_never_retrieved(
+    exchange: Exchange, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its error reaches the consumer, and asyncio does not log the settlement's task
+    again ("Task exception was never retrieved") when the task is collected."""
+
+    class Broken(Exception):
+        pass
+
+    async def broken(closing: Closing) -> Settlement:
+        raise Broken(closing.request_id)
+
+    loop = asyncio.get_running_loop()
+    seen: list[str] = []
+    old = loop.get_exception_handler()
+    loop.set_exception_handler(lambda lp, ctx: seen.append(str(ctx.get("message", ""))))
+    try:
+        monkeypatch.setattr(exchange.completions.billing, "settle", broken)
+        run = await exchange.open(MODEL, stream=False)
+        hold_id = run.hold_id
+        with pytest.raises(Broken):
+            await run_to_end(run)
+        del run
+        for _ in range(3):
+            await asyncio.sleep(0)
+        gc.collect()
+        monkeypatch.undo()
+        await exchange.completions.billing.release(hold_id)
+    finally:
+        loop.set_exception_handler(old)
+    assert not [m for m in seen if "never retrieved" in m], seen
+
+
+async def test_a_settlement_failing_after_its_consumer_left_is_logged_once(
+    exchange: Exchange, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken(Exception):
+        pass
+
+    entered, gate = asyncio.Event(), asyncio.Event()
+
+    async def broken(closing: Closing) -> Settlement:
+        entered.set()
+        await gate.wait()
+        raise Broken(closing.request_id)
+
+    loop = asyncio.get_running_loop()
+    seen: list[str] = []
+    old = loop.get_exception_handler()
+    loop.set_exception_handler(lambda lp, ctx: seen.append(str(ctx.get("message", ""))))
+    try:
+        monkeypatch.setattr(exchange.completions.billing, "settle", broken)
+        run = await exchange.open(MODEL, stream=False)
+        hold_id = run.hold_id
+        task = asyncio.create_task(run_to_end(run))
+        await asyncio.wait_for(entered.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with caplog.at_level(logging.ERROR, logger="bourse.completion"):
+            gate.set()
+            with pytest.raises(Broken):
+                await asyncio.wait_for(run.settled(), 5)
+            del run
+            for _ in range(3):
+                await asyncio.sleep(0)
+            gc.collect()
+        monkeypatch.undo()
+        await exchange.completions.billing.release(hold_id)
+    finally:
+        loop.set_exception_handler(old)
+    logged = [r for r in caplog.records if "settlement failed after its consumer left" in r.getMessage()]
+    assert len(logged) == 1 and isinstance(logged[0].exc_info and logged[0].exc_info[1], Broken)
+    assert not [m for m in seen if "never retrieved" in m], seen
