@@ -4,10 +4,11 @@
 At low load every hold and settlement handed to the commit thread costs two thread
 wake-ups and GIL hand-offs, several times what its SQL costs (tens of µs in WAL with
 ``synchronous=NORMAL``: no fsync on commit). The gate lets at most ``per_turn`` of them
-run inline in one turn of the loop, and none for ``backoff_s`` after ``slow_runs`` in a
-row took longer than ``slow_s`` (a slow disk, a checkpoint's I/O) or after the store
-asked it to (:meth:`InlineGate.back_off`): the loop is never held long. One slow write
-alone is not a slow disk: on a busy machine the loop's thread is preempted in the middle
+run inline in one turn of the loop, and none for ``backoff_s`` after ``slow_count`` of
+the last ``slow_window`` took longer than ``slow_s`` (a slow disk, a checkpoint's I/O)
+or after the store asked it to (:meth:`InlineGate.back_off`): the loop is never held
+long (a disk slow on every other write, the settle's larger write say, closes it as
+one slow on every write does). One slow write alone is not a slow disk: on a busy machine the loop's thread is preempted in the middle
 of a few writes in ten thousand, and closing the gate for a second after each sent ~80 %
 of the writes of a c=1 load to the commit thread (two wake-ups and GIL hand-offs each)
 on this 2-core machine with other work running (``bench.ab --conns 1``: 0.89x the CPU
@@ -29,7 +30,8 @@ class InlineGate:
     """A budget of inline transactions per loop turn, closed for a while after a slow one."""
 
     __slots__ = (
-        "_backoff_s", "_closed_until", "_load_s", "_per_turn", "_slow", "_slow_runs", "_slow_s", "_used",
+        "_backoff_s", "_closed_until", "_load_s", "_per_turn", "_recent", "_slow_count", "_slow_s",
+        "_used", "_window",
     )  # fmt: skip
 
     def __init__(
@@ -37,15 +39,17 @@ class InlineGate:
         *,
         per_turn: int = 1,
         slow_s: float = 0.005,
-        slow_runs: int = 2,
+        slow_count: int = 2,
+        slow_window: int = 8,
         backoff_s: float = 1.0,
         load_s: float = 0.05,
     ) -> None:
         self._per_turn = per_turn
         self._slow_s = slow_s
-        self._slow_runs = max(1, slow_runs)
-        self._slow = 0
-        """Inline transactions in a row that took longer than ``slow_s``."""
+        self._slow_count = max(1, slow_count)
+        self._window = (1 << max(self._slow_count, slow_window)) - 1
+        self._recent = 0
+        """The last inline transactions, newest in the lowest bit: 1 for a slow one."""
         self._backoff_s = backoff_s
         self._load_s = load_s
         self._used = 0
@@ -67,14 +71,12 @@ class InlineGate:
         self._used = 0
 
     def ran(self, seconds: float) -> None:
-        """An inline transaction took ``seconds``: the ``slow_runs``-th in a row past
-        ``slow_s`` closes the gate."""
-        if seconds <= self._slow_s:
-            self._slow = 0
-            return
-        self._slow += 1
-        if self._slow >= self._slow_runs:
-            self._slow = 0
+        """An inline transaction took ``seconds``: past ``slow_s``, and the
+        ``slow_count``-th such of the last ``slow_window``, it closes the gate."""
+        slow = seconds > self._slow_s
+        self._recent = ((self._recent << 1) | slow) & self._window
+        if slow and self._recent.bit_count() >= self._slow_count:
+            self._recent = 0
             self.back_off()
 
     def back_off(self) -> None:

@@ -105,7 +105,7 @@ async def test_a_file_locked_by_another_connection_is_waited_for_off_the_loop(tm
 
 async def test_the_gate_admits_one_a_turn_and_closes_after_a_slow_one() -> None:
     loop = asyncio.get_running_loop()
-    gate = InlineGate(per_turn=1, slow_s=0.005, slow_runs=1, backoff_s=0.05, load_s=0.0)
+    gate = InlineGate(per_turn=1, slow_s=0.005, slow_count=1, backoff_s=0.05, load_s=0.0)
     assert gate.admit(loop)
     assert not gate.admit(loop)  # the same turn
     await asyncio.sleep(0)
@@ -120,25 +120,36 @@ async def test_the_gate_admits_one_a_turn_and_closes_after_a_slow_one() -> None:
     assert gate.admit(loop)
 
 
-async def test_one_slow_write_alone_leaves_the_gate_open_two_in_a_row_close_it() -> None:
+async def test_one_slow_write_alone_leaves_the_gate_open_two_of_the_last_eight_close_it() -> None:
     """A write slowed once (the loop's thread preempted on a busy machine) is not a slow
-    disk: by default the gate closes after two slow ones in a row, and a fast one between
-    them starts the count again."""
+    disk: by default the gate closes at the second slow one of the last eight writes."""
     loop = asyncio.get_running_loop()
     gate = InlineGate(per_turn=1, backoff_s=0.05, load_s=0.0)
-    for seconds in (0.006, 0.001, 0.006, 0.001):  # never two slow in a row
+    for seconds in (0.006, *[0.001] * 8, 0.006, *[0.001] * 3):  # eight apart: never two of eight
         assert gate.admit(loop)
         gate.ran(seconds)
         await asyncio.sleep(0)
     assert gate.admit(loop)
-    gate.ran(0.006)
-    await asyncio.sleep(0)
-    assert gate.admit(loop)
-    gate.ran(0.006)  # the second in a row: closed for backoff_s
+    gate.ran(0.006)  # the second slow one of the last eight: closed for backoff_s
     await asyncio.sleep(0)
     assert not gate.admit(loop)
     await asyncio.sleep(0.06)
     assert gate.admit(loop)
+
+
+async def test_a_disk_slow_on_every_other_write_closes_the_gate() -> None:
+    """A fast hold and a slow settle, over and over: the loop is held by at most two
+    slow writes before the gate closes, not by every settle."""
+    loop = asyncio.get_running_loop()
+    gate = InlineGate(per_turn=1, backoff_s=10.0, load_s=0.0)
+    slow_inline = 0
+    for n in range(100):
+        if gate.admit(loop):
+            seconds = 0.05 if n % 2 else 0.001
+            slow_inline += seconds > 0.005
+            gate.ran(seconds)
+        await asyncio.sleep(0)
+    assert 1 <= slow_inline <= 2
 
 
 async def test_under_load_the_gate_stays_shut_a_while() -> None:
