@@ -245,7 +245,8 @@ async def test_a_deadline_order_is_raised_to_its_ceiling_when_its_reserve_begins
     reserve = RESERVE * wait_s + tick  # 1 s, longer than the last stretch (0.4 s)
     assert reserve > last_stretch_s(deadline_s, tick)
     raised_at = market.raises[0][0] - order.arrived_at
-    assert deadline_s - reserve - tick <= raised_at <= deadline_s - reserve + 0.1
+    # at the first tick of its reserve (a tick's lateness allowed: a loaded machine's loop)
+    assert deadline_s - reserve - tick <= raised_at <= deadline_s - reserve + tick
 
 
 async def test_in_its_reserve_a_deadline_order_bids_its_ceiling_as_its_control_would() -> None:
