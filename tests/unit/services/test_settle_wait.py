@@ -5,8 +5,10 @@ run reported), and a settlement that fails hands its error to the consumer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -55,9 +57,6 @@ async def test_a_consumer_cancelled_while_its_run_settles_leaves_the_settlement_
 async def test_a_settlement_that_fails_raises_in_the_consumer(
     exchange: Exchange, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Broken(Exception):
-        pass
-
     async def broken(closing: Closing) -> Settlement:
         raise Broken(closing.request_id)
 
@@ -71,45 +70,51 @@ async def test_a_settlement_that_fails_raises_in_the_consumer(
     await exchange.completions.billing.release(run.hold_id)  # the hold back, for the next test
 
 
+class Broken(Exception):
+    """A settlement's failure (something past the store: the store's own never raise)."""
+
+
+@contextlib.asynccontextmanager
+async def _asyncio_reports() -> AsyncIterator[list[str]]:
+    """What the loop's exception handler is told meanwhile, and at the end after the
+    collection of what was dropped (a task's error never retrieved is told then)."""
+    loop = asyncio.get_running_loop()
+    seen: list[str] = []
+    old = loop.get_exception_handler()
+    loop.set_exception_handler(lambda lp, ctx: seen.append(str(ctx.get("message", ""))))
+    try:
+        yield seen
+        for _ in range(3):
+            await asyncio.sleep(0)
+        gc.collect()
+    finally:
+        loop.set_exception_handler(old)
+
+
 async def test_a_failed_settlement_is_reported_once_not_again_as_never_retrieved(
     exchange: Exchange, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its error reaches the consumer, and asyncio does not log the settlement's task
     again ("Task exception was never retrieved") when the task is collected."""
 
-    class Broken(Exception):
-        pass
-
     async def broken(closing: Closing) -> Settlement:
         raise Broken(closing.request_id)
 
-    loop = asyncio.get_running_loop()
-    seen: list[str] = []
-    old = loop.get_exception_handler()
-    loop.set_exception_handler(lambda lp, ctx: seen.append(str(ctx.get("message", ""))))
-    try:
+    async with _asyncio_reports() as seen:
         monkeypatch.setattr(exchange.completions.billing, "settle", broken)
         run = await exchange.open(MODEL, stream=False)
         hold_id = run.hold_id
         with pytest.raises(Broken):
             await run_to_end(run)
         del run
-        for _ in range(3):
-            await asyncio.sleep(0)
-        gc.collect()
-        monkeypatch.undo()
-        await exchange.completions.billing.release(hold_id)
-    finally:
-        loop.set_exception_handler(old)
+    monkeypatch.undo()
+    await exchange.completions.billing.release(hold_id)
     assert not [m for m in seen if "never retrieved" in m], seen
 
 
 async def test_a_settlement_failing_after_its_consumer_left_is_logged_once(
     exchange: Exchange, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    class Broken(Exception):
-        pass
-
     entered, gate = asyncio.Event(), asyncio.Event()
 
     async def broken(closing: Closing) -> Settlement:
@@ -117,11 +122,7 @@ async def test_a_settlement_failing_after_its_consumer_left_is_logged_once(
         await gate.wait()
         raise Broken(closing.request_id)
 
-    loop = asyncio.get_running_loop()
-    seen: list[str] = []
-    old = loop.get_exception_handler()
-    loop.set_exception_handler(lambda lp, ctx: seen.append(str(ctx.get("message", ""))))
-    try:
+    async with _asyncio_reports() as seen:
         monkeypatch.setattr(exchange.completions.billing, "settle", broken)
         run = await exchange.open(MODEL, stream=False)
         hold_id = run.hold_id
@@ -135,13 +136,8 @@ async def test_a_settlement_failing_after_its_consumer_left_is_logged_once(
             with pytest.raises(Broken):
                 await asyncio.wait_for(run.settled(), 5)
             del run
-            for _ in range(3):
-                await asyncio.sleep(0)
-            gc.collect()
-        monkeypatch.undo()
-        await exchange.completions.billing.release(hold_id)
-    finally:
-        loop.set_exception_handler(old)
+    monkeypatch.undo()
+    await exchange.completions.billing.release(hold_id)
     logged = [r for r in caplog.records if "settlement failed after its consumer left" in r.getMessage()]
     assert len(logged) == 1 and isinstance(logged[0].exc_info and logged[0].exc_info[1], Broken)
     assert not [m for m in seen if "never retrieved" in m], seen
