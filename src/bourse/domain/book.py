@@ -334,11 +334,7 @@ class ProductBook:
         if self._orders or self.max_waiting <= 0:
             return None
         d = self._free_for(order, now)
-        if d is None:
-            return None
-        d.busy += 1
-        d.breaker.on_admit(now)
-        return Admission(order, d.name, min(order.bid, max(d.floor, 0.0)), self.level(now))
+        return None if d is None else self._place(order, d, 0.0, now)
 
     def dispatch(self, now: float) -> list[Admission]:
         """Give free slots to the best eligible waiting orders."""
@@ -350,12 +346,15 @@ class ProductBook:
             if d is None:
                 break
             orders.pop(0)
-            d.busy += 1
-            d.breaker.on_admit(now)
-            runner_up = orders[0].bid if orders else 0.0
-            price = min(order.bid, max(d.floor, runner_up))
-            out.append(Admission(order, d.name, price, self.level(now)))
+            out.append(self._place(order, d, orders[0].bid if orders else 0.0, now))
         return out
+
+    def _place(self, order: Order, d: Deployment, runner_up: float, now: float) -> Admission:
+        """``order`` takes a slot of ``d``, at the second price: the best bid still
+        waiting (``runner_up``, 0 for none) or the floor, never above its own bid."""
+        d.busy += 1
+        d.breaker.on_admit(now)
+        return Admission(order, d.name, min(order.bid, max(d.floor, runner_up)), self.level(now))
 
     def level(self, now: float) -> float:
         """The price that would be next: the lowest free floor, else the best bid waiting."""
