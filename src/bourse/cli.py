@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -253,6 +254,9 @@ def _serve_locked(
         notes if worker == 0 else None,
     )
     uvicorn_server.run(sockets=[sock])
+    if uvicorn_server.signalled_at is not None:
+        took = time.monotonic() - uvicorn_server.signalled_at
+        logging.getLogger("bourse").info("stopped %.1f s after the signal", took)
     return 0 if uvicorn_server.started else 3
 
 

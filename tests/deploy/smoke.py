@@ -4,7 +4,9 @@ API, then send one chat request and one streamed one, and check both answers.
 
 Standard library only, so that it runs under any Python 3.11 on the machine:
 ``python3 -m tests.deploy.smoke URL ADMIN_KEY PRODUCT [--account NAME]``. It prints
-one line per step and exits 1 with the reason at the first step that fails.
+one line per step and exits 1 with the reason at the first step that fails. A 503
+with ``retry-after`` (the gateway's "retry shortly": its book's Redis or its engine not
+reachable for a moment) is retried, as the OpenAI SDKs do, up to :data:`RETRIES` times.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 TIMEOUT_S = 30
+RETRIES = 3
+"""503 answers retried a request (each after its ``retry-after``, at most :data:`WAIT_MAX_S`)."""
+WAIT_MAX_S = 5.0
 
 
 class SmokeFailure(Exception):
@@ -33,10 +39,26 @@ def _post(url: str, token: str, body: dict[str, Any]) -> urllib.request.Request:
     )
 
 
-def post_json(url: str, token: str, body: dict[str, Any], expect: int) -> dict[str, Any]:
+def _open(url: str, token: str, body: dict[str, Any], retry: bool) -> Any:
+    """urlopen of the POST; with ``retry``, a 503 with ``retry-after`` is asked again
+    (:data:`RETRIES`); the last answer, or the last :class:`urllib.error.HTTPError`."""
+    for attempt in range(RETRIES + 1):
+        try:
+            return urllib.request.urlopen(_post(url, token, body), timeout=TIMEOUT_S)
+        except urllib.error.HTTPError as exc:
+            after = exc.headers.get("retry-after")
+            if not retry or exc.code != 503 or after is None or attempt == RETRIES:
+                raise
+            wait = min(float(after), WAIT_MAX_S)
+            print(f"smoke: POST {url}: 503 {exc.read()[:200]!r}; again in {wait:g} s", flush=True)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+def post_json(url: str, token: str, body: dict[str, Any], expect: int, retry: bool = False) -> dict[str, Any]:
     """POST ``body``; the JSON answer, or :class:`SmokeFailure` naming the status and body."""
     try:
-        with urllib.request.urlopen(_post(url, token, body), timeout=TIMEOUT_S) as answer:
+        with _open(url, token, body, retry) as answer:
             status, raw = answer.status, answer.read()
     except urllib.error.HTTPError as exc:
         status, raw = exc.code, exc.read()
@@ -51,7 +73,7 @@ def post_json(url: str, token: str, body: dict[str, Any], expect: int) -> dict[s
 def sse_events(url: str, token: str, body: dict[str, Any]) -> Iterator[str]:
     """The ``data:`` payloads of a streamed answer, in order."""
     try:
-        answer = urllib.request.urlopen(_post(url, token, body), timeout=TIMEOUT_S)
+        answer = _open(url, token, body, retry=True)
     except (urllib.error.HTTPError, OSError) as exc:
         raise SmokeFailure(f"POST {url} (stream): {exc}") from exc
     with answer:
@@ -77,7 +99,7 @@ def api_key(base: str, admin_key: str, account: str, product: str) -> str:
 def chat(base: str, key: str, product: str) -> str:
     """One chat completion, not streamed: its text (non-empty) and its cost."""
     body = {"model": product, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8}
-    answer = post_json(f"{base}/v1/chat/completions", key, body, 200)
+    answer = post_json(f"{base}/v1/chat/completions", key, body, 200, retry=True)
     try:
         text = answer["choices"][0]["message"]["content"]
         cost = answer["usage"]["cost_micros"]

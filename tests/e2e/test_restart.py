@@ -18,6 +18,7 @@ second ``serve`` on a live data folder served beside it.
 
 from __future__ import annotations
 
+import re
 import signal
 import sqlite3
 import subprocess
@@ -216,7 +217,9 @@ def test_sigint_drains_too(tmp_path: Path) -> None:
         assert running.data[-1] == "[DONE]" and running.errors == [], running.data
         assert proc.wait(timeout=EXIT_S) == 0, _log(tmp_path, "sigint")
     assert _sqlite_rows(data, "SELECT state FROM holds") == [("settled",)]
-    assert "SIGINT: draining" in _log(tmp_path, "sigint")
+    log = _log(tmp_path, "sigint")
+    assert "SIGINT: draining" in log
+    assert re.search(r"stopped \d+\.\d s after the signal", log), log  # the process's last line
 
 
 def test_a_stream_still_running_at_the_drain_deadline_ends_with_an_error_frame(tmp_path: Path) -> None:

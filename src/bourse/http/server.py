@@ -12,17 +12,23 @@ SIGHUP runs the gateway's reload (:mod:`bourse.live_terms`: the config file's fl
 slots and default bids applied live), one at a time; it never stops the server.
 Each of these is told to a service manager listening on ``$NOTIFY_SOCKET``
 (:class:`~bourse.http.sd_notify.ServiceNotes`): ready once it listens, reloading,
-stopping.
+stopping. A stop still under way :data:`STUCK_S` after the drain ended prints every
+thread's stack to stderr, so a shutdown that hangs until the service manager kills it
+says where it hung; a process whose exit is still held :data:`EXIT_S` after the server
+shut down (a name lookup in flight) exits 0 at once, saying what held it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
+import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable, Generator
 from typing import Protocol
 
@@ -35,6 +41,18 @@ log = logging.getLogger("bourse")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RELOAD = signal.SIGHUP
 """Read the config file again and apply its live terms (floors, slots, default bids)."""
+STUCK_S = 20.0
+"""Once the drain has ended, the server's shutdown (idle connections closed, the
+services stopped) and the process's exit take well under a second; a stop still under
+way this much later prints every thread's stack to stderr (:mod:`faulthandler`)."""
+EXIT_S = 3.0
+"""Once the server has shut down (the services stopped: every hold closed, the stores
+closed), what is left of the exit is the loop's teardown, which waits for every name
+lookup still in flight: a lookup cannot be cancelled, and a DNS server that does not
+answer holds it for the resolver's whole timeout (10-30 s; podman's aardvark-dns does
+not answer for that long while a container on its network starts or stops), past a
+service manager's stop timeout. A process still alive this long after the server shut
+down logs it with every thread's stack and exits 0 at once."""
 
 
 class Drainer(Protocol):
@@ -61,6 +79,16 @@ class GatewayServer(uvicorn.Server):
         self._reload_again = False
         self._notes = notes
         self._announcing: asyncio.Task[None] | None = None
+        self.signalled_at: float | None = None
+        """When the first stop signal came (``time.monotonic()``)."""
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's serve; once it has shut down after a start, the exit is bounded
+        (:data:`EXIT_S`)."""
+        await super().serve(sockets)
+        faulthandler.cancel_dump_traceback_later()
+        if self.started:
+            exit_unless_gone(EXIT_S)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's start (the app's lifespan, then listening); then ``READY=1`` is told
@@ -113,6 +141,7 @@ class GatewayServer(uvicorn.Server):
     def on_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name
         if self._draining is None:
+            self.signalled_at = time.monotonic()
             log.warning("%s: draining, then stopping", name)
             if self._announcing is not None:
                 self._announcing.cancel()
@@ -130,3 +159,24 @@ class GatewayServer(uvicorn.Server):
             log.exception("the drain failed; stopping")
         finally:
             self.should_exit = True
+            faulthandler.dump_traceback_later(STUCK_S, exit=False)
+
+
+def exit_unless_gone(after_s: float) -> None:
+    """Exit the process with status 0 in ``after_s`` seconds unless it has exited by
+    then, logging why with every thread's stack (:data:`EXIT_S`)."""
+
+    def exit_now() -> None:
+        log.warning(
+            "the exit was still held %.1f s after the server shut down (a name lookup or another "
+            "thread still running; every hold was closed before): exiting now; the threads were:",
+            after_s,
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(0)
+
+    timer = threading.Timer(after_s, exit_now)
+    timer.daemon = True
+    timer.start()
