@@ -120,7 +120,13 @@ def _busy(gw: Gateway) -> int:
     return busy
 
 
-def test_disconnect_frees_the_slot_within_200_ms(gw: Gateway) -> None:
+FREED_S = 1.0
+"""The slot freed after a disconnect within this: a few tokens on this model (10-40 ms
+each), with room for the suite's load on two cores (200 ms failed now and then in a
+loaded run). Left running, the 200-token answer would hold the slot 3-8 s more."""
+
+
+def test_disconnect_frees_the_slot_within_a_few_tokens(gw: Gateway) -> None:
     # a counting prompt at temperature 0 keeps the model going well past three tokens
     body = {
         "model": "gemma-3-270m",
@@ -140,7 +146,7 @@ def test_disconnect_frees_the_slot_within_200_ms(gw: Gateway) -> None:
         assert _busy(gw) == 1
     closed = time.monotonic()
     while _busy(gw) != 0:
-        assert time.monotonic() - closed < 0.2, "the slot was not freed within 200 ms of the disconnect"
+        assert time.monotonic() - closed < FREED_S, f"the slot was not freed within {FREED_S} s of the disconnect"
         time.sleep(0.005)
     # a second request is admitted at once and completes
     second = gw.client().chat.completions.create(
