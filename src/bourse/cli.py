@@ -252,11 +252,11 @@ def _serve_locked(
         container.drainer(grace_s),
         container.reload,
         notes if worker == 0 else None,
+        bound_exit=True,
     )
     uvicorn_server.run(sockets=[sock])
     if uvicorn_server.signalled_at is not None:
-        took = time.monotonic() - uvicorn_server.signalled_at
-        logging.getLogger("bourse").info("stopped %.1f s after the signal", took)
+        say(f"stopped {time.monotonic() - uvicorn_server.signalled_at:.1f} s after the signal")
     return 0 if uvicorn_server.started else 3
 
 

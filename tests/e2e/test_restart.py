@@ -219,7 +219,8 @@ def test_sigint_drains_too(tmp_path: Path) -> None:
     assert _sqlite_rows(data, "SELECT state FROM holds") == [("settled",)]
     log = _log(tmp_path, "sigint")
     assert "SIGINT: draining" in log
-    assert re.search(r"stopped \d+\.\d s after the signal", log), log  # the process's last line
+    last = log.strip().splitlines()[-1]
+    assert re.fullmatch(r"bourse: stopped \d+\.\d s after the signal", last), log  # the process's last line
 
 
 def test_a_stream_still_running_at_the_drain_deadline_ends_with_an_error_frame(tmp_path: Path) -> None:

@@ -41,10 +41,12 @@ log = logging.getLogger("bourse")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RELOAD = signal.SIGHUP
 """Read the config file again and apply its live terms (floors, slots, default bids)."""
-STUCK_S = 20.0
+STUCK_S = 30.0
 """Once the drain has ended, the server's shutdown (idle connections closed, the
-services stopped) and the process's exit take well under a second; a stop still under
-way this much later prints every thread's stack to stderr (:mod:`faulthandler`)."""
+services stopped) takes well under a second, and its own bounds add up to about 23 s
+(uvicorn's 5 s for requests still open, 10 s for the runs' last tasks, the traces'
+flush and export); a stop still under way this much later prints every thread's stack
+to stderr (:mod:`faulthandler`), before a service manager's usual 45 s run out."""
 EXIT_S = 3.0
 """Once the server has shut down (the services stopped: every hold closed, the stores
 closed), what is left of the exit is the loop's teardown, which waits for every name
@@ -70,8 +72,12 @@ class GatewayServer(uvicorn.Server):
         drain: Drainer,
         reload: Callable[[], Awaitable[None]] | None = None,
         notes: ServiceNotes | None = None,
+        *,
+        bound_exit: bool = False,
     ) -> None:
         super().__init__(config)
+        self._bound_exit = bound_exit
+        """The process is this server's (``bourse serve``): its exit is bounded (:data:`EXIT_S`)."""
         self._drain = drain
         self._draining: asyncio.Task[None] | None = None
         self._reload = reload
@@ -83,11 +89,13 @@ class GatewayServer(uvicorn.Server):
         """When the first stop signal came (``time.monotonic()``)."""
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's serve; once it has shut down after a start, the exit is bounded
-        (:data:`EXIT_S`)."""
-        await super().serve(sockets)
-        faulthandler.cancel_dump_traceback_later()
-        if self.started:
+        """uvicorn's serve; once it has shut down after a start, the process's exit is
+        bounded (:data:`EXIT_S`) if it is this server's."""
+        try:
+            await super().serve(sockets)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        if self.started and self._bound_exit:
             exit_unless_gone(EXIT_S)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -167,15 +175,19 @@ def exit_unless_gone(after_s: float) -> None:
     then, logging why with every thread's stack (:data:`EXIT_S`)."""
 
     def exit_now() -> None:
-        log.warning(
-            "the exit was still held %.1f s after the server shut down (a name lookup or another "
-            "thread still running; every hold was closed before): exiting now; the threads were:",
-            after_s,
-        )
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        faulthandler.dump_traceback(all_threads=True)
-        os._exit(0)
+        try:  # nothing here may keep the process from exiting
+            log.warning(
+                "the exit was still held %.1f s after the server shut down (a name lookup or another "
+                "thread still running, after the services' stop returned): exiting now; the threads were:",
+                after_s,
+            )
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            faulthandler.dump_traceback(all_threads=True)
+        except Exception:  # stderr closed, a handler that fails: exit all the same
+            pass
+        finally:
+            os._exit(0)
 
     timer = threading.Timer(after_s, exit_now)
     timer.daemon = True

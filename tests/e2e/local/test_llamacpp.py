@@ -146,7 +146,9 @@ def test_disconnect_frees_the_slot_within_a_few_tokens(gw: Gateway) -> None:
         assert _busy(gw) == 1
     closed = time.monotonic()
     while _busy(gw) != 0:
-        assert time.monotonic() - closed < FREED_S, f"the slot was not freed within {FREED_S} s of the disconnect"
+        assert time.monotonic() - closed < FREED_S, (
+            f"the slot was not freed within {FREED_S} s of the disconnect"
+        )
         time.sleep(0.005)
     # a second request is admitted at once and completes
     second = gw.client().chat.completions.create(

@@ -1,12 +1,14 @@
-"""A stop that hangs after the drain says where: every thread's stack on stderr.
+"""A stop that hangs says where; an exit held after the server shut down is bounded.
 
 ``bourse serve`` under a service manager is killed (SIGKILL, exit 137) when its stop
 outlasts the manager's timeout; the log then ended at the drain's last line and said
-nothing of what held the process (a compose stop in CI). :class:`GatewayServer` arms
-:mod:`faulthandler` once the drain has ended: a process still alive ``STUCK_S`` later
-prints every thread's stack. Each test runs the real server in its own process (the
-dump is process-wide), with ``STUCK_S`` shortened and an app whose lifespan shutdown
-blocks the loop, or returns at once.
+nothing of what held the process (a compose stop in CI: a name lookup in flight held
+the loop's teardown, tests/faults/test_dns_stall.py). :class:`GatewayServer` arms
+:mod:`faulthandler` once the drain has ended, so a process still stopping ``STUCK_S``
+later prints every thread's stack; and, when the process is its own (``bound_exit``),
+exits 0 ``EXIT_S`` after its serve returned if something still holds the exit. Each
+test runs the real server in its own process (both are process-wide), with the bounds
+shortened and an app whose lifespan shutdown blocks the loop, or returns at once.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import time
 from pathlib import Path
 
 SERVER = """
-import socket, sys, threading
+import socket, sys, threading, time
 import uvicorn
 from bourse.http import server
 
+MODE = sys.argv[1]
 server.STUCK_S = 0.5
-HANG = sys.argv[1] == "hang"
+server.EXIT_S = 0.5 if MODE == "held" else 10.0
+HANG = MODE == "hang"
 
 def hang_in_shutdown() -> None:
     threading.Event().wait()  # the loop's thread blocked, as a stop step that never returns
@@ -52,7 +56,12 @@ class Drain:
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 print(sock.getsockname()[1], flush=True)
-server.GatewayServer(uvicorn.Config(app, lifespan="on", log_config=None), Drain()).run(sockets=[sock])
+config = uvicorn.Config(app, lifespan="on", log_config=None)
+server.GatewayServer(config, Drain(), bound_exit=True).run(sockets=[sock])
+if MODE == "held":  # the exit held after serve returned, as by a name lookup in flight
+    threading.Event().wait()
+time.sleep(1.5)  # past STUCK_S: a dump left armed would fire now
+print("the child ends on its own", file=sys.stderr, flush=True)
 """
 
 
@@ -97,6 +106,20 @@ def test_a_stop_that_ends_prints_no_stack(tmp_path: Path) -> None:
     proc, err = _start(tmp_path, "end")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0, err.read_text()
-    time.sleep(1.0)  # past STUCK_S: a timer left armed would have fired by now
+    text = err.read_text()  # the child lived 1.5 s past STUCK_S after its serve returned
+    assert "SIGTERM: draining, then stopping" in text and "the child ends on its own" in text, text
+    assert "Thread 0x" not in text and "still held" not in text, text
+
+
+def test_an_exit_held_after_the_server_shut_down_ends_with_status_0(tmp_path: Path) -> None:
+    proc, err = _start(tmp_path, "held")
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=20)
+    finally:
+        proc.kill()
     text = err.read_text()
-    assert "SIGTERM: draining, then stopping" in text and "Thread 0x" not in text, text
+    assert rc == 0 and time.monotonic() - began < 10, text
+    assert "the exit was still held 0.5 s after the server shut down" in text, text
+    assert "Thread 0x" in text and "the child ends on its own" not in text, text
