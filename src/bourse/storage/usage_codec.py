@@ -136,10 +136,7 @@ def encode(doc: Mapping[str, Any], request_id: str, product: str, created_at: fl
     dropped = _head_is_columns(items[: len(_HEAD)], request_id, product, created_at)
     out: dict[str, Any] = {MARK: int(dropped)}
     for k, v in items[len(_HEAD) :] if dropped else items:
-        code = _TO_CODE.get(k)
-        if code is None:
-            code = "~" + k if _escaped(k) else k
-        out[code] = v if k == "key_id" and type(v) is str else _code(v)  # as the reports read it
+        out[_key(k)] = v if k == "key_id" and type(v) is str else _code(v)  # as the reports read it
     return orjson.dumps(out).decode()
 
 
